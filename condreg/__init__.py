@@ -1,0 +1,35 @@
+"""condreg: the condition number of a matrix as a differentiable training signal.
+
+Backend-neutral (Python Array API) condition number, the regularizers R_well and R_ill of
+*Model Immunization from a Condition Number Perspective* (ICML 2025), their closed-form
+(sub)gradients, and the paper's Algorithm 1, metrics and experiments.
+
+``import condreg`` imports no array framework; PyTorch and JAX adapters load on first use.
+"""
+
+from __future__ import annotations
+
+from condreg._api import (
+    condition_number,
+    condition_number_grad,
+    r_ill,
+    r_ill_grad,
+    r_well,
+    r_well_grad,
+)
+from condreg._errors import PoleError, RankError, TiedExtremeError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PoleError",
+    "RankError",
+    "TiedExtremeError",
+    "__version__",
+    "condition_number",
+    "condition_number_grad",
+    "r_ill",
+    "r_ill_grad",
+    "r_well",
+    "r_well_grad",
+]

@@ -1,0 +1,100 @@
+"""Input validation shared by every public function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from array_api_compat import array_namespace, is_jax_array, is_torch_array
+
+from condreg import _core
+
+Array = Any
+
+
+def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
+    """The Array API namespace of ``arrays`` (``xp`` overrides it).
+
+    Raises ``TypeError`` for non-arrays, for arrays of different libraries in one call, and for a
+    namespace without the ``linalg`` extension.
+    """
+    if xp is None:
+        try:
+            xp = array_namespace(*arrays)
+        except TypeError as exc:
+            kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
+            raise TypeError(
+                f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
+                f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
+            ) from None
+    if not hasattr(xp, "linalg"):
+        raise TypeError(
+            f"{where}: the array namespace {getattr(xp, '__name__', xp)!r} has no linalg "
+            "extension; condreg needs linalg.svd"
+        )
+    return xp
+
+
+def concrete_for(S: Array, enabled: bool) -> _core.Concrete:
+    """The callback that reads 0-d booleans for value checks, or skips them.
+
+    PyTorch and JAX arrays get their adapter's callback, which returns ``None`` under tracing
+    (``torch.compile``, ``torch.func.vmap``, ``jax.jit`` ...), so checks are skipped without
+    breaking the trace.
+    """
+    if not enabled:
+        return _core.never
+    if is_torch_array(S):
+        from condreg import torch as adapter
+    elif is_jax_array(S):
+        from condreg import jax as adapter
+    else:
+        return _core.eager
+    return adapter.concrete
+
+
+def default_float(xp: Any, S: Array) -> Any:
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is not None:
+        try:
+            return info().default_dtypes()["real floating"]
+        except Exception:  # pragma: no cover - older namespaces
+            pass
+    return xp.float64
+
+
+def matrix(
+    S: Array, *, xp: Any = None, where: str, check_finite: bool = True
+) -> tuple[Array, Any, _core.Concrete]:
+    """Validate a (batch of) matrices; returns ``(S, xp, concrete)``.
+
+    - ``ndim < 2`` or an empty matrix dimension: ``ValueError``;
+    - boolean or complex dtype: ``TypeError``; integer dtype: promoted to the namespace's default
+      real floating dtype (like ``numpy.linalg``);
+    - NaN/Inf entries: ``ValueError`` when the values can be read (eagerly) and ``check_finite``.
+    """
+    xp = namespace(S, xp=xp, where=where)
+    ndim = getattr(S, "ndim", None)
+    if ndim is None or ndim < 2:
+        raise ValueError(
+            f"{where}: expected an array of shape (..., m, n) with ndim >= 2, got ndim {ndim}"
+        )
+    m, n = S.shape[-2], S.shape[-1]
+    if m == 0 or n == 0:
+        raise ValueError(f"{where}: the matrix is empty (shape {tuple(S.shape)})")
+    dtype = S.dtype
+    if xp.isdtype(dtype, "bool"):
+        raise TypeError(f"{where}: boolean input is not supported; convert to a real float dtype")
+    if xp.isdtype(dtype, "complex floating"):
+        raise TypeError(
+            f"{where}: complex input ({dtype}) is not supported; condreg works on real matrices"
+        )
+    if xp.isdtype(dtype, "integral"):
+        S = xp.astype(S, default_float(xp, S))
+    elif not xp.isdtype(dtype, "real floating"):
+        raise TypeError(f"{where}: unsupported dtype {dtype}; expected a real floating dtype")
+    concrete = concrete_for(S, check_finite)
+    if concrete(xp.all(xp.isfinite(S))) is False:
+        raise ValueError(
+            f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
+        )
+    return S, xp, concrete
