@@ -21,13 +21,30 @@ from condreg._errors import PoleError, RankError, TiedExtremeError
 
 __version__ = "0.1.0"
 
+# Submodules and names loaded on first use (they may import SciPy/plotting; never a framework).
+_LAZY_MODULES = ("metrics", "testing", "data", "experiments", "baselines")
+_LAZY_NAMES = {"immunize": "condreg.immunize_", "ImmunizationResult": "condreg.immunize_"}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"condreg.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'condreg' has no attribute {name!r}")
+
+
 __all__ = [
+    "ImmunizationResult",
     "PoleError",
     "RankError",
     "TiedExtremeError",
     "__version__",
     "condition_number",
     "condition_number_grad",
+    "immunize",
     "r_ill",
     "r_ill_grad",
     "r_well",
