@@ -210,9 +210,19 @@ def kappa_value(sp: Spectrum, xp: Any) -> Array:
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
-    """R_well = ½ mu_1² − ‖M‖_F² / (2p) (Eq. 3)."""
-    top = mu_top(sp)[..., 0]
-    return 0.5 * top * top - xp.sum(sp.mu * sp.mu, axis=-1) / (2.0 * sp.p)
+    """R_well = ½ mu_1² − ‖M‖_F² / (2p) (Eq. 3), computed as
+    mu_1² · ((p − L) + Σ_{i≤L} (1 − r_i)(1 + r_i)) / (2p) with r_i = mu_i / mu_1 ∈ [0, 1] over the
+    L = len(mu) values at hand (L < p = D with ``gram`` and N < D: the other eigenvalues are 0).
+
+    This form has no cancellation (it is exactly 0 when all p values equal mu_1, never negative)
+    and overflows only when the value itself does (the difference form gives inf − inf = NaN for
+    sigma_1 > ~1e154 in float64).
+    """
+    top = mu_top(sp)
+    r = sp.mu / top
+    missing = float(sp.p - sp.mu.shape[-1])
+    total = xp.sum((1.0 - r) * (1.0 + r), axis=-1) + missing
+    return (top[..., 0] * (total / (2.0 * sp.p))) * top[..., 0]
 
 
 def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
@@ -231,7 +241,8 @@ def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
 def r_ill_from_denominator(den: Array, xp: Any) -> Array:
     """1 / den, +inf exactly at the pole (den == 0), without a division-by-zero warning."""
     positive = den > 0
-    return xp.where(positive, 1.0 / xp.where(positive, den, xp.ones_like(den)), _full(xp, den, math.inf))
+    safe = xp.where(positive, den, xp.ones_like(den))
+    return xp.where(positive, 1.0 / safe, _full(xp, den, math.inf))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +265,7 @@ def kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Con
     top, bottom = mu_top(sp), mu_bottom(sp, xp)
     wt = top_weights(sp, tie_rtol, policy, xp, concrete)
     wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    return wt / bottom - (top / (bottom * bottom)) * wb
+    return wt / bottom - ((top / bottom) / bottom) * wb
 
 
 def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
@@ -276,7 +287,8 @@ def r_ill_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Con
         )
     wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
     den = den[..., None]
-    return (mu_bottom(sp, xp) * wb - sp.mu / _safe_k(sp, xp)) / (den * den)
+    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
+    return ((mu_bottom(sp, xp) * wb - sp.mu / _safe_k(sp, xp)) / den) / den
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,7 +324,7 @@ def resolve_tie_rtol(tie_rtol: float | None, shape: tuple[int, ...], dtype: Any,
 
 
 def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float) -> Array:
-    """Value of ``quantity`` from a spectrum (``tie_rtol`` resolved, see :func:`resolve_tie_rtol`)."""
+    """Value of ``quantity`` from a spectrum (``tie_rtol`` resolved: :func:`resolve_tie_rtol`)."""
     if quantity == "condition_number":
         return kappa_value(sp, xp)
     if quantity == "r_well":
@@ -334,10 +346,32 @@ def gradient_from_spectrum(
     subgradient: str,
     concrete: Concrete,
 ) -> Array:
-    """Closed-form gradient from a spectrum computed with ``vectors=True``."""
+    """Closed-form gradient from a spectrum computed with ``vectors=True``.
+
+    Computed scale-free: each quantity is homogeneous in the singular values (kappa of degree 0,
+    R_well 2, R_ill −2; their gradients of degree −1, 1, −3, and 2·degree + 1 with respect to
+    ``F`` when ``gram``), so the gradient is assembled from the spectrum divided by sigma_1 and
+    then multiplied by the matching power of sigma_1, one factor at a time. Where the true
+    gradient is representable this changes nothing; where it over- or underflows the entries
+    become ±inf or 0 — never 0·inf = NaN (which the direct form gives, e.g. for R_ill at
+    sigma ~ 1e-100 in float64 or ~1e-8 with ``gram`` in float32), and R_ill's pole is not
+    mistaken for an underflowing denominator.
+    """
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
-    return assemble(sp, _DMU[quantity](sp, tie_rtol, subgradient, xp, concrete))
+    s1 = sp.s[..., :1]
+    s = sp.s / s1
+    unit = sp._replace(s=s, mu=s * s if sp.gram else s)
+    G = assemble(unit, _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete))
+    power = 2 * _DEGREE[quantity] + 1 if sp.gram else _DEGREE[quantity]
+    scale = s1[..., None]
+    for _ in range(abs(power)):
+        G = G * scale if power > 0 else G / scale
+    return G
+
+
+#: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
+_DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}
 
 
 def gradient(

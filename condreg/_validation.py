@@ -17,6 +17,7 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     Raises ``TypeError`` for non-arrays, for arrays of different libraries in one call, and for a
     namespace without the ``linalg`` extension.
     """
+    given = None
     if xp is None:
         try:
             xp = array_namespace(*arrays)
@@ -26,12 +27,40 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
                 f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
                 f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
             ) from None
+    else:
+        given = xp
     if not hasattr(xp, "linalg"):
         raise TypeError(
             f"{where}: the array namespace {getattr(xp, '__name__', xp)!r} has no linalg "
             "extension; condreg needs linalg.svd"
         )
+    if given is not None:
+        # An explicit namespace must belong to the same library as the arrays: condreg does not
+        # convert between libraries (that would silently copy across devices).
+        try:
+            inferred = array_namespace(*arrays)
+        except TypeError as exc:
+            kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
+            raise TypeError(
+                f"{where}: expected arrays of the namespace {_library(given)!r} passed as xp, got "
+                f"{', '.join(kinds)} ({exc})"
+            ) from None
+        if _library(inferred) != _library(given):
+            raise TypeError(
+                f"{where}: the input is a {_library(inferred)} array but xp is the "
+                f"{_library(given)} namespace; convert the input first (mixed namespaces are not "
+                "supported)"
+            )
     return xp
+
+
+def _library(xp: Any) -> str:
+    """The library a namespace belongs to: ``numpy`` for both ``numpy`` and
+    ``array_api_compat.numpy``, ``torch``, ``jax``, ``array_api_strict``, ``cupy`` ..."""
+    name = getattr(xp, "__name__", type(xp).__name__)
+    if name.startswith("array_api_compat."):
+        name = name[len("array_api_compat.") :]
+    return name.split(".")[0]
 
 
 def concrete_for(S: Array, enabled: bool) -> _core.Concrete:

@@ -1,0 +1,236 @@
+"""Bad input: each case raises a typed, explaining error (or returns a documented value), on
+every backend where the case exists; no call returns a silent NaN."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import condreg
+from condreg import PoleError, RankError
+from condreg.testing import assert_close, to_numpy
+
+VALUES = ["condition_number", "r_well", "r_ill"]
+GRADS = ["condition_number_grad", "r_well_grad", "r_ill_grad"]
+ALL = VALUES + GRADS
+
+
+def _call(name, S, **kwargs):
+    return getattr(condreg, name)(S, **kwargs)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_matrix_raises_rank_error(backend, name):
+    S = backend.asarray(np.zeros((3, 2)))
+    with pytest.raises(RankError, match="rank 0"):
+        _call(name, S)
+
+
+def test_zero_matrix_in_a_batch_raises_rank_error():
+    S = np.stack([np.diag([2.0, 1.0]), np.zeros((2, 2))])
+    with pytest.raises(RankError):
+        condreg.r_ill(S)
+
+
+@pytest.mark.parametrize("spectrum", [[1.0, 1.0, 1.0], [2.0, 0.0, 0.0]], ids=["kappa-1", "rank-1"])
+def test_r_ill_pole(backend, spectrum):
+    S = backend.asarray(np.diag(spectrum))
+    assert_close(condreg.r_ill(S), backend.asarray(math.inf))
+    with pytest.raises(PoleError, match="pole"):
+        condreg.r_ill_grad(S)
+    # Only R_ill has the pole: kappa and R_well are fine there.
+    assert_close(condreg.condition_number(S), backend.asarray(1.0), rtol=backend.rtol)
+    assert np.all(np.isfinite(to_numpy(condreg.r_well_grad(S))))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", ALL)
+def test_non_finite_raises_value_error(backend, name, bad):
+    A = np.diag([2.0, 1.0, 0.5])
+    A[0, 1] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        _call(name, backend.asarray(A))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_complex_raises_type_error(name):
+    with pytest.raises(TypeError, match="complex"):
+        _call(name, np.eye(2, dtype=np.complex128))
+
+
+def test_complex_raises_type_error_torch():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="complex"):
+        condreg.r_well(torch.eye(2, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bool_raises_type_error(backend, name):
+    S = backend.xp.asarray(np.eye(2, dtype=bool))
+    with pytest.raises(TypeError, match="boolean"):
+        _call(name, S)
+
+
+@pytest.mark.parametrize("shape", [(), (3,)], ids=["0-d", "1-d"])
+@pytest.mark.parametrize("name", ALL)
+def test_ndim_below_two_raises_value_error(backend, name, shape):
+    S = backend.asarray(np.ones(shape))
+    with pytest.raises(ValueError, match="ndim"):
+        _call(name, S)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (2, 0, 0)])
+@pytest.mark.parametrize("name", ALL)
+def test_empty_matrix_raises_value_error(name, shape):
+    with pytest.raises(ValueError, match="empty"):
+        _call(name, np.ones(shape))
+
+
+def test_empty_batch_gives_empty_result():
+    """A batch of zero matrices (each matrix non-empty) is not an error: empty output."""
+    out = condreg.r_ill(np.ones((0, 3, 2)))
+    assert out.shape == (0,)
+    assert condreg.r_ill_grad(np.ones((0, 3, 2))).shape == (0, 3, 2)
+
+
+def _default_float(xp):
+    return xp.__array_namespace_info__().default_dtypes()["real floating"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_integer_input_is_promoted_to_default_float(backend, name):
+    """Documented: integer input is promoted to the namespace's default real floating dtype
+    (like numpy.linalg): float64 for NumPy, torch.get_default_dtype() for torch, float32 for
+    JAX unless x64 is enabled."""
+    S = backend.xp.asarray(np.diag([3, 1, 2]).astype(np.int32))
+    out = _call(name, S)
+    assert out.dtype == _default_float(backend.xp)
+    if backend.xp is np:
+        assert out.dtype == np.float64
+    if name == "condition_number":
+        assert_close(out, backend.xp.asarray(3.0, dtype=out.dtype), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_non_array_input_raises_type_error(name):
+    with pytest.raises(TypeError, match="Array API"):
+        _call(name, [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_mixed_namespaces_raise_type_error():
+    xps = pytest.importorskip("array_api_strict")
+    with pytest.raises(TypeError, match="mixed namespaces"):
+        condreg.r_ill(np.diag([2.0, 1.0]), xp=xps)
+    with pytest.raises(TypeError, match="mixed namespaces"):
+        condreg.r_well_grad(xps.asarray(np.diag([2.0, 1.0])), xp=np)
+    with pytest.raises(TypeError):
+        condreg.condition_number([[2.0, 0.0], [0.0, 1.0]], xp=np)
+
+
+def test_mixed_namespaces_torch_raise_type_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="mixed namespaces"):
+        condreg.r_ill(torch.eye(2, dtype=torch.float64) * 2, xp=np)
+
+
+def test_matching_xp_override_is_accepted(backend):
+    S = backend.matrix([2.0, 1.0], 3, 2, seed=0)
+    assert_close(condreg.condition_number(S, xp=backend.xp), condreg.condition_number(S))
+
+
+def test_namespace_without_linalg_raises_type_error():
+    fake = types.SimpleNamespace(__name__="fake_numpy", asarray=np.asarray)
+    with pytest.raises(TypeError, match="linalg"):
+        condreg.r_well(np.eye(2), xp=fake)
+
+
+def test_array_api_strict_without_linalg_extension_raises_type_error():
+    xps = pytest.importorskip("array_api_strict")
+    S = xps.asarray(np.diag([2.0, 1.0]))
+    saved = xps.get_array_api_strict_flags()
+    try:
+        xps.set_array_api_strict_flags(enabled_extensions=())
+        with pytest.raises(TypeError, match="linalg"):
+            condreg.r_ill(S)
+    finally:
+        xps.set_array_api_strict_flags(**saved)
+
+
+def test_invalid_tolerances_raise_value_error():
+    S = np.diag([2.0, 1.0])
+    for bad in [-1.0, 1.0, math.nan, "0.1"]:
+        with pytest.raises(ValueError, match="rtol"):
+            condreg.r_ill(S, rtol=bad)
+        with pytest.raises(ValueError, match="tie_rtol"):
+            condreg.r_well_grad(S, tie_rtol=bad)
+
+
+# --------------------------------------------------------------------------------------------
+# check_finite=False
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_finite_false_skips_the_rank_check(backend):
+    """The zero matrix no longer raises RankError (the value is then undefined)."""
+    S = backend.asarray(np.zeros((3, 2)))
+    try:
+        condreg.r_well(S, check_finite=False)
+    except RankError:  # pragma: no cover - the assertion
+        pytest.fail("check_finite=False must skip the rank check")
+
+
+def test_check_finite_false_skips_the_pole_check(backend):
+    S = backend.asarray(np.eye(3))
+    G = condreg.r_ill_grad(S, check_finite=False)  # no PoleError: the result is not finite
+    assert not np.all(np.isfinite(to_numpy(G)))
+
+
+def test_check_finite_false_skips_the_finiteness_check(backend):
+    A = np.diag([2.0, 1.0])
+    A[0, 0] = math.nan
+    try:
+        out = condreg.condition_number(backend.asarray(A), check_finite=False)
+    except Exception as exc:  # noqa: BLE001 - the library's own SVD error (numpy, torch ...)
+        assert "check_finite" not in str(exc)
+    else:
+        assert not np.isfinite(to_numpy(out))
+
+
+# --------------------------------------------------------------------------------------------
+# No silent NaN
+# --------------------------------------------------------------------------------------------
+
+
+@given(
+    hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=4),
+        elements=st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
+        | st.sampled_from([0.0, 1.0, -1.0]),
+    ),
+    st.sampled_from(ALL),
+    st.sampled_from([1.0, 1e-150, 1e150]),
+)
+def test_no_silent_nan(A, name, scale):
+    """On any finite input a call either raises a ValueError subclass (rank 0, pole) or returns
+    a result without NaN (inf only where the true value overflows or at R_ill's pole)."""
+    try:
+        out = to_numpy(_call(name, A * scale))
+    except (RankError, PoleError):
+        return
+    assert not np.any(np.isnan(out)), (name, A, out)
+    if name in ("condition_number", "r_well"):
+        assert np.all(np.isfinite(out)) or scale > 1
+
+
+def test_overflowing_r_well_is_inf_not_nan():
+    """½sigma_1² − ‖S‖_F²/(2p) overflows as inf − inf = NaN; the value itself is just too big."""
+    S = np.diag([1e200, 1e199, 1e198])
+    assert float(condreg.r_well(S)) == math.inf
+    assert_close(condreg.r_well(S * 1e-200), np.asarray(0.5 - (1 + 1e-2 + 1e-4) / 6))
