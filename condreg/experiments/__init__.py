@@ -1,0 +1,34 @@
+"""Reproductions of the paper's experiments (MATH.md §8), one module per experiment.
+
+Each module exposes the same entry point::
+
+    run(out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
+        **options) -> dict
+
+which writes ``results.json``, ``table.md`` and PNG plots into ``out_dir`` and returns the
+``results.json`` payload. The ``condreg reproduce <name>`` command (:mod:`condreg.cli`) calls it.
+
+=============  ===============================================  ==========================
+name           module                                           paper
+=============  ===============================================  ==========================
+house-prices   :mod:`condreg.experiments.house_prices`           Table 1
+mnist-pairs    :mod:`condreg.experiments.mnist_pairs`            Table 2, Fig. 2
+convergence    :mod:`condreg.experiments.convergence`            Fig. 1
+deepnet        :mod:`condreg.experiments.deepnet`                Table 3, Fig. 3 (CPU-sized)
+=============  ===============================================  ==========================
+
+Modules are imported on demand (``import condreg.experiments`` imports none of them and no
+array framework).
+"""
+
+from __future__ import annotations
+
+#: Experiment name (as on the command line) -> module under condreg.experiments.
+EXPERIMENTS: dict[str, str] = {
+    "house-prices": "house_prices",
+    "mnist-pairs": "mnist_pairs",
+    "convergence": "convergence",
+    "deepnet": "deepnet",
+}
+
+__all__ = ["EXPERIMENTS"]

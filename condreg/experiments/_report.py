@@ -1,0 +1,320 @@
+"""Shared reporting helpers for the reproduction experiments.
+
+Every experiment module exposes
+
+    run(out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
+        **options) -> dict
+
+and writes into ``out_dir``:
+
+- ``results.json`` -- every number, the settings, the seed list, the package version
+  (:func:`write_results`);
+- ``table.md`` -- our numbers beside the paper's (MATH.md §8) (:func:`write_table`,
+  :func:`markdown_table`, :func:`fmt_mean_std`);
+- PNG plots, drawn with Matplotlib's Agg canvas without touching ``pyplot`` or the global
+  backend (:func:`new_figure`, :func:`save_figure`).
+
+Repeated runs (``--seeds N``) are summarised by :func:`mean_std` (mean and *sample* standard
+deviation, ``ddof=1``; the std is 0 for a single seed). Long loops use :func:`progress`
+(a tqdm bar on stderr, or the plain iterable when ``progress=False`` or tqdm is missing).
+
+Only NumPy and Matplotlib are imported here (Matplotlib lazily); no array framework.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import pathlib
+import platform
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "METHODS",
+    "METHOD_LABELS",
+    "PAPER_DEEPNET",
+    "PAPER_HOUSE_PRICES",
+    "PAPER_MNIST",
+    "fmt_mean_std",
+    "fmt_number",
+    "markdown_table",
+    "mean_std",
+    "new_figure",
+    "prepare_out_dir",
+    "progress",
+    "save_figure",
+    "seed_list",
+    "to_jsonable",
+    "write_results",
+    "write_table",
+]
+
+#: The four methods of condreg.immunize, in the paper's table order (Ours last).
+METHODS: tuple[str, ...] = ("r_ill_only", "imma", "opt_kappa", "condreg")
+
+#: Display names used in tables and plots ("identity" is theta = I, the un-immunized reference).
+METHOD_LABELS: dict[str, str] = {
+    "identity": "Identity (θ = I)",
+    "r_ill_only": "R_ill only",
+    "imma": "IMMA",
+    "opt_kappa": "Opt κ",
+    "condreg": "Ours (condreg)",
+}
+
+#: Table 1 of the paper (house prices), as reported (MATH.md §8): (i), (ii), RIR.
+PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
+    "r_ill_only": {"i": 90.02, "ii": 72.42, "rir": 1.24},
+    "imma": {"i": 7.05, "ii": 3.55, "rir": 2.00},
+    "opt_kappa": {"i": 1.52, "ii": 0.016, "rir": 92.58},
+    "condreg": {"i": 18.92, "ii": 0.053, "rir": 356.2},
+}
+
+#: Table 2 / Fig. 2 of the paper (MNIST, 90 ordered digit pairs), as reported (MATH.md §8):
+#: mean RIR over the pairs and the number of pairs counted as a success (RIR > 1 and (ii) <= 1).
+PAPER_MNIST: dict[str, dict[str, float | None]] = {
+    "r_ill_only": {"mean_rir": 1.93, "successes": 0},
+    "imma": {"mean_rir": 1.77, "successes": 1},
+    "opt_kappa": {"mean_rir": 69.73, "successes": 90 - 32},
+    "condreg": {"mean_rir": 70.04, "successes": 90, "min_rir": 8.6, "max_rir": 523.0},
+}
+
+#: Table 3 of the paper (deep nets, ImageNet as D_P), as reported (MATH.md §8).
+PAPER_DEEPNET: dict[str, dict[str, float]] = {
+    "resnet18_cars": {"rir_theta0": 3.47, "acc_before": 68.24, "acc_after": 62.36},
+    "resnet18_country211": {"rir_theta0": 8.71, "acc_before": 68.24, "acc_after": 65.01},
+    "vit_cars": {"rir_theta0": 34.5, "acc_before": 81.78, "acc_after": 82.79},
+    "vit_country211": {"rir_theta0": 41.3, "acc_before": 81.78, "acc_after": 83.17},
+}
+
+
+# --------------------------------------------------------------------------------------------
+# output directory, seeds, progress bars
+# --------------------------------------------------------------------------------------------
+
+
+def prepare_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
+    """Create ``out_dir`` (and parents) if needed and return it as a :class:`pathlib.Path`.
+
+    Raises ``NotADirectoryError`` if the path exists and is not a directory.
+    """
+    path = pathlib.Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"--out {str(path)!r} exists and is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def seed_list(seeds: int, base: int = 0) -> list[int]:
+    """The seeds ``base, base + 1, …, base + seeds - 1`` of a repeated run (``seeds >= 1``)."""
+    if int(seeds) < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    return [int(base) + i for i in range(int(seeds))]
+
+
+def progress(
+    iterable: Iterable[Any],
+    *,
+    enabled: bool = True,
+    desc: str | None = None,
+    total: int | None = None,
+    leave: bool = False,
+) -> Iterable[Any]:
+    """Wrap ``iterable`` in a tqdm progress bar on stderr when ``enabled`` (else return it)."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the experiments extra
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+# --------------------------------------------------------------------------------------------
+# numbers
+# --------------------------------------------------------------------------------------------
+
+
+def mean_std(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """Summary of repeated measurements: ``{"mean", "std", "n", "values"}``.
+
+    ``std`` is the sample standard deviation (``ddof=1``), 0.0 for a single value. Non-finite
+    values propagate (a NaN anywhere gives a NaN mean): failures are never averaged away.
+    """
+    arr = np.asarray(values, dtype=float).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("mean_std needs at least one value")
+    std = float(np.std(arr, ddof=1)) if arr.size > 1 else 0.0
+    return {"mean": float(np.mean(arr)), "std": std, "n": int(arr.size), "values": arr.tolist()}
+
+
+def fmt_number(x: float | None, digits: int = 4) -> str:
+    """``digits`` significant digits; scientific notation for very large or small magnitudes."""
+    if x is None:
+        return "—"
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    mag = abs(x)
+    if mag >= 10 ** (digits + 2) or mag < 1e-3:
+        return f"{x:.{max(digits - 1, 0)}e}"
+    return f"{x:.{digits}g}" if mag < 10**digits else f"{x:.0f}"
+
+
+def fmt_mean_std(summary: Mapping[str, Any] | float | None, digits: int = 4) -> str:
+    """``"mean ± std"`` for a :func:`mean_std` summary with n > 1, else just the number."""
+    if summary is None or not isinstance(summary, Mapping):
+        return fmt_number(summary, digits)  # type: ignore[arg-type]
+    if summary.get("n", 1) > 1:
+        return f"{fmt_number(summary['mean'], digits)} ± {fmt_number(summary['std'], 2)}"
+    return fmt_number(summary["mean"], digits)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; cells are ``str()``-ed (format numbers beforehand)."""
+    headers = [str(h) for h in headers]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        cells = [str(c).replace("|", "\\|") for c in row]
+        if len(cells) != len(headers):
+            raise ValueError(f"row has {len(cells)} cells, the header {len(headers)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# results.json and table.md
+# --------------------------------------------------------------------------------------------
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert NumPy scalars/arrays, paths, tuples and non-finite floats to JSON-safe values.
+
+    Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so that the
+    file is strict JSON (``json.loads`` in any language) and failures stay visible.
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        if math.isnan(f):
+            return "NaN"
+        if math.isinf(f):
+            return "Infinity" if f > 0 else "-Infinity"
+        return f
+    if isinstance(obj, pathlib.PurePath):
+        return str(obj)
+    if obj is None or isinstance(obj, str):
+        return obj
+    return repr(obj)
+
+
+def _environment() -> dict[str, Any]:
+    import condreg
+
+    env: dict[str, Any] = {
+        "condreg_version": condreg.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
+    for name in ("scipy", "matplotlib"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            env[name] = getattr(mod, "__version__", "?")
+    return env
+
+
+def write_results(
+    out_dir: str | pathlib.Path,
+    *,
+    experiment: str,
+    settings: Mapping[str, Any],
+    seeds: Sequence[int],
+    results: Mapping[str, Any],
+    runtime_s: float | None = None,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Write ``out_dir/results.json`` and return the payload written.
+
+    Layout: ``{"experiment", "condreg_version", "created_utc", "environment", "settings",
+    "seeds", "runtime_s", "notes", "results"}``; ``results`` is the experiment's own nested
+    dictionary (every number), made JSON-safe by :func:`to_jsonable`.
+    """
+    env = _environment()
+    payload = {
+        "experiment": experiment,
+        "condreg_version": env["condreg_version"],
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "environment": env,
+        "settings": dict(settings),
+        "seeds": list(seeds),
+        "runtime_s": runtime_s,
+        "notes": list(notes),
+        "results": results,
+    }
+    payload = to_jsonable(payload)
+    path = prepare_out_dir(out_dir) / "results.json"
+    text = json.dumps(payload, indent=2, allow_nan=False, ensure_ascii=False)
+    path.write_text(text + "\n", encoding="utf-8")
+    return payload
+
+
+def write_table(
+    out_dir: str | pathlib.Path, text: str, *, title: str | None = None
+) -> pathlib.Path:
+    """Write ``out_dir/table.md`` (an optional ``# title`` line, then ``text``); return its path."""
+    path = prepare_out_dir(out_dir) / "table.md"
+    body = (f"# {title}\n\n" if title else "") + text.rstrip() + "\n"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# figures (Agg canvas, no pyplot, no global backend switch)
+# --------------------------------------------------------------------------------------------
+
+
+def new_figure(
+    nrows: int = 1,
+    ncols: int = 1,
+    *,
+    figsize: tuple[float, float] | None = None,
+    squeeze: bool = True,
+    **subplot_kw: Any,
+):
+    """A ``(fig, axes)`` pair on a Matplotlib Agg canvas (headless; ``pyplot`` is not used).
+
+    ``axes`` follows ``Figure.subplots(..., squeeze=squeeze)``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if figsize is None:
+        figsize = (4.5 * ncols, 3.6 * nrows)
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=squeeze, **subplot_kw)
+    return fig, axes
+
+
+def save_figure(fig: Any, path: str | pathlib.Path, *, dpi: int = 120) -> pathlib.Path:
+    """Save ``fig`` as PNG at ``path`` (parents created) and return the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png")
+    return path

@@ -1,0 +1,263 @@
+"""Table 1: immunizing a linear feature extractor on Ames house prices.
+
+D_P = rows with MSZoning ≠ RL (309, target LotArea), D_H = rows with MSZoning = RL (1151, target
+SalePrice); 78 inputs after :func:`condreg.data.load_house_prices`'s preprocessing (Id dropped,
+ordinal categories fit on both tasks, median imputation, standardisation over both tasks). Each
+method of :func:`condreg.immunize` runs from θ_0 = I with the paper's settings (100 epochs,
+η = 0.005, regression loss, λ's by the package's default gradient-norm balancing), and is scored
+by Eq. 15: (i) = κ(H_H(θ))/κ(K_H), (ii) = κ(H_P(θ))/κ(K_P), RIR = (i)/(ii). Identity (θ = I) is
+the reference (RIR = 1). No hyper-parameter is tuned on these data.
+
+Writes ``results.json``, ``table.md``, ``rir.png`` (ours vs the paper, per method) and
+``kappa_history.png`` (κ(H_P), κ(H_H) per epoch, when the history records them).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any
+
+import numpy as np
+
+from condreg.data import load_house_prices
+from condreg.experiments import _report as rp
+from condreg.experiments._linear import immunize_method, spectrum_numbers, success, summarise_runs
+
+__all__ = ["run", "PAPER_SETTINGS", "QUICK_SETTINGS"]
+
+PAPER_SETTINGS = {"epochs": 100, "lr": 0.005}
+QUICK_SETTINGS = {"epochs": 20, "lr": 0.005}
+
+
+def _resolve_data_dir(data: Any) -> pathlib.Path:
+    if data is not None:
+        return pathlib.Path(data)
+    default = pathlib.Path("..") / "shared" / "data" / "house_price"
+    if (default / "train.csv").is_file():
+        return default
+    raise FileNotFoundError(
+        "house-prices needs the directory holding the Kaggle train.csv (--data DIR); "
+        f"{default} does not exist here"
+    )
+
+
+def run(
+    out_dir: pathlib.Path,
+    *,
+    quick: bool = False,
+    seeds: int = 1,
+    progress: bool = True,
+    data: str | pathlib.Path | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+    methods: list[str] | None = None,
+    encoding: str = "ordinal",
+    **options: Any,
+) -> dict[str, Any]:
+    """Run Table 1 and write results.json, table.md and plots into ``out_dir``.
+
+    ``options`` are passed to :func:`condreg.immunize` (e.g. ``lam_p``, ``lam_h``).
+    """
+    start = time.perf_counter()
+    out_dir = rp.prepare_out_dir(out_dir)
+    data_dir = _resolve_data_dir(data)
+    base = QUICK_SETTINGS if quick else PAPER_SETTINGS
+    settings = {
+        "epochs": int(epochs or base["epochs"]),
+        "lr": float(lr or base["lr"]),
+        "methods": list(methods or rp.METHODS),
+        "task": "regression",
+        "theta0": "identity",
+        "lam_p": options.get("lam_p", "default (condreg.immunize)"),
+        "lam_h": options.get("lam_h", "default (condreg.immunize)"),
+        "encoding": encoding,
+        "quick": quick,
+        "data_dir": str(data_dir),
+        "paper_settings": PAPER_SETTINGS,
+    }
+    hp = load_house_prices(data_dir, encoding=encoding)
+    seed_values = rp.seed_list(seeds)
+    identity = spectrum_numbers(None, hp.X_p, hp.X_h)
+
+    jobs = [(s, m) for s in seed_values for m in settings["methods"]]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in settings["methods"]}
+    for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
+        res = immunize_method(
+            method,
+            hp.X_p,
+            hp.y_p,
+            hp.X_h,
+            y_h=hp.y_h,
+            task="regression",
+            epochs=settings["epochs"],
+            lr=settings["lr"],
+            seed=seed,
+            **options,
+        )
+        res.pop("_theta")
+        res["seed"] = seed
+        res["success"] = success(res)
+        runs[method].append(res)
+
+    method_results = {
+        m: {
+            "summary": summarise_runs(
+                r,
+                (
+                    "i",
+                    "ii",
+                    "rir",
+                    "kappa_H_P",
+                    "kappa_H_H",
+                    "loss_initial",
+                    "loss_final",
+                    "runtime_s",
+                ),
+            ),
+            "successes": int(sum(x["success"] for x in r)),
+            "runs": r,
+        }
+        for m, r in runs.items()
+    }
+    results = {
+        "data": {
+            "n_p": hp.info["n_p"],
+            "n_h": hp.info["n_h"],
+            "n_features": hp.info["n_features"],
+            "kappa_K_P": identity["kappa_K_P"],
+            "kappa_K_H": identity["kappa_K_H"],
+            "rank_K_P": identity["rank_K_P"],
+            "rank_K_H": identity["rank_K_H"],
+            "preprocessing": hp.info,
+        },
+        "identity": identity,
+        "methods": method_results,
+        "paper": rp.PAPER_HOUSE_PRICES,
+    }
+    notes = _notes(method_results)
+    runtime = time.perf_counter() - start
+    payload = rp.write_results(
+        out_dir,
+        experiment="house-prices",
+        settings=settings,
+        seeds=seed_values,
+        results=results,
+        runtime_s=runtime,
+        notes=notes,
+    )
+    rp.write_table(
+        out_dir,
+        _table(identity, method_results, settings, hp.info, len(seed_values), notes),
+        title="Table 1 — house prices (Ames): ours beside the paper's",
+    )
+    _plots(out_dir, identity, method_results)
+    return payload
+
+
+def _notes(method_results: dict[str, Any]) -> list[str]:
+    notes = []
+    for m, r in method_results.items():
+        n = len(r["runs"])
+        if r["successes"] < n:
+            s = r["summary"]
+            notes.append(
+                f"{rp.METHOD_LABELS[m]} did not immunize in {n - r['successes']} of {n} run(s) "
+                f"(success = RIR > 1 and (ii) <= 1; mean RIR {rp.fmt_number(s['rir']['mean'])}, "
+                f"(ii) {rp.fmt_number(s['ii']['mean'])})"
+            )
+        for w in sorted({w for x in r["runs"] for w in x["warnings"]}):
+            notes.append(f"{rp.METHOD_LABELS[m]}: warning from condreg.immunize: {w}")
+    return notes
+
+
+def _table(identity, method_results, settings, info, n_seeds, notes) -> str:
+    rows = [[rp.METHOD_LABELS["identity"], "1", "1", "1", "—", "—", "—", "—", "1"]]
+    for m in rp.METHODS:
+        if m not in method_results:
+            continue
+        s = method_results[m]["summary"]
+        p = rp.PAPER_HOUSE_PRICES[m]
+        rows.append(
+            [
+                rp.METHOD_LABELS[m],
+                rp.fmt_mean_std(s["i"]),
+                rp.fmt_mean_std(s["ii"]),
+                rp.fmt_mean_std(s["rir"]),
+                rp.fmt_number(p["i"]),
+                rp.fmt_number(p["ii"]),
+                rp.fmt_number(p["rir"]),
+                f"{method_results[m]['successes']}/{len(method_results[m]['runs'])}",
+                rp.fmt_mean_std(s["loss_final"], 3),
+            ]
+        )
+    text = rp.markdown_table(
+        [
+            "method",
+            "(i) ours",
+            "(ii) ours",
+            "RIR ours",
+            "(i) paper",
+            "(ii) paper",
+            "RIR paper",
+            "success",
+            "D_P loss",
+        ],
+        rows,
+    )
+    text += (
+        f"\nκ(K_P) = {rp.fmt_number(identity['kappa_K_P'])} (rank {identity['rank_K_P']} of "
+        f"{info['n_features']}), κ(K_H) = {rp.fmt_number(identity['kappa_K_H'])} (rank "
+        f"{identity['rank_K_H']}); κ over the nonzero singular values.\n\n"
+        f"Settings: {settings['epochs']} epochs, η = {settings['lr']}, θ_0 = I, "
+        f"λ_P = {settings['lam_p']!s}, λ_H = {settings['lam_h']!s}, {info['encoding']} "
+        f"categories; "
+        f"{n_seeds} seed(s) (mean ± sample std). (i) = κ(H_H(θ))/κ(K_H), "
+        f"(ii) = κ(H_P(θ))/κ(K_P), RIR = (i)/(ii); success = RIR > 1 and (ii) ≤ 1. "
+        f"D_P loss: the pre-training task's relative squared error "
+        f"mean((Xθω − y)²)/mean(y²) after training (1 at ω = 0; Definition 3.1 (c)).\n"
+    )
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    return text
+
+
+def _plots(out_dir: pathlib.Path, identity, method_results) -> None:
+    methods = [m for m in rp.METHODS if m in method_results]
+    fig, axes = rp.new_figure(1, 3, figsize=(13, 3.8))
+    x = np.arange(len(methods))
+    for ax, key, label in zip(
+        axes, ("i", "ii", "rir"), ("(i) κ(H_H)/κ(K_H)", "(ii) κ(H_P)/κ(K_P)", "RIR"), strict=True
+    ):
+        ours = [method_results[m]["summary"][key]["mean"] for m in methods]
+        err = [method_results[m]["summary"][key]["std"] for m in methods]
+        paper = [rp.PAPER_HOUSE_PRICES[m][key] for m in methods]
+        ax.bar(x - 0.2, ours, 0.4, yerr=err, label="ours", color="tab:blue")
+        ax.bar(x + 0.2, paper, 0.4, label="paper", color="tab:gray")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_xticks(x, [rp.METHOD_LABELS[m] for m in methods], rotation=20, fontsize=8)
+        ax.set_title(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("House prices: Eq. 15 per method (log scale; dashed = identity)")
+    rp.save_figure(fig, out_dir / "rir.png")
+
+    have = [
+        m
+        for m in methods
+        if {"kappa_hp", "kappa_hh"} <= set(method_results[m]["runs"][0]["history"])
+    ]
+    if have:
+        fig, axes = rp.new_figure(1, 2, figsize=(10, 3.8))
+        for m in have:
+            h = method_results[m]["runs"][0]["history"]
+            axes[0].plot(h["kappa_hp"], label=rp.METHOD_LABELS[m])
+            axes[1].plot(h["kappa_hh"], label=rp.METHOD_LABELS[m])
+        for ax, title in zip(axes, ("κ(H_P(θ_t))", "κ(H_H(θ_t))"), strict=True):
+            ax.set_yscale("log")
+            ax.set_xlabel("epoch")
+            ax.set_title(title)
+        axes[0].axhline(identity["kappa_K_P"], color="k", ls="--", lw=0.8)
+        axes[1].axhline(identity["kappa_K_H"], color="k", ls="--", lw=0.8)
+        axes[1].legend(fontsize=8)
+        rp.save_figure(fig, out_dir / "kappa_history.png")
