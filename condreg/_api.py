@@ -27,9 +27,10 @@ subgradient : {"min_norm", "any", "raise"}
 check_finite : bool
     Check (eagerly) that the input is finite, that it is not the zero matrix and, for gradients,
     that R_ill is not at its pole. On a GPU each check costs a host synchronisation;
-    ``check_finite=False`` skips them all, and invalid input then gives NaN/inf results. Under
-    tracing (``jax.jit``, ``jax.grad`` of traced values, ``torch.compile``, ``torch.func.vmap``)
-    the checks are skipped automatically without breaking the trace.
+    ``check_finite=False`` skips them all; invalid input then gives NaN/inf results (or the
+    backend's own error, e.g. NumPy's ``LinAlgError`` for an SVD of NaNs). Under tracing
+    (``jax.jit``, ``torch.compile``, ``torch.func.vmap``) the checks are skipped automatically
+    without breaking the trace.
 xp : namespace, optional
     Array API namespace to use instead of the one inferred from ``S``.
 

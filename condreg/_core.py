@@ -205,8 +205,9 @@ def _safe_k(sp: Spectrum, xp: Any) -> Array:
 
 
 def kappa_value(sp: Spectrum, xp: Any) -> Array:
-    """kappa = mu_1 / mu_k over the nonzero values (Eq. 1)."""
-    return (mu_top(sp) / mu_bottom(sp, xp))[..., 0]
+    """kappa = mu_1 / mu_k over the nonzero values (Eq. 1); NaN for rank 0 (unchecked input)."""
+    kappa = (mu_top(sp) / mu_bottom(sp, xp))[..., 0]
+    return xp.where(sp.k > 0, kappa, _full(xp, kappa, math.nan))
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
@@ -240,9 +241,9 @@ def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
 
 def r_ill_from_denominator(den: Array, xp: Any) -> Array:
     """1 / den, +inf exactly at the pole (den == 0), without a division-by-zero warning."""
-    positive = den > 0
-    safe = xp.where(positive, den, xp.ones_like(den))
-    return xp.where(positive, 1.0 / safe, _full(xp, den, math.inf))
+    pole = den == 0
+    safe = xp.where(pole, xp.ones_like(den), den)
+    return xp.where(pole, _full(xp, den, math.inf), 1.0 / safe)  # NaN stays NaN
 
 
 # --------------------------------------------------------------------------------------------

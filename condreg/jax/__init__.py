@@ -1,17 +1,44 @@
 """JAX adapter: condreg's closed-form rules through ``jax.custom_vjp``.
 
 ``condreg.condition_number``, ``condreg.r_well`` and ``condreg.r_ill`` dispatch here for JAX
-arrays: ``jax.grad`` uses the closed-form (sub)gradient (minimum-norm at tied extremes) and works
-under ``jax.jit`` and ``jax.vmap``, in float32 and float64 (enable x64 yourself; condreg never
-changes JAX's configuration). Reverse-over-reverse (``jax.grad(jax.grad(...))``, Hessians via
-``jax.jacrev``) differentiates the closed form, exact at generic points (distinct singular values).
+arrays: ``jax.grad``/``jax.vjp``/``jax.jacrev`` use the closed-form (sub)gradient
+``G = U diag(d) Vᵀ`` of :mod:`condreg._core` (minimum-norm at tied extremes, the
+``subgradient="min_norm"`` policy of the ``*_grad`` functions), never autodiff through singular
+vectors. They work under ``jax.jit`` and ``jax.vmap``, on a single matrix or a batch
+``(..., m, n)``, in float32 and float64 (enable x64 yourself; condreg never changes JAX's
+configuration). The forward pass computes one thin SVD and keeps it for the backward pass; the
+value alone (no differentiation) needs only the singular values.
 
-Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) is **not supported**: JAX does not
-allow forward-mode differentiation of a ``custom_vjp`` function and raises a ``TypeError``; use
-``jax.jacrev`` (and ``jacrev(jacrev(...))`` for Hessians).
+Forward mode is not supported
+-----------------------------
+Forward-mode differentiation of the value functions themselves — ``jax.jvp``, ``jax.jacfwd``,
+or applying the linear function returned by ``jax.linearize`` — raises JAX's
+``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``. Use reverse mode
+(``jax.grad``, ``jax.vjp``, ``jax.jacrev``). Forward-over-reverse does work, because only the
+backward rule (built from differentiable ``jax.numpy`` operations) is differentiated in forward
+mode: ``jax.hessian`` (``jacfwd(jacrev(f))``) and ``jax.jvp`` of ``jax.grad(f)`` (Hessian-vector
+products) are supported, like ``jax.jacrev(jax.jacrev(f))`` and ``jax.grad`` of a ``jax.grad``.
 
-Value checks (finite input, rank 0, R_ill's pole) run when values are concrete and are skipped
-under tracing (``jax.jit``) without breaking it.
+Second order
+------------
+Second derivatives (``jax.grad(jax.grad(...))``, ``jacrev(jacrev(...))``, ``jax.hessian``)
+differentiate the closed form ``G(S)`` through JAX's own SVD derivative (the residuals of the
+forward pass are differentiable functions of ``S``). That is exact wherever the quantity is twice
+differentiable: at generic points (distinct nonzero singular values, fixed rank). At ties the
+second derivative does not exist and condreg does not detect this: where singular values
+coincide — a tied extreme, any repeated value inside the spectrum, repeated zeros of a
+rank-deficient matrix — the derivative of the singular vectors has ``1 / (sigma_i² − sigma_j²)``
+factors and the result is meaningless (huge, basis-dependent, ``inf`` or ``NaN``). The first
+derivative stays the basis-independent minimum-norm subgradient.
+
+Checks
+------
+The value checks (finite input, not the zero matrix, and in the backward of ``r_ill`` not at its
+pole) run whenever values are concrete — eagerly, including eager ``jax.grad`` — and raise
+``ValueError``, :class:`condreg.RankError` and :class:`condreg.PoleError` (the value at the pole is
+``+inf``; its gradient raises, it is never silently NaN). Under ``jax.jit`` and ``jax.vmap``
+values are abstract and the checks are skipped without breaking the trace; there, as with
+``check_finite=False``, invalid input gives ``NaN``/``inf`` instead of an error.
 """
 
 from __future__ import annotations
@@ -30,7 +57,8 @@ __all__ = ["concrete", "value"]
 
 
 def concrete(x: jax.Array) -> bool | None:
-    """Read a 0-d boolean array, or ``None`` under tracing."""
+    """Read a 0-d boolean array, or return ``None`` when it is abstract (under ``jax.jit``,
+    ``jax.vmap`` and other tracing)."""
     try:
         return bool(x)
     except jax.errors.ConcretizationTypeError:
