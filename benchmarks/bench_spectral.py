@@ -92,7 +92,9 @@ def bench_jax(F: np.ndarray, repeat: int) -> dict | None:
         Fj = jnp.asarray(F)
         base = jax.jit(jax.grad(lambda X: _r_ill_from_eigs(jnp.linalg.eigvalsh(X.T @ X), k, jnp)))
         ours = jax.jit(jax.grad(lambda X: condreg.r_ill(X, gram=True)))
-        np.testing.assert_allclose(np.asarray(ours(Fj)), np.asarray(base(Fj)), rtol=1e-5, atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(ours(Fj)), np.asarray(base(Fj)), rtol=1e-5, atol=1e-12
+        )
         return {
             "baseline_s": _median_time(lambda: base(Fj).block_until_ready(), repeat),
             "condreg_s": _median_time(lambda: ours(Fj).block_until_ready(), repeat),
@@ -132,13 +134,18 @@ def main() -> None:
             res["speedup"] = res["baseline_s"] / res["condreg_s"]
             rows[name] = res
     print(f"R_ill(FᵀF) value+gradient, F {args.n}×{args.d}, float64, median of {args.repeat}")
-    print("| backend | baseline (D×D eigendecomposition; autodiff on torch/jax) s | condreg (SVD of F, closed form) s | speed-up |")
+    print(
+        "| backend | baseline (D×D eigendecomposition; autodiff on torch/jax) s "
+        "| condreg (SVD of F, closed form) s | speed-up |"
+    )
     print("|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['baseline_s']:.4f} | {r['condreg_s']:.4f} | {r['speedup']:.1f}× |")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"n": args.n, "d": args.d, "repeat": args.repeat, "results": rows}, fh, indent=2)
+            json.dump(
+                {"n": args.n, "d": args.d, "repeat": args.repeat, "results": rows}, fh, indent=2
+            )
 
 
 if __name__ == "__main__":

@@ -159,11 +159,13 @@ def r_ill(
 ) -> Array:
     """R_ill(S) = 1 / (‖S‖_F² / (2k) − ½ sigma_k²), ``k`` the numerical rank (Eq. 12).
 
-    Non-negative and tends to 0 iff ``kappa -> inf``; minimising it makes ``S`` ill-conditioned
-    (Theorem 4.1). At its pole — all nonzero singular values equal (``kappa = 1``, including any
-    rank-1 matrix) — the value is ``+inf`` (values tied within ``tie_rtol`` count as equal, so an
-    exactly-constructed pole gives ``+inf`` rather than a huge rounding artefact). The denominator is
-    evaluated as ``Σ_{i≤k} (sigma_i² − sigma_k²) / (2k)``, exact and never negative.
+    Non-negative; at fixed ``sigma_k`` it tends to 0 iff ``kappa -> inf`` (Theorem 4.1; with
+    ``sigma_1`` fixed and ``sigma_k -> 0`` it tends to ``2k / Σ_{i<k} sigma_i²`` instead).
+    Minimising it makes ``S`` ill-conditioned. At its pole — all nonzero singular values equal
+    (``kappa = 1``, including any rank-1 matrix) — the value is ``+inf``: values tied within
+    ``tie_rtol`` count as equal, so an exactly-constructed pole gives ``+inf`` rather than a huge
+    rounding artefact. The denominator is evaluated as ``Σ_{i≤k} (sigma_i² − sigma_k²) / (2k)``,
+    exact and never negative.
     Shape ``S.shape[:-2]``.
     """
     return _value(
