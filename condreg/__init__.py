@@ -23,7 +23,11 @@ __version__ = "0.1.0"
 
 # Submodules and names loaded on first use (they may import SciPy/plotting; never a framework).
 _LAZY_MODULES = ("algorithm", "metrics", "testing", "data", "experiments")
-_LAZY_NAMES = {"immunize": "condreg.algorithm", "ImmunizationResult": "condreg.algorithm"}
+_LAZY_NAMES = {
+    "immunize": "condreg.algorithm",
+    "ImmunizationResult": "condreg.algorithm",
+    "ImmunizationWarning": "condreg.algorithm",
+}
 
 
 def __getattr__(name: str):
@@ -38,6 +42,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ImmunizationResult",
+    "ImmunizationWarning",
     "PoleError",
     "RankError",
     "TiedExtremeError",

@@ -1,0 +1,180 @@
+"""PyTorch training adapters for Algorithm 1 on real models.
+
+Two pieces, meant to be used together (``docs/immunization.md`` shows a plain loop, a Lightning
+``training_step`` and a Hugging Face ``Trainer.compute_loss``):
+
+:class:`ConditionRegularizer`
+    ``λ_P R_well(F_Pᵀ F_P) + λ_H R_ill(F_Hᵀ F_H)`` from batches of features (``gram=True``; the
+    ``D×D`` Hessians are never formed), returned as a loss term to add to the task loss.
+
+:class:`Precondition` / :func:`precondition`
+    The paper's "dummy layer": identity in the forward pass; in the backward pass it turns the
+    regularizer's gradient into the ``K⁻¹``-**left**-preconditioned update of the immunized linear
+    map. Where it sits matters. For an immunized map ``F = xθ`` (``x``: ``N×D_in`` inputs of the
+    map, e.g. the output of the frozen/earlier part of the network; ``θ``: ``D_in×D``, i.e.
+    ``nn.Linear.weight.T``) the parameter gradient is ``∇_θ = xᵀ ḡ`` with ``ḡ = ∂ℓ/∂F``. Putting
+    the layer on the *inputs* would not change ``∇_θ`` at all, and putting a ``D×D`` output
+    covariance on the feature axis of ``ḡ`` gives ``∇_θ K_F⁻¹`` — a *right* multiplication, the
+    defect of the public code (MATH.md §9.2). The dummy layer therefore sits on the *features*
+    ``F`` on the regularizer's path only, and acts on the **sample** axis:
+
+        ḡ  ↦  (x xᵀ + ε I)⁻¹ ḡ          so that   xᵀ (x xᵀ + ε I)⁻¹ ḡ = (xᵀx + ε I)⁻¹ xᵀ ḡ
+                                                                = K_ε⁻¹ ∇_θ          (push-through)
+
+    i.e. one backward pass gives exactly ``K_ε⁻¹∇_θR`` on the left with ``K = xᵀx`` the input
+    covariance of the immunized map, for the same batch; with ``ridge=0`` it is the
+    pseudo-inverse ``K⁺∇_θR`` (= Algorithm 1's ``K⁻¹`` when ``K`` is invertible). Computed from
+    one thin SVD ``x = U S Vᵀ`` as ``U diag(1/(s² + ε)) Uᵀ ḡ`` (``ε = ridge·s₁²``, components
+    outside the row space dropped). The supervised loss must use ``F`` directly, not the
+    preconditioned copy, so its gradient stays un-preconditioned, as in Algorithm 1.
+
+Gradients that flow *below* ``x`` (into earlier trainable layers) through the regularizer's path
+are the preconditioned ones too; feed ``x.detach()`` to the immunized map on the regularizer path
+if earlier layers should not receive them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import condreg
+
+__all__ = ["ConditionRegularizer", "Precondition", "precondition"]
+
+
+def _flat(F: torch.Tensor) -> torch.Tensor:
+    if F.ndim < 2:
+        raise ValueError(f"expected a batch of features (N, ...), got shape {tuple(F.shape)}")
+    return F.reshape(F.shape[0], -1)
+
+
+class ConditionRegularizer(nn.Module):
+    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` of the probing Hessians ``H = FᵀF`` of feature batches.
+
+    Parameters
+    ----------
+    lam_p, lam_h : float
+        Weights of the two terms (either may be 0).
+    normalize : bool
+        If True (default), each feature batch is divided by its (detached) Frobenius norm, so the
+        terms are those of ``H / tr(H)``: independent of the feature scale (R_well is homogeneous
+        of degree 2 and R_ill of degree −2 in ``H``, so without this the weights would have to
+        be retuned whenever the features grow). The direction of each term's gradient is
+        unchanged; only its size adapts. ``False`` gives the plain terms of Eq. 11.
+    rtol : float, optional
+        Rank tolerance passed to :func:`condreg.r_ill`.
+
+    ``forward(features_p=None, features_h=None)`` takes ``(N, ...)`` tensors (flattened to
+    ``(N, -1)``) and returns a 0-d tensor; a term whose features are ``None`` is left out. Pass the
+    features through :class:`Precondition` first to get Algorithm 1's preconditioned update.
+    """
+
+    def __init__(
+        self,
+        lam_p: float = 1.0,
+        lam_h: float = 1.0,
+        *,
+        normalize: bool = True,
+        rtol: float | None = None,
+    ) -> None:
+        super().__init__()
+        if lam_p < 0 or lam_h < 0:
+            raise ValueError(f"lam_p and lam_h must be >= 0, got {lam_p}, {lam_h}")
+        self.lam_p = float(lam_p)
+        self.lam_h = float(lam_h)
+        self.normalize = bool(normalize)
+        self.rtol = rtol
+
+    def _prepare(self, F: torch.Tensor) -> torch.Tensor:
+        F = _flat(F)
+        if self.normalize:
+            F = F / torch.linalg.vector_norm(F.detach())
+        return F
+
+    def forward(
+        self, features_p: torch.Tensor | None = None, features_h: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        terms = []
+        if features_p is not None and self.lam_p != 0:
+            terms.append(self.lam_p * condreg.r_well(self._prepare(features_p), gram=True))
+        if features_h is not None and self.lam_h != 0:
+            F = self._prepare(features_h)
+            terms.append(self.lam_h * condreg.r_ill(F, gram=True, rtol=self.rtol))
+        if not terms:
+            ref = features_p if features_p is not None else features_h
+            if ref is None:
+                raise ValueError("ConditionRegularizer needs features_p and/or features_h")
+            return ref.new_zeros(())
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    def extra_repr(self) -> str:
+        return f"lam_p={self.lam_p}, lam_h={self.lam_h}, normalize={self.normalize}"
+
+
+class _Precondition(torch.autograd.Function):
+    """Identity forward; backward ``ḡ ↦ U diag(1/(s² + ε)) Uᵀ ḡ`` with ``x = U S Vᵀ``."""
+
+    @staticmethod
+    def forward(features, inputs, ridge, rtol):  # type: ignore[override]
+        return features.view_as(features)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        _, x, ridge, rtol = inputs
+        ctx.save_for_backward(x)
+        ctx.ridge, ctx.rtol = ridge, rtol
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        x = _flat(x.detach())
+        U, s, _ = torch.linalg.svd(x, full_matrices=False)
+        s1 = s[:1]
+        rtol = ctx.rtol if ctx.rtol is not None else max(x.shape) * torch.finfo(x.dtype).eps
+        mask = s > rtol * s1
+        s2 = s * s
+        eps = ctx.ridge * s1 * s1
+        den = torch.where(mask, s2 + eps, torch.ones_like(s2))
+        f = torch.where(mask, 1.0 / den, torch.zeros_like(s2))
+        g = grad.reshape(grad.shape[0], -1).to(U.dtype)
+        out = U @ (f[:, None] * (U.mT @ g))
+        return out.reshape(grad.shape).to(grad.dtype), None, None, None
+
+
+def precondition(
+    features: torch.Tensor, inputs: torch.Tensor, *, ridge: float = 1e-4, rtol: float | None = None
+) -> torch.Tensor:
+    """The dummy layer as a function: returns ``features`` unchanged; its backward left-multiplies
+    the immunized map's parameter gradient by ``(K + ε I)⁻¹``, ``K = xᵀx`` the covariance of
+    ``inputs`` (``N×D_in``, flattened) in this batch, ``ε = ridge·λ_max(K)`` (``ridge=0``:
+    pseudo-inverse, directions with ``s_i ≤ rtol·s_1`` dropped; default ``rtol = max(N, D)·eps``).
+
+    ``features`` must be the output ``F = inputs @ θ`` of the immunized linear map (first axis the
+    same samples). See the module documentation for why it sits here.
+    """
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    if features.shape[0] != inputs.shape[0]:
+        raise ValueError(
+            "precondition: features and inputs must share the sample axis, got "
+            f"{features.shape[0]} and {inputs.shape[0]} rows"
+        )
+    return _Precondition.apply(features, inputs, float(ridge), rtol)
+
+
+class Precondition(nn.Module):
+    """Module form of :func:`precondition`: ``Precondition(ridge)(features, inputs)``."""
+
+    def __init__(self, ridge: float = 1e-4, rtol: float | None = None) -> None:
+        super().__init__()
+        if ridge < 0:
+            raise ValueError(f"ridge must be >= 0, got {ridge}")
+        self.ridge = float(ridge)
+        self.rtol = rtol
+
+    def forward(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        return precondition(features, inputs, ridge=self.ridge, rtol=self.rtol)
+
+    def extra_repr(self) -> str:
+        return f"ridge={self.ridge}"

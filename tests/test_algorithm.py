@@ -1,0 +1,390 @@
+"""condreg.immunize: Algorithm 1 and the baselines through one harness (MATH.md §5, §7)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import make_backend
+
+import condreg
+from condreg import algorithm
+from condreg.algorithm import ImmunizationResult, ImmunizationWarning
+from condreg.metrics import rir
+
+METHODS = ["condreg", "r_ill_only", "opt_kappa", "imma"]
+
+
+def _pair(seed=0, N_p=80, N_h=80, D=8, decay=2.0, aligned=False, scale=1.0):
+    """Two tasks with the same spectrum; H's eigenvectors are a random rotation of P's."""
+    rng = np.random.default_rng(seed)
+    spec = np.diag(np.logspace(0, -decay / 2, D))
+    Q = np.eye(D) if aligned else np.linalg.qr(rng.standard_normal((D, D)))[0]
+    X_p = scale * rng.standard_normal((N_p, D)) @ spec
+    X_h = scale * rng.standard_normal((N_h, D)) @ spec @ Q.T
+    y_p = X_p @ rng.standard_normal(D) + 0.1 * rng.standard_normal(N_p)
+    return X_p, y_p, X_h
+
+
+def _quiet(**kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImmunizationWarning)
+        return condreg.immunize(**kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends agree
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["torch-cpu-float64", "jax-float64", "array_api_strict-float64"])
+@pytest.mark.parametrize("method", METHODS)
+def test_backends_agree(name, method):
+    X_p, y_p, X_h = _pair(1, N_h=6)  # N_h < D: the sample-space path and a singular K_H
+    ref = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=6)
+    with make_backend(name) as b:
+        out = _quiet(
+            X_p=b.asarray(X_p), y_p=b.asarray(y_p), X_h=b.asarray(X_h), method=method, epochs=6
+        )
+        assert type(out.theta) is type(b.asarray(X_p))
+        np.testing.assert_allclose(b.numpy(out.theta), ref.theta, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(b.numpy(out.omega), ref.omega, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(out.rir, ref.rir, rtol=1e-8)
+
+
+def test_classification_backends_agree():
+    X_p, y_p, X_h = _pair(2)
+    labels = (y_p > 0).astype(np.float64)
+    ref = _quiet(X_p=X_p, y_p=labels, X_h=X_h, task="classification", epochs=5)
+    with make_backend("torch-cpu-float64") as b:
+        out = _quiet(
+            X_p=b.asarray(X_p),
+            y_p=b.asarray(labels),
+            X_h=b.asarray(X_h),
+            task="classification",
+            epochs=5,
+        )
+        np.testing.assert_allclose(b.numpy(out.theta), ref.theta, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Immunization works out of the box
+# ---------------------------------------------------------------------------------------------
+
+
+def test_condreg_immunizes_a_non_aligned_pair_with_defaults():
+    X_p, y_p, X_h = _pair(0, N_p=200, N_h=200, D=20, decay=2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImmunizationWarning)
+        res = condreg.immunize(X_p, y_p, X_h, epochs=100)
+    assert isinstance(res, ImmunizationResult) and res.succeeded
+    assert res.rir > 10 and res.ii <= 1 and res.i > 2
+    check = rir(res.theta, X_p, X_h)
+    assert check.rir == res.rir
+    # the history: one row per θ_t, row 0 is θ_0 = I with every ratio exactly 1
+    h = res.history
+    assert len(h["rir"]) == 101 and h["epoch"][-1] == 100
+    assert h["rir"][0] == 1.0 and h["i"][0] == 1.0 and h["ii"][0] == 1.0
+    np.testing.assert_allclose(h["rir"][-1], res.rir, rtol=1e-6)
+    assert h["kappa_kp"][0] == h["kappa_kp"][-1]
+    assert h["r_well"][-1] < h["r_well"][0] and h["r_ill"][-1] < h["r_ill"][0]
+
+
+def test_pre_training_loss_is_kept_definition_3_1c():
+    """Definition 3.1(c): min_ω L(D_P, ω, θ_I) ≈ min_ω L(D_P, ω, θ_0). θ stays invertible, so the
+    best linear probe on D_P loses nothing; tolerance 1e-6 relative to ‖y‖²."""
+    X_p, y_p, X_h = _pair(0, N_p=200, N_h=200, D=20)
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=100)
+
+    def best(theta):
+        A = X_p @ theta
+        w = np.linalg.lstsq(A, y_p, rcond=None)[0]
+        return np.sum((A @ w - y_p) ** 2)
+
+    assert abs(best(res.theta) - best(np.eye(20))) <= 1e-6 * np.sum(y_p**2)
+    # and the trained head's own loss decreases
+    assert res.history["loss"][-1] < res.history["loss"][0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_ill_conditioned_large_inputs_stay_finite(method, task):
+    """κ(K) ~ 1e6 and features of size 1e4 (MATH.md §4 caution): no divergence, no NaN."""
+    X_p, y_p, X_h = _pair(3, N_p=120, N_h=120, D=12, decay=6.0, scale=1e4)
+    y = (y_p > 0).astype(float) if task == "classification" else 1e3 * y_p
+    res = _quiet(X_p=X_p, y_p=y, X_h=X_h, method=method, task=task, epochs=40)
+    assert res.stopped == "completed"
+    assert np.all(np.isfinite(res.theta)) and np.all(np.isfinite(res.omega))
+    for key, values in res.history.items():
+        assert np.all(np.isfinite(values)), key
+    if method in ("condreg", "r_ill_only"):
+        # preconditioned steps θ(I − E_P − E_H), ‖E‖₂ ≤ c each: every eigenvalue of H_P moves by
+        # a factor in [(1 − 2c)², (1 + 2c)²] (+ the small supervised step), so κ by at most
+        # ((1 + 2c)/(1 − 2c))² per epoch
+        c = res.max_step
+        kp = np.array(res.history["kappa_hp"])
+        assert np.all(kp[1:] / kp[:-1] < ((1 + 2 * c) / (1 - 2 * c)) ** 2 * 1.01)
+        assert np.all(kp[:-1] / kp[1:] < ((1 + 2 * c) / (1 - 2 * c)) ** 2 * 1.01)
+
+
+def test_condreg_succeeds_on_ill_conditioned_inputs_with_defaults():
+    X_p, y_p, X_h = _pair(3, N_p=120, N_h=120, D=12, decay=6.0, scale=1e4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImmunizationWarning)
+        res = condreg.immunize(X_p, y_p, X_h, epochs=60)
+    assert res.rir > 1 and res.ii <= 1
+
+
+def test_aligned_tasks_cannot_be_immunized_and_warn():
+    """Prop. 3.2: identical covariances — every θ gives RIR 1 — so immunize warns."""
+    X_p, y_p, _ = _pair(4)
+    with pytest.warns(ImmunizationWarning, match="did not succeed"):
+        res = condreg.immunize(X_p, y_p, X_p, epochs=10)
+    assert res.rir == pytest.approx(1.0, rel=1e-9)
+    assert not res.succeeded
+
+
+def test_default_lambdas_balance_the_regularizer_updates():
+    """lam = max_step / (2η‖G(θ_0)‖₂): both preconditioned updates have relative size max_step."""
+    X_p, y_p, X_h = _pair(5)
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=0, lr=0.01, max_step=0.05)
+    P = algorithm._prepare_task(X_p, np, None)
+    H = algorithm._prepare_task(X_h, np, None)
+    from condreg import _linalg
+
+    hsP = _linalg.hessian_spectrum(np.eye(8), P.A, P.mode, np)
+    hsH = _linalg.hessian_spectrum(np.eye(8), H.A, H.mode, np)
+    size_p = 2 * 0.01 * res.lam_p * np.max(np.abs(_linalg.d_r_well(hsP, np)))
+    size_h = 2 * 0.01 * res.lam_h * np.max(np.abs(_linalg.d_r_ill(hsH, np)))
+    np.testing.assert_allclose([size_p, size_h], [0.05, 0.05], rtol=1e-12)
+    assert res.epochs_run == 0 and len(res.history["rir"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The update is Algorithm 1's
+# ---------------------------------------------------------------------------------------------
+
+
+def test_one_epoch_is_algorithm_1():
+    """θ₁ = θ₀ − η∇_θL − ηλ_P K_P⁻¹∇R_well − ηλ_H K_H⁻¹∇R_ill (unclipped: max_step large enough),
+    on the rescaled data the algorithm documents, with a nonzero head so ∇_θL ≠ 0."""
+    X_p, y_p, X_h = _pair(6)
+    rng = np.random.default_rng(0)
+    theta0 = np.eye(8) + 0.05 * rng.standard_normal((8, 8))
+    omega0 = rng.standard_normal(8)
+    lr, lam_p, lam_h = 1e-3, 0.5, 1e-4
+    res = _quiet(
+        X_p=X_p,
+        y_p=y_p,
+        X_h=X_h,
+        epochs=1,
+        lr=lr,
+        lam_p=lam_p,
+        lam_h=lam_h,
+        theta0=theta0,
+        omega0=omega0,
+        max_step=0.49,
+    )
+    # reference, written from MATH.md §5
+    P = algorithm._prepare_task(X_p, np, None)
+    H = algorithm._prepare_task(X_h, np, None)
+    Kp, Kh = P.A, H.A  # 2^{-e} X^T X (exact rescaling)
+    np.testing.assert_allclose(Kp / Kp.max(), (X_p.T @ X_p) / (X_p.T @ X_p).max(), rtol=1e-12)
+    y_scale = np.sqrt(np.mean(y_p**2))
+    Xh_ = X_p * P.scale
+    yh_ = y_p / y_scale
+    w = omega0 / (P.scale * y_scale)
+    r = Xh_ @ theta0 @ w - yh_
+    grad_theta_L = np.outer(Xh_.T @ (2 * r / len(r)), w)
+    c_p = np.sqrt(Kp[0, 0] / (X_p.T @ X_p)[0, 0])  # the algorithm's K̃ = c²K
+    c_h = np.sqrt(Kh[0, 0] / (X_h.T @ X_h)[0, 0])
+    pg_well = algorithm.preconditioned_gradient(theta0, X_p * c_p, "r_well")
+    pg_ill = algorithm.preconditioned_gradient(theta0, X_h * c_h, "r_ill")
+    expected = theta0 - lr * grad_theta_L - lr * lam_p * pg_well - lr * lam_h * pg_ill
+    np.testing.assert_allclose(res.theta, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_resuming_equals_one_long_run():
+    X_p, y_p, X_h = _pair(7)
+    full = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=12)
+    half = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=6)
+    rest = _quiet(
+        X_p=X_p,
+        y_p=y_p,
+        X_h=X_h,
+        epochs=6,
+        theta0=half.theta,
+        omega0=half.omega,
+        lam_p=half.lam_p,
+        lam_h=half.lam_h,
+    )
+    np.testing.assert_allclose(rest.theta, full.theta, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(rest.omega, full.omega, rtol=1e-9, atol=1e-12)
+
+
+def test_callback_can_stop_and_progress_prints(capsys):
+    X_p, y_p, X_h = _pair(8)
+    seen = []
+
+    def cb(epoch, row):
+        seen.append((epoch, row["rir"]))
+        return epoch == 3
+
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=10, callback=cb, progress=True)
+    assert [e for e, _ in seen] == [0, 1, 2, 3]
+    assert res.epochs_run == 3 and "callback" in res.stopped
+    assert len(res.history["rir"]) == 4
+    assert "epoch 3/10" in capsys.readouterr().err
+
+
+def test_imma_uses_given_harmful_labels_or_a_seeded_surrogate():
+    X_p, y_p, X_h = _pair(9)
+    y_h = np.random.default_rng(1).standard_normal(80)
+    a = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="imma", epochs=3, seed=1)
+    b = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="imma", epochs=3, seed=1)
+    c = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="imma", epochs=3, seed=2)
+    d = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="imma", epochs=3, y_h=y_h, lam_h=a.lam_h)
+    np.testing.assert_array_equal(a.theta, b.theta)
+    assert not np.allclose(a.theta, c.theta)
+    assert a.lam_p == 0.0 and np.all(np.isfinite(d.theta))
+
+
+def test_imma_outer_gradient_matches_finite_differences():
+    X_p, y_p, X_h = _pair(10, D=5)
+    rng = np.random.default_rng(0)
+    theta = np.eye(5) + 0.1 * rng.standard_normal((5, 5))
+    y = rng.standard_normal(80)
+    for task, labels in (("regression", y), ("classification", (y > 0).astype(float))):
+        cfg = algorithm._Config("imma", task, 0.01, 0.0, 1.0, 0.1, 4, 0.3)
+        X = X_h / np.linalg.norm(X_h, 2)
+        _, g = algorithm._imma_grad(theta, X, labels, cfg, np)
+        E = rng.standard_normal((5, 5))
+        h = 1e-6
+        fp = algorithm._imma_grad(theta + h * E, X, labels, cfg, np)[0]
+        fm = algorithm._imma_grad(theta - h * E, X, labels, cfg, np)[0]
+        np.testing.assert_allclose((fp - fm) / (2 * h), np.sum(g * E), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Singular covariances
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["constant", "collinear", "few_samples"])
+@pytest.mark.parametrize("ridge", [None, 1e-6])
+def test_singular_covariances(kind, ridge):
+    X_p, y_p, X_h = _pair(11, D=8)
+    if kind == "constant":
+        X_p[:, 0] = 0.0
+        X_h[:, 0] = 0.0
+    elif kind == "collinear":
+        X_p[:, 1] = 2 * X_p[:, 2]
+        X_h[:, 1] = -X_h[:, 3]
+    else:
+        X_p, y_p, X_h = X_p[:6], y_p[:6], X_h[:5]
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=20, ridge=ridge)
+    assert np.all(np.isfinite(res.theta))
+    assert np.isfinite(res.rir) and res.rir > 1
+    if kind == "constant" and ridge is None:
+        # pseudo-inverse: the row of θ seen by neither task is never touched by a regularizer
+        np.testing.assert_array_equal(res.theta[0], np.eye(8)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors before any work is done
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    def boom(*a, **k):  # pragma: no cover - reached only if validation is late
+        raise AssertionError("a decomposition ran before the input was validated")
+
+    monkeypatch.setattr(algorithm._linalg, "hessian_spectrum", boom)
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda d: d.update(X_h=d["X_h"][:, :5]), ValueError, "same number of features"),
+        (lambda d: d.update(X_p=d["X_p"][:0], y_p=d["y_p"][:0]), ValueError, "empty"),
+        (lambda d: d.update(X_p=np.zeros((3, 0))), ValueError, "empty"),
+        (lambda d: d.update(X_p=d["X_p"][0]), ValueError, "2-D"),
+        (lambda d: d["X_h"].__setitem__((2, 3), np.nan), ValueError, "NaN"),
+        (lambda d: d["y_p"].__setitem__(4, np.inf), ValueError, "NaN"),
+        (lambda d: d.update(y_p=d["y_p"][:-1]), ValueError, "shape"),
+        (lambda d: d.update(y_p=np.ones((80, 2))), ValueError, "shape"),
+        (lambda d: d.update(task="classification"), ValueError, "binary labels"),
+        (
+            lambda d: d.update(task="classification", y_p=2.0 * (d["y_p"] > 0)),
+            ValueError,
+            "binary labels",
+        ),
+        (lambda d: d.update(method="sgd"), ValueError, "method"),
+        (lambda d: d.update(task="ranking"), ValueError, "task"),
+        (lambda d: d.update(theta0=np.eye(7)), ValueError, "theta0"),
+        (lambda d: d.update(omega0=np.ones(3)), ValueError, "omega0"),
+        (lambda d: d.update(lr=0.0), ValueError, "lr"),
+        (lambda d: d.update(lr=float("nan")), ValueError, "lr"),
+        (lambda d: d.update(epochs=-1), ValueError, "epochs"),
+        (lambda d: d.update(epochs=2.5), ValueError, "epochs"),
+        (lambda d: d.update(max_step=0.5), ValueError, "max_step"),
+        (lambda d: d.update(lam_p=-1.0), ValueError, "lam_p"),
+        (lambda d: d.update(ridge=0.0), ValueError, "ridge"),
+        (lambda d: d.update(X_h=np.zeros((10, 8))), ValueError, "zeros"),
+        (lambda d: d.update(X_p=d["X_p"].astype(complex)), TypeError, "real"),
+    ],
+)
+def test_bad_input_is_rejected_before_any_work(no_work, change, error, match):
+    X_p, y_p, X_h = _pair(12)
+    kwargs = {"X_p": X_p, "y_p": y_p, "X_h": X_h}
+    change(kwargs)
+    with pytest.raises(error, match=match):
+        condreg.immunize(**kwargs)
+
+
+def test_mixed_libraries_are_rejected():
+    torch = pytest.importorskip("torch")
+    X_p, y_p, X_h = _pair(12)
+    with pytest.raises(TypeError, match="one Array API library"):
+        condreg.immunize(torch.from_numpy(X_p), y_p, X_h)
+
+
+def test_rank_one_harmful_data_is_rejected():
+    X_p, y_p, _ = _pair(13)
+    X_h = np.outer(np.arange(1.0, 11.0), np.ones(8))
+    with pytest.raises(ValueError, match="rank >= 2"):
+        condreg.immunize(X_p, y_p, X_h)
+
+
+def test_labels_as_column_and_integer_data_are_accepted():
+    X_p, y_p, X_h = _pair(14)
+    labels = (y_p > 0).astype(np.int64)[:, None]
+    res = _quiet(
+        X_p=np.round(10 * X_p).astype(np.int64),
+        y_p=labels,
+        X_h=X_h,
+        task="classification",
+        epochs=3,
+    )
+    assert res.theta.dtype == np.float64 and res.omega.shape == (8,)
+
+
+def test_constant_classification_labels_warn():
+    X_p, _, X_h = _pair(15)
+    with pytest.warns(ImmunizationWarning, match="constant"):
+        condreg.immunize(X_p, np.ones(80), X_h, task="classification", epochs=1)
+
+
+def test_algorithm_and_metrics_import_no_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, condreg, condreg.algorithm, condreg.metrics\n"
+        "assert condreg.immunize is condreg.algorithm.immunize\n"
+        "bad = [m for m in ('torch', 'jax') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,167 @@
+"""Eq. 15 (RIR), Eq. 17 (RIR_θ0) and Eq. 16 (norm ratio with exact line search)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_backend
+
+from condreg import condition_number
+from condreg.metrics import RIR, probe_convergence, rir, rir_theta0
+
+
+def _pair(seed=0, N=50, D=6):
+    rng = np.random.default_rng(seed)
+    X_p = rng.standard_normal((N, D)) @ np.diag(np.logspace(0, -1, D))
+    Q, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    X_h = rng.standard_normal((N, D)) @ np.diag(np.logspace(0, -1.5, D)) @ Q
+    return X_p, X_h
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "numpy-float64",
+        "numpy-float32",
+        "torch-cpu-float64",
+        "jax-float64",
+        "array_api_strict-float64",
+    ],
+)
+def test_rir_of_identity_is_exactly_one(name):
+    X_p, X_h = _pair()
+    with make_backend(name) as b:
+        res = rir(b.asarray(np.eye(6)), b.asarray(X_p), b.asarray(X_h))
+    assert isinstance(res, RIR)
+    assert res.rir == 1.0 and res.i == 1.0 and res.ii == 1.0
+
+
+def test_rir_matches_its_definition_and_is_scale_invariant():
+    X_p, X_h = _pair(1)
+    theta = np.random.default_rng(2).standard_normal((6, 6))
+
+    def kap(A):
+        s = np.linalg.svd(A, compute_uv=False)
+        return (s[0] / s[-1]) ** 2
+
+    res = rir(theta, X_p, X_h)
+    i_ = kap(X_h @ theta) / kap(X_h)
+    ii = kap(X_p @ theta) / kap(X_p)
+    np.testing.assert_allclose([res.i, res.ii, res.rir], [i_, ii, i_ / ii], rtol=1e-8)
+    res2 = rir(7.5 * theta, 3.0 * X_p, 0.1 * X_h)
+    np.testing.assert_allclose(res2.rir, res.rir, rtol=1e-8)
+
+
+def test_rir_rejects_bad_shapes():
+    X_p, X_h = _pair()
+    with pytest.raises(ValueError, match="feature dimensions"):
+        rir(np.eye(5), X_p, X_h)
+    with pytest.raises(ValueError, match="2-D"):
+        rir(np.eye(6), X_p[0], X_h)
+    with pytest.raises(ValueError, match="2-D"):
+        rir(np.ones(6), X_p, X_h)
+
+
+def test_rir_theta0_averages_per_group_ratios():
+    X_p, X_h = _pair(3, N=300, D=5)
+    theta = np.random.default_rng(4).standard_normal((5, 5))
+
+    def f_0(x):
+        return np.tanh(x)
+
+    def f_I(x):
+        return np.tanh(x @ theta)
+
+    res = rir_theta0(f_I, f_0, X_p, X_h, groups=6, group_size=40, seed=7)
+    rng = np.random.default_rng(7)
+    expected = []
+    for _ in range(6):
+        ip = rng.choice(300, size=40, replace=False)
+        ih = rng.choice(300, size=40, replace=False)
+        k = [
+            float(condition_number(f(X[idx]), gram=True))
+            for X, idx in ((X_h, ih), (X_p, ip))
+            for f in (f_I, f_0)
+        ]
+        expected.append((k[0] / k[1]) / (k[2] / k[3]))
+    assert len(res.ratios) == 6
+    np.testing.assert_allclose(res.ratios, expected, rtol=1e-10)
+    np.testing.assert_allclose(res.rir, np.mean(expected), rtol=1e-12)
+
+
+def test_rir_theta0_refuses_the_same_extractor_twice():
+    """MATH.md §9.6: the public code passes the same network as θ_0 and θ_I (every ratio 1)."""
+    X_p, X_h = _pair()
+
+    def f(x):
+        return x
+
+    with pytest.raises(ValueError, match="same object"):
+        rir_theta0(f, f, X_p, X_h)
+    with pytest.warns(UserWarning, match="identical features"):
+        res = rir_theta0(lambda x: x, lambda x: x * 1.0, X_p, X_h, groups=2, group_size=10)
+    assert res.rir == 1.0
+
+
+def test_rir_theta0_flattens_features_and_uses_all_samples_when_short():
+    rng = np.random.default_rng(0)
+    X_p = rng.standard_normal((30, 2, 3))
+    X_h = rng.standard_normal((25, 2, 3))
+    res = rir_theta0(lambda x: x * np.arange(1, 4), lambda x: x, X_p, X_h, groups=3, group_size=100)
+    assert np.isfinite(res.rir) and len(res.ratios) == 3
+
+
+def _problem(kappa_A, seed=0, N=30, D=8):
+    """A with singular values from 1 to 1/√κ_A... so that κ(AᵀA) = kappa_A."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((N, D)))
+    V, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    s = np.sqrt(np.logspace(0, -np.log10(kappa_A), D))
+    A = U @ np.diag(s) @ V.T
+    y = rng.standard_normal(N)
+    return A, y
+
+
+@pytest.mark.parametrize("kappa_A", [3.0, 30.0, 1000.0])
+def test_exact_line_search_meets_kantorovich_bound(kappa_A):
+    A, y = _problem(kappa_A)
+    curve = probe_convergence(A, y, 40, norm="hessian")
+    factor = ((kappa_A - 1) / (kappa_A + 1)) ** 2
+    steps = curve[1:] / curve[:-1]
+    live = curve[:-1] > 1e-20
+    assert np.all(steps[live] <= factor * (1 + 1e-8))
+    assert curve[0] == 1.0
+
+
+def test_larger_kappa_gives_slower_norm_ratio_curve():
+    curves = [probe_convergence(*_problem(k, seed=5), 30) for k in (4.0, 100.0, 10_000.0)]
+    for c in curves:
+        assert c[0] == 1.0 and np.all(np.diff(c) <= 1e-12)
+    assert curves[0][30] < curves[1][30] < curves[2][30]
+
+
+def test_probe_convergence_uses_minimum_norm_solution():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((5, 9))  # underdetermined: w* = pinv(A) y, reached from w_0 = 0
+    y = rng.standard_normal(5)
+    c = probe_convergence(A, y, 400)
+    assert c[-1] < 1e-10
+
+
+@pytest.mark.parametrize("name", ["torch-cpu-float64", "jax-float64", "array_api_strict-float64"])
+def test_probe_convergence_agrees_across_backends(name):
+    A, y = _problem(50.0)
+    ref = probe_convergence(A, y, 10)
+    with make_backend(name) as b:
+        out = probe_convergence(b.asarray(A), b.asarray(y), 10)
+        np.testing.assert_allclose(b.numpy(out), ref, rtol=1e-9, atol=1e-14)
+
+
+def test_probe_convergence_rejects_bad_input():
+    A, y = _problem(5.0)
+    with pytest.raises(ValueError, match="shape"):
+        probe_convergence(A, y[:-1], 3)
+    with pytest.raises(ValueError, match="steps"):
+        probe_convergence(A, y, -1)
+    with pytest.raises(ValueError, match="norm"):
+        probe_convergence(A, y, 3, norm="l1")
