@@ -11,46 +11,40 @@ from condreg import _core
 Array = Any
 
 
+def _inferred(arrays: tuple[Array, ...], where: str) -> Any:
+    try:
+        return array_namespace(*arrays)
+    except TypeError as exc:
+        kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
+        raise TypeError(
+            f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
+            f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
+        ) from None
+
+
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     """The Array API namespace of ``arrays`` (``xp`` overrides it).
 
-    Raises ``TypeError`` for non-arrays, for arrays of different libraries in one call, and for a
-    namespace without the ``linalg`` extension.
+    Raises ``TypeError`` for non-arrays, for arrays of different libraries in one call, for an
+    ``xp`` of another library than the arrays, and for a namespace without the ``linalg``
+    extension.
     """
-    given = None
-    if xp is None:
-        try:
-            xp = array_namespace(*arrays)
-        except TypeError as exc:
-            kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
-            raise TypeError(
-                f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
-                f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
-            ) from None
-    else:
-        given = xp
-    if not hasattr(xp, "linalg"):
+    inferred = _inferred(arrays, where)
+    chosen = inferred if xp is None else xp
+    if not hasattr(chosen, "linalg"):
         raise TypeError(
-            f"{where}: the array namespace {getattr(xp, '__name__', xp)!r} has no linalg "
+            f"{where}: the array namespace {getattr(chosen, '__name__', chosen)!r} has no linalg "
             "extension; condreg needs linalg.svd"
         )
-    if given is not None:
+    if _library(inferred) != _library(chosen):
         # An explicit namespace must belong to the same library as the arrays: condreg does not
         # convert between libraries (that would silently copy across devices).
-        try:
-            inferred = array_namespace(*arrays)
-        except TypeError as exc:
-            kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
-            raise TypeError(
-                f"{where}: expected arrays of the namespace {_library(given)!r} passed as xp, got "
-                f"{', '.join(kinds)} ({exc})"
-            ) from None
-        if _library(inferred) != _library(given):
-            raise TypeError(
-                f"{where}: the input is a {_library(inferred)} array but xp is the "
-                f"{_library(given)} namespace; convert the input first (mixed namespaces are not "
-                "supported)"
-            )
+        raise TypeError(
+            f"{where}: the input is a {_library(inferred)} array but xp is the "
+            f"{_library(chosen)} namespace; convert the input first (mixed namespaces are not "
+            "supported)"
+        )
+    xp = chosen
     return xp
 
 

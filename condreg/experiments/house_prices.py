@@ -259,5 +259,7 @@ def _plots(out_dir: pathlib.Path, identity, method_results) -> None:
             ax.set_title(title)
         axes[0].axhline(identity["kappa_K_P"], color="k", ls="--", lw=0.8)
         axes[1].axhline(identity["kappa_K_H"], color="k", ls="--", lw=0.8)
+        axes[0].set_ylabel("κ (nonzero spectrum, log scale)")
         axes[1].legend(fontsize=8)
+        fig.suptitle("House prices: κ during immunization (dashed = κ(K), i.e. θ = I)")
         rp.save_figure(fig, out_dir / "kappa_history.png")

@@ -372,7 +372,9 @@ def _heatmap(out_dir: pathlib.Path, per_pair, methods) -> None:
         ax.set_yticks(range(10))
         for (p, h), v in np.ndenumerate(grids[m]):
             if np.isfinite(v):
-                ax.text(h, p, f"{v:.1f}", ha="center", va="center", fontsize=6)
+                # white on the dark end of the colour map, black elsewhere
+                colour = "w" if abs(v) > 0.6 * vmax else "k"
+                ax.text(h, p, f"{v:.1f}", ha="center", va="center", fontsize=6, color=colour)
     for ax in axes.ravel()[len(ordered) :]:
         ax.set_visible(False)
     if image is not None:
