@@ -287,8 +287,10 @@ def _notes(summary, n_pairs) -> list[str]:
     for m, s in summary.items():
         mean_succ = s["successes"]["mean"]
         if mean_succ < n_pairs:
+            failed = n_pairs - mean_succ
+            count = f"{failed:.0f}" if failed == round(failed) else f"{failed:.1f} (seed mean)"
             notes.append(
-                f"{rp.METHOD_LABELS[m]} failed on {n_pairs - mean_succ:g} of {n_pairs} pairs "
+                f"{rp.METHOD_LABELS[m]} failed on {count} of {n_pairs} pairs "
                 f"(RIR <= 1 on {s['pairs_with_rir_at_most_1']}, (ii) > 1 on "
                 f"{s['pairs_with_ii_above_1']} run(s))"
             )
