@@ -69,6 +69,28 @@ def test_run_writes_files_and_finite_numbers(tiny_run):
     assert "RIR_θ0" in table and "3.47" in table  # ours beside the paper's
 
 
+def test_a_failing_method_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
+    """One method's PoleError must not lose the other methods' work (the run completes)."""
+    pytest.importorskip("mlxtend")
+    real = deepnet._immunize
+
+    def flaky(method, *args, **kwargs):
+        if method == "r_ill_only":
+            raise condreg.PoleError("R_ill is at its pole (injected)")
+        return real(method, *args, **kwargs)
+
+    monkeypatch.setattr(deepnet, "_immunize", flaky)
+    small = {**TINY, "immunize_steps": 5, "probe_steps": 5, "rir_groups": 2}
+    payload = deepnet.run(
+        tmp_path, quick=True, seeds=1, progress=False, methods="condreg,r_ill_only", **small
+    )
+    summary = payload["results"]["summary"]
+    assert list(summary) == ["identity", "condreg"]
+    assert "r_ill_only" in payload["results"]["per_seed"][0]["failed"]
+    assert any("r_ill_only failed" in n for n in payload["notes"])
+    assert "r_ill_only failed" in (tmp_path / "table.md").read_text()
+
+
 def test_identity_is_exactly_one_and_condreg_immunizes(tiny_run):
     _, payload = tiny_run
     summary = payload["results"]["summary"]

@@ -871,20 +871,27 @@ def _one_seed(s: dict[str, Any], seed: int, progress: bool) -> dict[str, Any]:
         acc_before = _accuracy(parts.head(F0["p_te"].to(device)), Y["p_te"])
 
     per_method: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     for method in s["methods"]:
         t0 = time.perf_counter()
-        block, theta, head, info = _immunize(
-            method,
-            parts,
-            S["p_tr"],
-            Y["p_tr"],
-            S["h_tr"],
-            Y["h_tr"],
-            s=s,
-            seed=seed,
-            device=device,
-            progress=progress,
-        )
+        try:
+            block, theta, head, info = _immunize(
+                method,
+                parts,
+                S["p_tr"],
+                Y["p_tr"],
+                S["h_tr"],
+                Y["h_tr"],
+                s=s,
+                seed=seed,
+                device=device,
+                progress=progress,
+            )
+        except (ValueError, FloatingPointError) as exc:
+            # condreg's RankError/PoleError (ValueErrors) from a degenerate immunization: record
+            # the method as failed and keep every other method's work.
+            failed[method] = f"{type(exc).__name__}: {exc}"
+            continue
         FI = {k: features(block, theta, k) for k in S}
         with torch.no_grad():
             acc_after = _accuracy(head(FI["p_te"].to(device)), Y["p_te"])
@@ -946,7 +953,7 @@ def _one_seed(s: dict[str, Any], seed: int, progress: bool) -> dict[str, Any]:
             "history": info["history"],
             "seconds": time.perf_counter() - t0,
         }
-    return {"seed": seed, "acc_p_before": acc_before, "methods": per_method}
+    return {"seed": seed, "acc_p_before": acc_before, "methods": per_method, "failed": failed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1222,7 +1229,8 @@ def run(
             per_seed.append(_one_seed(s, seed, progress))
     finally:
         torch.set_num_threads(old_threads)
-    summary = _summaries(per_seed, s["methods"])
+    completed = [m for m in s["methods"] if all(m in r["methods"] for r in per_seed)]
+    summary = _summaries(per_seed, completed)
     results = {"summary": summary, "per_seed": per_seed, "paper": _report.PAPER_DEEPNET}
     settings = {k: v for k, v in s.items() if not k.startswith("_")}
     settings.update(
@@ -1231,11 +1239,15 @@ def run(
         torch_version=torch.__version__,
         torch_threads=torch.get_num_threads(),
     )
-    _report.write_table(
-        out_dir, _table(summary, s), title="Deep-net immunization (Table 3 / Fig. 3 analogue)"
-    )
+    failures = [
+        f"{m} failed on seed {r['seed']} and is left out of the table: {why}"
+        for r in per_seed
+        for m, why in r["failed"].items()
+    ]
+    table = _table(summary, s) + "".join(f"\n- {line}" for line in failures)
+    _report.write_table(out_dir, table, title="Deep-net immunization (Table 3 / Fig. 3 analogue)")
     _plots(out_dir, summary, per_seed)
-    notes = [_PAPER_NOTE] if s["arch"] == "smallcnn" else []
+    notes = ([_PAPER_NOTE] if s["arch"] == "smallcnn" else []) + failures
     return _report.write_results(
         out_dir,
         experiment="deepnet",
