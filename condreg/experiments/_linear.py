@@ -109,7 +109,8 @@ def immunize_method(
     y_h: np.ndarray | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One :func:`condreg.immunize` run: RIR numbers, history, runtime, warnings.
+    """One :func:`condreg.immunize` run: RIR numbers, history, runtime, warnings, the seed and
+    :func:`success`.
 
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
     the attacker's fine-tuning on D_H; the other methods never see harmful labels.
@@ -138,6 +139,8 @@ def immunize_method(
     for attr in ("lam_p", "lam_h", "epochs_run", "stopped", "max_step"):
         if hasattr(result, attr):
             out[attr] = getattr(result, attr)
+    out["seed"] = seed
+    out["success"] = success(out)
     out["_theta"] = theta  # removed before writing results.json
     return out
 

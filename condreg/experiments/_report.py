@@ -50,6 +50,7 @@ __all__ = [
     "save_figure",
     "seed_list",
     "to_jsonable",
+    "write_outputs",
     "write_results",
     "write_table",
 ]
@@ -271,6 +272,32 @@ def write_results(
     path = prepare_out_dir(out_dir) / "results.json"
     text = json.dumps(payload, indent=2, allow_nan=False, ensure_ascii=False)
     path.write_text(text + "\n", encoding="utf-8")
+    return payload
+
+
+def write_outputs(
+    out_dir: str | pathlib.Path,
+    *,
+    experiment: str,
+    settings: Mapping[str, Any],
+    seeds: Sequence[int],
+    results: Mapping[str, Any],
+    runtime_s: float | None,
+    notes: Sequence[str],
+    table: str,
+    title: str,
+) -> dict[str, Any]:
+    """:func:`write_results` then :func:`write_table`; returns the ``results.json`` payload."""
+    payload = write_results(
+        out_dir,
+        experiment=experiment,
+        settings=settings,
+        seeds=seeds,
+        results=results,
+        runtime_s=runtime_s,
+        notes=notes,
+    )
+    write_table(out_dir, table, title=title)
     return payload
 
 

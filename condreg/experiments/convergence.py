@@ -197,19 +197,15 @@ def run(
         for name, by_method in curves.items()
     }
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
-    runtime = time.perf_counter() - start
-    payload = rp.write_results(
+    payload = rp.write_outputs(
         out_dir,
         experiment="convergence",
         settings=settings,
         seeds=seed_values,
         results=results,
-        runtime_s=runtime,
+        runtime_s=time.perf_counter() - start,
         notes=notes,
-    )
-    rp.write_table(
-        out_dir,
-        _table(final, numbers, steps, notes),
+        table=_table(final, numbers, steps, notes),
         title="Fig. 1 — linear-probing convergence (Eq. 16, exact line search)",
     )
     _plot(out_dir, curves, steps)

@@ -22,7 +22,7 @@ import numpy as np
 
 from condreg.data import load_house_prices
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import immunize_method, spectrum_numbers, success, summarise_runs
+from condreg.experiments._linear import immunize_method, spectrum_numbers, summarise_runs
 
 __all__ = ["run", "PAPER_SETTINGS", "QUICK_SETTINGS"]
 
@@ -96,8 +96,6 @@ def run(
             **options,
         )
         res.pop("_theta")
-        res["seed"] = seed
-        res["success"] = success(res)
         runs[method].append(res)
 
     method_results = {
@@ -136,19 +134,15 @@ def run(
         "paper": rp.PAPER_HOUSE_PRICES,
     }
     notes = _notes(method_results)
-    runtime = time.perf_counter() - start
-    payload = rp.write_results(
+    payload = rp.write_outputs(
         out_dir,
         experiment="house-prices",
         settings=settings,
         seeds=seed_values,
         results=results,
-        runtime_s=runtime,
+        runtime_s=time.perf_counter() - start,
         notes=notes,
-    )
-    rp.write_table(
-        out_dir,
-        _table(identity, method_results, settings, hp.info, len(seed_values), notes),
+        table=_table(identity, method_results, settings, hp.info, len(seed_values), notes),
         title="Table 1 — house prices (Ames): ours beside the paper's",
     )
     _plots(out_dir, identity, method_results)

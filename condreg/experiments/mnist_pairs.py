@@ -35,7 +35,7 @@ import numpy as np
 
 from condreg.data import load_mnist, mnist_digit_task
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import immunize_method, spectrum_numbers, success
+from condreg.experiments._linear import immunize_method, spectrum_numbers
 
 __all__ = [
     "run",
@@ -197,8 +197,6 @@ def run(
         )
         res.pop("_theta")
         res.pop("history", None)  # 90 × 4 histories would bloat results.json
-        res["seed"] = seed
-        res["success"] = success(res)
         per_pair.setdefault(method, {}).setdefault(key, []).append(res)
         pair_times[(seed, dp, dh)] = pair_times.get((seed, dp, dh), 0.0) + res["runtime_s"]
 
@@ -234,19 +232,15 @@ def run(
             f"active in > {settings['min_pixel_activity']:g} of the images: "
             f"{X.shape[1]} features, not the paper's 784 raw pixels"
         )
-    runtime = time.perf_counter() - start
-    payload = rp.write_results(
+    payload = rp.write_outputs(
         out_dir,
         experiment="mnist-pairs",
         settings=settings,
         seeds=seed_values,
         results=results,
-        runtime_s=runtime,
+        runtime_s=time.perf_counter() - start,
         notes=notes,
-    )
-    rp.write_table(
-        out_dir,
-        _table(summary, settings, len(pairs), len(seed_values), notes, X.shape[1], timing),
+        table=_table(summary, settings, len(pairs), len(seed_values), notes, X.shape[1], timing),
         title="Table 2 — MNIST digit pairs: ours beside the paper's",
     )
     _heatmap(out_dir, per_pair, settings["methods"])

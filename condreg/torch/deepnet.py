@@ -1244,16 +1244,15 @@ def run(
         for r in per_seed
         for m, why in r["failed"].items()
     ]
-    table = _table(summary, s) + "".join(f"\n- {line}" for line in failures)
-    _report.write_table(out_dir, table, title="Deep-net immunization (Table 3 / Fig. 3 analogue)")
     _plots(out_dir, summary, per_seed)
-    notes = ([_PAPER_NOTE] if s["arch"] == "smallcnn" else []) + failures
-    return _report.write_results(
+    return _report.write_outputs(
         out_dir,
         experiment="deepnet",
         settings=settings,
         seeds=seed_values,
         results=results,
         runtime_s=time.perf_counter() - t_start,
-        notes=notes,
+        notes=([_PAPER_NOTE] if s["arch"] == "smallcnn" else []) + failures,
+        table=_table(summary, s) + "".join(f"\n- {line}" for line in failures),
+        title="Deep-net immunization (Table 3 / Fig. 3 analogue)",
     )
