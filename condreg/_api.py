@@ -83,9 +83,7 @@ def _value(
         return _core.value(
             quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete
         )
-    return adapter.value(
-        quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite
-    )
+    return adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
 
 
 def _grad(
@@ -134,9 +132,7 @@ def condition_number(
     )
 
 
-def r_well(
-    S: Array, *, gram: bool = False, check_finite: bool = True, xp: Any = None
-) -> Array:
+def r_well(S: Array, *, gram: bool = False, check_finite: bool = True, xp: Any = None) -> Array:
     """R_well(S) = ½ sigma_1² − ‖S‖_F² / (2p), ``p = min(m, n)`` (Eq. 3, Nenov et al.).
 
     Non-negative, zero iff ``S`` has full rank and ``kappa = 1``; minimising it makes ``S``

@@ -169,7 +169,7 @@ def _weights(
         if tied is None:
             raise ValueError(
                 'subgradient="raise" needs concrete values; it cannot be checked under tracing '
-                "(jit, vmap, torch.compile) or with check_finite=False: use \"min_norm\""
+                '(jit, vmap, torch.compile) or with check_finite=False: use "min_norm"'
             )
         if tied:
             raise TiedExtremeError(
@@ -190,9 +190,7 @@ def bottom_weights(
     sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete
 ) -> Array:
     index = (sp.k - 1)[..., None]
-    return _weights(
-        bottom_ties(sp, tie_rtol, xp), index, policy, "smallest nonzero", xp, concrete
-    )
+    return _weights(bottom_ties(sp, tie_rtol, xp), index, policy, "smallest nonzero", xp, concrete)
 
 
 # --------------------------------------------------------------------------------------------
