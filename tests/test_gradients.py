@@ -1,4 +1,4 @@
-"""Closed-form (sub)gradients (Eq. 13, Theorem A.1, MATH.md §3-4) against central finite
+"""Closed-form (sub)gradients (Eq. 13, Theorem A.1, docs/math.md §3-4) against central finite
 differences and against an independent autodiff of the formulas (torch.autograd through
 torch.linalg.svdvals, jax.grad through jnp.linalg.svd), all in float64."""
 

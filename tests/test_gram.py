@@ -1,4 +1,4 @@
-"""gram=True (MATH.md §4): the quantity of H = FᵀF computed from F, with the gradient with
+"""gram=True (docs/math.md §4): the quantity of H = FᵀF computed from F, with the gradient with
 respect to F given by the chain rule ∇_F f(FᵀF) = 2F·G_H (G_H symmetric), for N < D and N > D."""
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def test_rir_theta0_averages_per_group_ratios():
 
 
 def test_rir_theta0_refuses_the_same_extractor_twice():
-    """MATH.md §9.6: the public code passes the same network as θ_0 and θ_I (every ratio 1)."""
+    """docs/math.md §9.6: the public code passes the same network as θ_0 and θ_I (every ratio 1)."""
     X_p, X_h = _pair()
 
     def f(x):

@@ -1,4 +1,4 @@
-"""Theorem A.1 (R_well, after Nenov et al.; MATH.md §3) as properties on random spectra.
+"""Theorem A.1 (R_well, after Nenov et al.; docs/math.md §3) as properties on random spectra.
 
 R_well(S) = ½sigma_1² − ‖S‖_F²/(2p) = Σ_i (sigma_1² − sigma_i²)/(2p), p = min(m, n):
 R_well >= 0, = 0 iff full rank and kappa = 1; log kappa <= p R_well / sigma_k² (full rank);

@@ -1,4 +1,4 @@
-"""Theorem 4.1 (R_ill, MATH.md §3) as properties on random spectra.
+"""Theorem 4.1 (R_ill, docs/math.md §3) as properties on random spectra.
 
 Spectra are drawn with bounded ratios (sigma_1 / sigma_k <= 50) so that float64 is trustworthy.
 With D = ‖S‖_F²/(2k) − ½sigma_k² = Σ_{i<k} (sigma_i² − sigma_k²)/(2k):

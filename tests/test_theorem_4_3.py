@@ -1,5 +1,5 @@
 """Theorem 4.3: the K⁻¹-LEFT-preconditioned regularizer steps keep H's eigenvectors, lower κ(H_P)
-under R_well and raise κ(H_H) under R_ill; the right-multiplied variant (MATH.md §9.2) does not."""
+under R_well and raise κ(H_H) under R_ill; the right-multiplied variant (docs/math.md §9.2) does not."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_r_ill_left_step_raises_kappa_and_keeps_eigenvectors(seed, D):
     H_new = _H(new, X)
     k_old, k_new = _kappa(H), _kappa(H_new)
     assert k_new > k_old
-    assert k_new < 1e8  # well inside float64's resolution of κ (MATH.md §4)
+    assert k_new < 1e8  # well inside float64's resolution of κ (docs/math.md §4)
     assert _offdiag_in_eigenbasis(H, H_new) < 1e-9
 
 
@@ -92,7 +92,7 @@ def test_left_step_is_two_theta_G_and_matches_theorem_4_2_factorisation():
 
 
 def _right_step(theta, X, quantity, eta):
-    """The public code's variant: ∇_θ multiplied by K⁻¹ on the RIGHT (MATH.md §9.2)."""
+    """The public code's variant: ∇_θ multiplied by K⁻¹ on the RIGHT (docs/math.md §9.2)."""
     K = X.T @ X
     grad = (
         condreg.r_well_grad(X @ theta, gram=True)
@@ -104,7 +104,7 @@ def _right_step(theta, X, quantity, eta):
 
 
 def test_right_multiplied_variant_breaks_theorem_4_3():
-    """Regression test against MATH.md §9.2: with the same steps, the right-multiplied
+    """Regression test against docs/math.md §9.2: with the same steps, the right-multiplied
     preconditioner changes H's eigenvectors and, on some problems, raises κ(H_P) under the R_well
     step, which the left one never does."""
     rose, rotated = 0, 0

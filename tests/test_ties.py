@@ -1,4 +1,4 @@
-"""Tied extreme singular values (MATH.md §3, "Subgradients at tied extremes").
+"""Tied extreme singular values (docs/math.md §3, "Subgradients at tied extremes").
 
 The default ``subgradient="min_norm"`` is the average of the tied rank-one terms,
 (1/r)·U_J V_Jᵀ: the minimum-Frobenius-norm element of the subdifferential, independent of the basis

@@ -1,4 +1,4 @@
-"""Values of kappa, R_well and R_ill (MATH.md §1, §3) against an independent NumPy computation,
+"""Values of kappa, R_well and R_ill (docs/math.md §1, §3) against an independent NumPy computation,
 on every backend: namespace, dtype, device and shape of the output are the input's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reproductions of the paper's experiments (MATH.md §8), one module per experiment.
+"""Reproductions of the paper's experiments (docs/math.md §8), one module per experiment.
 
 Each module exposes the same entry point::
 

@@ -9,7 +9,7 @@ and writes into ``out_dir``:
 
 - ``results.json`` -- every number, the settings, the seed list, the package version
   (:func:`write_results`);
-- ``table.md`` -- our numbers beside the paper's (MATH.md §8) (:func:`write_table`,
+- ``table.md`` -- our numbers beside the paper's (docs/math.md §8) (:func:`write_table`,
   :func:`markdown_table`, :func:`fmt_mean_std`);
 - PNG plots, drawn with Matplotlib's Agg canvas without touching ``pyplot`` or the global
   backend (:func:`new_figure`, :func:`save_figure`).
@@ -67,7 +67,7 @@ METHOD_LABELS: dict[str, str] = {
     "condreg": "Ours (condreg)",
 }
 
-#: Table 1 of the paper (house prices), as reported (MATH.md §8): (i), (ii), RIR.
+#: Table 1 of the paper (house prices), as reported (docs/math.md §8): (i), (ii), RIR.
 PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
     "r_ill_only": {"i": 90.02, "ii": 72.42, "rir": 1.24},
     "imma": {"i": 7.05, "ii": 3.55, "rir": 2.00},
@@ -75,7 +75,7 @@ PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
     "condreg": {"i": 18.92, "ii": 0.053, "rir": 356.2},
 }
 
-#: Table 2 / Fig. 2 of the paper (MNIST, 90 ordered digit pairs), as reported (MATH.md §8):
+#: Table 2 / Fig. 2 of the paper (MNIST, 90 ordered digit pairs), as reported (docs/math.md §8):
 #: mean RIR over the pairs and the number of pairs counted as a success (RIR > 1 and (ii) <= 1).
 PAPER_MNIST: dict[str, dict[str, float | None]] = {
     "r_ill_only": {"mean_rir": 1.93, "successes": 0},
@@ -84,7 +84,7 @@ PAPER_MNIST: dict[str, dict[str, float | None]] = {
     "condreg": {"mean_rir": 70.04, "successes": 90, "min_rir": 8.6, "max_rir": 523.0},
 }
 
-#: Table 3 of the paper (deep nets, ImageNet as D_P), as reported (MATH.md §8).
+#: Table 3 of the paper (deep nets, ImageNet as D_P), as reported (docs/math.md §8).
 PAPER_DEEPNET: dict[str, dict[str, float]] = {
     "resnet18_cars": {"rir_theta0": 3.47, "acc_before": 68.24, "acc_after": 62.36},
     "resnet18_country211": {"rir_theta0": 8.71, "acc_before": 68.24, "acc_after": 65.01},

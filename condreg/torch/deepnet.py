@@ -8,7 +8,7 @@ block is immunized against digits 5–9 (D_H, relabelled 0–4) with each method
 feature extractors are compared by
 
 - RIR_θ0 (Eq. 17) with f_0 = the pre-trained extractor and f_I = the immunized one (never the same
-  extractor twice, MATH.md §9.6), on 20 random groups of 100 samples of D_P and D_H;
+  extractor twice, docs/math.md §9.6), on 20 random groups of 100 samples of D_P and D_H;
 - D_P test accuracy of the pre-trained model and of the immunized model (extractor + its head);
 - linear-probe curves on D_H (Fig. 3's analogue): a fresh linear head on the frozen features of
   D_H, trained by full-batch gradient descent; held-out D_H accuracy against probe steps. The
@@ -34,7 +34,7 @@ The network is ``stem -> last block -> [dummy layer θ] -> head``:
   accuracy, and "plain" collapsed the features (docs/deepnet.md).
 - *dummy layer*: a D×D linear map θ (D = feature width), initialised to the identity so that the
   immunized network starts exactly at the pre-trained one (θ_0 = I). It is the paper's θ: the
-  gradients of the regularizers reach it K⁻¹-preconditioned **on the left** (Algorithm 1, MATH.md
+  gradients of the regularizers reach it K⁻¹-preconditioned **on the left** (Algorithm 1, docs/math.md
   §4–5), with K = ZᵀZ the Gram matrix of the dummy layer's input Z on the current batch (K_P on
   the D_P batch for R_well, K_H on the D_H batch for R_ill; pseudo-inverse with relative cut-off
   ``pinv_rtol``, so directions outside the range of K are dropped, never amplified). With the
@@ -50,7 +50,7 @@ The released extractor is ``f_I(x) = dummy(block(stem(x)))``; the pre-trained on
 Optimisation follows the paper: SGD with momentum for immunization. λ_P and λ_H, when not given,
 balance the regularizers' preconditioned gradient norms at θ_0 (the paper's suggestion): each is
 set so that ``lr · λ · ‖K⁻¹∇_θ R‖_F = reg_step · ‖θ_0‖_F`` on the first batch, i.e. each term
-alone moves θ by the relative amount ``reg_step`` per step (before momentum); MATH.md §4's caution
+alone moves θ by the relative amount ``reg_step`` per step (before momentum); docs/math.md §4's caution
 on step sizes is why the step is bounded this way rather than by σ_k's bound. The baselines'
 weights use the same rule with their own gradients (plain, not preconditioned, for Opt-κ and
 IMMA): no method is tuned on the reported numbers.
@@ -264,7 +264,7 @@ def linear_probe_curve(
 
     A fresh head ``[W; b]`` (zeros) on ``[F, 1]``; step size ``lr_scale / λ_max(AᵀA / N)`` with
     ``A = [F_tr, 1]`` — the attacker's largest safe step for each extractor, so that the speed
-    of probing is governed by the conditioning of the features and not by their scale (MATH.md
+    of probing is governed by the conditioning of the features and not by their scale (docs/math.md
     Eq. 2). Returns ``steps`` (the recorded step numbers), ``test_acc``, ``train_loss``.
     """
     torch = _torch()

@@ -15,7 +15,7 @@ Two pieces, meant to be used together (``docs/immunization.md`` shows a plain lo
     ``nn.Linear.weight.T``) the parameter gradient is ``∇_θ = xᵀ ḡ`` with ``ḡ = ∂ℓ/∂F``. Putting
     the layer on the *inputs* would not change ``∇_θ`` at all, and putting a ``D×D`` output
     covariance on the feature axis of ``ḡ`` gives ``∇_θ K_F⁻¹`` — a *right* multiplication, the
-    defect of the public code (MATH.md §9.2). The dummy layer therefore sits on the *features*
+    defect of the public code (docs/math.md §9.2). The dummy layer therefore sits on the *features*
     ``F`` on the regularizer's path only, and acts on the **sample** axis:
 
         ḡ  ↦  (x xᵀ + ε I)⁻¹ ḡ          so that   xᵀ (x xᵀ + ε I)⁻¹ ḡ = (xᵀx + ε I)⁻¹ xᵀ ḡ
