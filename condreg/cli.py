@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from condreg.data import DataError
-from condreg.experiments import EXPERIMENTS
+from condreg.experiments import EXPERIMENTS, UsageError
 
 __all__ = ["main", "build_parser", "default_house_price_dir", "parse_pairs"]
 
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             payload = module.run(
                 out, quick=args.quick, seeds=args.seeds, progress=args.progress, **options
             )
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError) as exc:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
         print(f"condreg reproduce {name}: error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start

@@ -31,4 +31,12 @@ EXPERIMENTS: dict[str, str] = {
     "deepnet": "deepnet",
 }
 
-__all__ = ["EXPERIMENTS"]
+
+class UsageError(ValueError):
+    """A bad experiment option (value out of range, unknown name, missing optional package).
+
+    ``condreg reproduce`` prints its message on one line and exits with status 2; raise it
+    *before* any work starts and before the output folder is created."""
+
+
+__all__ = ["EXPERIMENTS", "UsageError"]
