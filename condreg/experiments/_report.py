@@ -36,6 +36,7 @@ import numpy as np
 
 __all__ = [
     "METHODS",
+    "METHOD_COLORS",
     "METHOD_LABELS",
     "PAPER_DEEPNET",
     "PAPER_HOUSE_PRICES",
@@ -66,6 +67,22 @@ METHOD_LABELS: dict[str, str] = {
     "opt_kappa": "Opt κ",
     "condreg": "Ours (condreg)",
 }
+
+#: One fixed colour per method for every plot (Matplotlib's tab10 colours), so a method looks the
+#: same in every figure of every experiment. Methods outside this map (e.g. an attack's own
+#: curves) should pick from the remaining tab10 colours ("tab:brown", "tab:pink", "tab:olive",
+#: "tab:cyan").
+METHOD_COLORS: dict[str, str] = {
+    "identity": "tab:gray",
+    "r_ill_only": "tab:orange",
+    "imma": "tab:purple",
+    "opt_kappa": "tab:green",
+    "condreg": "tab:blue",
+    "theta0": "tab:gray",
+    "no_immunization": "tab:gray",
+    "r_well_only": "tab:red",
+}
+
 
 #: Table 1 of the paper (house prices), as reported (docs/math.md §8): (i), (ii), RIR.
 PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
