@@ -10,7 +10,13 @@ torch = pytest.importorskip("torch")
 import condreg  # noqa: E402
 from condreg.algorithm import preconditioned_gradient  # noqa: E402
 from condreg.metrics import rir  # noqa: E402
-from condreg.torch.nn import ConditionRegularizer, Precondition, precondition  # noqa: E402
+from condreg.torch.nn import (  # noqa: E402
+    ConditionRegularizer,
+    Precondition,
+    layer_gram,
+    left_precondition,
+    precondition,
+)
 
 
 def _pair(seed=0, N=60, D=6):
@@ -146,3 +152,167 @@ def test_dummy_layer_runs_on_a_small_network_and_keeps_shapes():
     loss.backward()
     assert immunized.weight.grad is not None and torch.all(torch.isfinite(immunized.weight.grad))
     assert backbone[0].weight.grad is not None
+
+
+# --- layer_gram / left_precondition: the per-layer dummy layer of real networks -------------
+
+
+def _patches_loop(layer, x):
+    """Independent im2col by explicit loops over output positions (zero padding only)."""
+    x = x.detach().numpy()
+    N, C, H, W = x.shape
+    kh, kw = layer.kernel_size
+    sh, sw = layer.stride
+    ph, pw = layer.padding
+    dh, dw = layer.dilation
+    g = layer.groups
+    xp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))
+    xp[:, :, ph : ph + H, pw : pw + W] = x
+    Ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    Wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cg = C // g
+    out = [[] for _ in range(g)]
+    for n in range(N):
+        for i in range(Ho):
+            for j in range(Wo):
+                win = xp[n, :, i * sh : i * sh + dh * (kh - 1) + 1 : dh, :][
+                    :, :, j * sw : j * sw + dw * (kw - 1) + 1 : dw
+                ]
+                for k in range(g):
+                    out[k].append(win[k * cg : (k + 1) * cg].reshape(-1))
+    return [np.array(p) for p in out]  # per group: (N·Ho·Wo, C/g·kh·kw)
+
+
+_CONVS = [
+    dict(in_channels=3, out_channels=4, kernel_size=3),
+    dict(in_channels=3, out_channels=5, kernel_size=(3, 2), stride=2, padding=1),
+    dict(in_channels=2, out_channels=3, kernel_size=3, stride=(1, 2), padding=2, dilation=2),
+    dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1, groups=2),
+    dict(in_channels=6, out_channels=6, kernel_size=2, padding=1, dilation=(2, 1), groups=3),
+]
+
+
+@pytest.mark.parametrize("spec", _CONVS)
+def test_layer_gram_conv_matches_an_independent_im2col(spec):
+    torch.manual_seed(0)
+    layer = torch.nn.Conv2d(**spec).double()
+    x = torch.randn(3, spec["in_channels"], 7, 8, dtype=torch.float64)
+    K = layer_gram(layer, x)
+    patches = _patches_loop(layer, x)
+    d = spec["in_channels"] // layer.groups * int(np.prod(layer.kernel_size))
+    assert K.shape == (layer.groups, d, d)
+    for k, P in enumerate(patches):
+        np.testing.assert_allclose(K[k].numpy(), P.T @ P, rtol=1e-12, atol=1e-10)
+    # the layer's own weight gradient is Σ ḡ pᵀ over the same patches (im2col convention)
+    out = layer(x)
+    gbar = torch.randn_like(out)
+    (G,) = torch.autograd.grad((out * gbar).sum(), layer.weight)
+    og = layer.out_channels // layer.groups
+    gb = gbar.permute(0, 2, 3, 1).reshape(-1, layer.out_channels).numpy()
+    for k, P in enumerate(patches):
+        expected = gb[:, k * og : (k + 1) * og].T @ P
+        np.testing.assert_allclose(
+            G[k * og : (k + 1) * og].reshape(og, -1).numpy(), expected, rtol=1e-10, atol=1e-10
+        )
+
+
+def test_layer_gram_conv_padding_modes_and_same():
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    F_ = torch.nn.functional
+    for mode in ("reflect", "circular", "replicate"):
+        layer = torch.nn.Conv2d(3, 2, 3, padding=1, padding_mode=mode).double()
+        P = F_.unfold(F_.pad(x, (1, 1, 1, 1), mode=mode), 3)
+        P = P.permute(0, 2, 1).reshape(-1, 27)
+        torch.testing.assert_close(layer_gram(layer, x)[0], P.T @ P)
+    same = torch.nn.Conv2d(3, 2, 4, padding="same").double()  # even kernel: 1 left, 2 right
+    P = F_.unfold(F_.pad(x, (1, 2, 1, 2)), 4).permute(0, 2, 1).reshape(-1, 48)
+    torch.testing.assert_close(layer_gram(same, x)[0], P.T @ P)
+    valid = torch.nn.Conv2d(3, 2, 3, padding="valid").double()
+    P = F_.unfold(x, 3).permute(0, 2, 1).reshape(-1, 27)
+    torch.testing.assert_close(layer_gram(valid, x)[0], P.T @ P)
+
+
+def test_layer_gram_linear_sums_over_leading_axes():
+    layer = torch.nn.Linear(5, 3).double()
+    x = torch.randn(4, 6, 5, dtype=torch.float64)
+    X = x.reshape(-1, 5)
+    torch.testing.assert_close(layer_gram(layer, x), X.T @ X)
+    with pytest.raises(ValueError, match="Linear"):
+        layer_gram(layer, torch.randn(4, 4))
+    with pytest.raises(ValueError, match="Conv2d"):
+        layer_gram(torch.nn.Conv2d(3, 2, 3), torch.randn(2, 4, 5, 5))
+    with pytest.raises(TypeError):
+        layer_gram(torch.nn.Conv1d(3, 2, 3), torch.randn(2, 3, 5))
+
+
+@pytest.mark.parametrize("fn_name", ["r_well", "r_ill"])
+def test_left_precondition_linear_is_exact_k_plus_gradient(fn_name):
+    """Theorem 4.2 for nn.Linear: G·K⁺ = (2PθG_H)ᵀ, θ = weightᵀ, also with N < D."""
+    fn, grad_fn = getattr(condreg, fn_name), getattr(condreg, f"{fn_name}_grad")
+    for N, D in ((60, 6), (5, 8)):
+        g = torch.Generator().manual_seed(N)
+        x = torch.randn(N, D, generator=g, dtype=torch.float64)
+        layer = torch.nn.Linear(D, D, bias=False).double()
+        with torch.no_grad():
+            layer.weight.copy_(torch.eye(D) + 0.1 * torch.randn(D, D, generator=g))
+        (G,) = torch.autograd.grad(fn(layer(x), gram=True), layer.weight)
+        pre = left_precondition(layer, G, layer_gram(layer, x))
+        theta = layer.weight.detach().T
+        K = x.T @ x
+        P = torch.linalg.pinv(K, hermitian=True) @ K  # projector on range(K)
+        expected = (2 * P @ theta @ grad_fn(theta.T @ K @ theta)).T
+        torch.testing.assert_close(pre, expected, rtol=1e-8, atol=1e-11)
+        # equals the sample-axis dummy layer (push-through) with ridge 0
+        (G2,) = torch.autograd.grad(
+            fn(precondition(layer(x), x, ridge=0.0), gram=True), layer.weight
+        )
+        torch.testing.assert_close(pre, G2, rtol=1e-8, atol=1e-11)
+
+
+@pytest.mark.parametrize("spec", _CONVS[1:4])
+def test_left_precondition_conv_per_group(spec):
+    torch.manual_seed(2)
+    layer = torch.nn.Conv2d(**spec).double()
+    x = torch.randn(4, spec["in_channels"], 9, 9, dtype=torch.float64)
+    out = layer(x)
+    (G,) = torch.autograd.grad(
+        condreg.r_ill(out.permute(0, 2, 3, 1).reshape(-1, out.shape[1]), gram=True), layer.weight
+    )
+    K = layer_gram(layer, x)
+    pre = left_precondition(layer, G, K)
+    assert pre.shape == G.shape
+    gsz, og = layer.groups, layer.out_channels // layer.groups
+    for k in range(gsz):
+        Gk = G[k * og : (k + 1) * og].reshape(og, -1)
+        expected = Gk @ torch.linalg.pinv(K[k], hermitian=True)
+        torch.testing.assert_close(pre[k * og : (k + 1) * og].reshape(og, -1), expected)
+        # the gradient's rows lie in range(K): multiplying back by K recovers it
+        torch.testing.assert_close(pre[k * og : (k + 1) * og].reshape(og, -1) @ K[k], Gk)
+    ridge = left_precondition(layer, G, K, ridge=1e-2)
+    eye = torch.eye(K.shape[-1], dtype=torch.float64)
+    for k in range(gsz):
+        Gk = G[k * og : (k + 1) * og].reshape(og, -1)
+        torch.testing.assert_close(
+            ridge[k * og : (k + 1) * og].reshape(og, -1), Gk @ torch.linalg.inv(K[k] + 1e-2 * eye)
+        )
+
+
+def test_left_precondition_drops_null_directions_and_checks_input():
+    layer = torch.nn.Linear(3, 2, bias=False).double()
+    x = torch.zeros(10, 3, dtype=torch.float64)
+    x[:, :2] = torch.randn(10, 2, dtype=torch.float64)
+    K = layer_gram(layer, x)
+    G = torch.randn(2, 3, dtype=torch.float64)
+    pre = left_precondition(layer, G, K)
+    assert torch.all(pre[:, 2] == 0)
+    torch.testing.assert_close(pre[:, :2], G[:, :2] @ torch.linalg.inv(K[:2, :2]))
+    assert left_precondition(layer.float(), G.float(), K.float()).dtype == torch.float32
+    with pytest.raises(ValueError, match="ridge"):
+        left_precondition(layer, G, K, ridge=0.0)
+    with pytest.raises(ValueError, match="shape"):
+        left_precondition(layer, G[:, :2], K)
+    with pytest.raises(ValueError, match="K must be"):
+        left_precondition(layer, G, K[:2, :2])
+    with pytest.raises(TypeError):
+        left_precondition(torch.nn.Conv1d(3, 2, 1), torch.zeros(2, 3, 1), K)

@@ -31,6 +31,14 @@ Two pieces, meant to be used together (``docs/immunization.md`` shows a plain lo
 Gradients that flow *below* ``x`` (into earlier trainable layers) through the regularizer's path
 are the preconditioned ones too; feed ``x.detach()`` to the immunized map on the regularizer path
 if earlier layers should not receive them.
+
+:func:`layer_gram` / :func:`left_precondition`
+    The same left preconditioner for the weights of a real network's own layers (``nn.Linear``,
+    ``nn.Conv2d``, any number of them): ``K`` is the Gram matrix of the layer's *input* on the
+    batch (for a convolution, of its im2col patches at every output position, one ``K`` per
+    group) and the weight gradient ``G`` becomes ``G K⁺`` (or ``G (K + ridge·I)⁻¹``) on its
+    input side. Compute the regularizer's weight gradients with :func:`torch.autograd.grad`,
+    precondition them, and add them to the supervised gradients (docs/deepnet.md shows the loop).
 """
 
 from __future__ import annotations
@@ -40,7 +48,13 @@ from torch import nn
 
 import condreg
 
-__all__ = ["ConditionRegularizer", "Precondition", "precondition"]
+__all__ = [
+    "ConditionRegularizer",
+    "Precondition",
+    "layer_gram",
+    "left_precondition",
+    "precondition",
+]
 
 
 def _flat(F: torch.Tensor) -> torch.Tensor:
@@ -178,3 +192,147 @@ class Precondition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"ridge={self.ridge}"
+
+
+# ---------------------------------------------------------------------------------------------
+# per-layer left preconditioning of weight gradients (Linear, Conv2d)
+# ---------------------------------------------------------------------------------------------
+
+
+def _conv_pad(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``x`` padded as ``layer`` pads it (any ``padding_mode``, ``"same"`` / ``"valid"``)."""
+    import torch.nn.functional as F_
+
+    kh, kw = layer.kernel_size
+    dh, dw = layer.dilation
+    if isinstance(layer.padding, str):
+        if layer.padding == "valid":
+            return x
+        th, tw = dh * (kh - 1), dw * (kw - 1)  # "same": torch puts the extra pixel last
+        pad = (tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    else:
+        ph, pw = layer.padding
+        pad = (pw, pw, ph, ph)
+    if not any(pad):
+        return x
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    return F_.pad(x, pad, mode=mode)
+
+
+def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The input Gram matrix ``K`` of an ``nn.Linear`` or ``nn.Conv2d`` for the input batch ``x``.
+
+    - ``nn.Linear(in, out)``: ``x`` of shape ``(..., in)`` is flattened to ``X`` of shape
+      ``(M, in)`` and ``K = XᵀX`` (summed over the batch, like the paper's ``K = XᵀX``), shape
+      ``(in, in)``.
+    - ``nn.Conv2d(C, out, (kh, kw), groups=g)``: ``x`` of shape ``(N, C, H, W)`` (or
+      ``(C, H, W)``) is padded as the layer pads it (its ``padding``, ``padding_mode``) and cut
+      into the im2col patches the layer sees (its ``stride`` and ``dilation``); the patch
+      vectors ``p`` of group ``j`` are the ``C/g · kh · kw`` entries of channels
+      ``j·C/g … (j+1)·C/g − 1`` in the order of ``layer.weight[o].reshape(-1)``. Then
+      ``K[j] = Σ_{n, positions} p pᵀ``, shape ``(g, C/g·kh·kw, C/g·kh·kw)`` (``g = 1``
+      included). The weight gradient of output channel ``o`` of group ``j`` is
+      ``Σ ḡ_o p`` over the same patches, so ``K[j]`` is the ``K`` of Theorem 4.2 for the
+      reshaped weight ``(out, C/g·kh·kw)``.
+
+    Computed without gradient, in ``x``'s dtype. Raises ``TypeError`` for another layer type and
+    ``ValueError`` for an input whose feature/channel size does not match the layer.
+    """
+    import torch.nn.functional as F_
+
+    with torch.no_grad():
+        x = x.detach()
+        if isinstance(layer, nn.Linear):
+            if x.shape[-1:] != (layer.in_features,):
+                raise ValueError(
+                    f"layer_gram: Linear({layer.in_features}, …) needs inputs (..., "
+                    f"{layer.in_features}), got shape {tuple(x.shape)}"
+                )
+            X = x.reshape(-1, layer.in_features)
+            return X.T @ X
+        if isinstance(layer, nn.Conv2d):
+            if x.ndim == 3:
+                x = x[None]
+            if x.ndim != 4 or x.shape[1] != layer.in_channels:
+                raise ValueError(
+                    f"layer_gram: Conv2d({layer.in_channels}, …) needs inputs (N, "
+                    f"{layer.in_channels}, H, W), got shape {tuple(x.shape)}"
+                )
+            x = _conv_pad(layer, x)
+            P = F_.unfold(x, layer.kernel_size, dilation=layer.dilation, stride=layer.stride)
+            g = layer.groups
+            d = P.shape[1] // g  # (N, C·kh·kw, L), channel-major: group j is a contiguous slice
+            P = P.reshape(P.shape[0], g, d, P.shape[2]).permute(1, 2, 0, 3).reshape(g, d, -1)
+            return P @ P.mT
+        raise TypeError(f"layer_gram supports nn.Linear and nn.Conv2d, got {type(layer).__name__}")
+
+
+def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: float | None):
+    """``G K⁺`` (eigenvalues ``λ_i ≤ rtol·λ_max`` dropped; default ``rtol = d·eps(K.dtype)``,
+    the resolution of an eigendecomposition of ``K``) or ``G (K + ridge·I)⁻¹``; ``K`` symmetric
+    PSD ``(d, d)`` or a stack ``(g, d, d)`` with ``G`` of shape ``(g, o, d)``. Computed in
+    float64, returned in ``G``'s dtype."""
+    Kd, Gd = K.to(torch.float64), G.to(torch.float64)
+    d = K.shape[-1]
+    if ridge is not None:
+        eye = torch.eye(d, dtype=torch.float64, device=K.device)
+        L = torch.linalg.cholesky(Kd + ridge * eye)
+        # G (K + rI)^-1 = ((K + rI)^-1 Gᵀ)ᵀ
+        return torch.cholesky_solve(Gd.mT, L).mT.to(G.dtype)
+    lam, V = torch.linalg.eigh(Kd)
+    tol = (rtol if rtol is not None else d * torch.finfo(K.dtype).eps) * lam[..., -1:].clamp(min=0)
+    keep = lam > tol
+    inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), 0.0)
+    return (((Gd @ V) * inv[..., None, :]) @ V.mT).to(G.dtype)
+
+
+def left_precondition(
+    layer: nn.Module,
+    grad_weight: torch.Tensor,
+    K: torch.Tensor,
+    ridge: float | None = None,
+    *,
+    rtol: float | None = None,
+) -> torch.Tensor:
+    """A weight gradient of ``layer`` multiplied on its **input** side by ``K⁺`` (Algorithm 1's
+    ``K⁻¹``, docs/math.md §4–5), ``K`` from :func:`layer_gram` on the same batch.
+
+    - ``nn.Linear``: ``grad_weight`` ``(out, in)`` ↦ ``grad_weight · K⁺``. With ``θ = weightᵀ``
+      this is ``K⁺ ∇_θ`` of Theorem 4.2: for a loss ``f(FᵀF)`` of the outputs ``F = xθ`` it gives
+      exactly ``(2 P θ ∇_H f)ᵀ`` (``P`` the projector on ``range(K)``).
+    - ``nn.Conv2d``: ``grad_weight`` ``(out, C/g, kh, kw)`` is reshaped per group ``j`` to
+      ``(out/g, C/g·kh·kw)``, multiplied by ``K[j]⁺`` and reshaped back.
+
+    ``ridge=None`` (default) uses the pseudo-inverse: eigenvalues ``λ_i ≤ rtol·λ_max(K)`` are
+    dropped, never amplified (default ``rtol = d·eps(K.dtype)``, what an eigendecomposition of
+    ``K`` resolves). ``ridge > 0`` uses ``(K + ridge·I)⁻¹`` instead (absolute ridge). Computed in
+    float64, returned in ``grad_weight``'s dtype and shape. Apply it to the *regularizer's*
+    gradient only; the supervised gradient is not preconditioned. Raises ``TypeError`` for
+    another layer type and ``ValueError`` for mismatched shapes or ``ridge <= 0``.
+    """
+    if ridge is not None and not ridge > 0:
+        raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge}")
+    with torch.no_grad():
+        if tuple(grad_weight.shape) != tuple(layer.weight.shape):
+            raise ValueError(
+                f"left_precondition: grad_weight has shape {tuple(grad_weight.shape)}, the "
+                f"layer's weight {tuple(layer.weight.shape)}"
+            )
+        if isinstance(layer, nn.Linear):
+            d = layer.in_features
+            if tuple(K.shape) != (d, d):
+                raise ValueError(f"left_precondition: K must be ({d}, {d}), got {tuple(K.shape)}")
+            return _inverse_apply(grad_weight, K, ridge, rtol)
+        if isinstance(layer, nn.Conv2d):
+            g, out = layer.groups, layer.out_channels
+            d = grad_weight[0].numel()
+            if tuple(K.shape) != (g, d, d):
+                raise ValueError(
+                    f"left_precondition: K must be ({g}, {d}, {d}) for this Conv2d, got "
+                    f"{tuple(K.shape)}"
+                )
+            G = grad_weight.reshape(g, out // g, d)
+            return _inverse_apply(G, K, ridge, rtol).reshape(grad_weight.shape)
+        raise TypeError(
+            f"left_precondition supports nn.Linear and nn.Conv2d, got {type(layer).__name__}"
+        )
