@@ -23,31 +23,28 @@ from hypothesis import strategies as st
 import condreg
 from condreg import PoleError
 from condreg.testing import assert_close, matrix_with_spectrum
+from condreg.testing.strategies import spectral_cases
 
 RTOL = 1e-9  # relative slack for float64 comparisons of O(1)-conditioned quantities
 
 
-@st.composite
-def spectra(draw, min_rank=2, max_rank=5, unique_bottom=False):
-    """(singular values descending with trailing zeros, m, n, seed, k)."""
-    k = draw(st.integers(min_rank, max_rank))
-    extra_m = draw(st.integers(0, 2))
-    extra_n = draw(st.integers(0, 2))
-    m, n = k + extra_m, k + extra_n
-    sigma_k = draw(st.floats(0.1, 10.0))
-    ratios = draw(
-        st.lists(st.floats(1.0, 50.0), min_size=k - 1, max_size=k - 1).map(
-            lambda r: sorted(r, reverse=True)
-        )
+def spectra(unique_bottom=False):
+    """SpectralCase draws (condreg.testing.strategies): rank k in 2..5, sigma_1/sigma_k <= 50,
+    sigma_k in [0.1, 10], exact ties at the top and (unless ``unique_bottom``, then sigma_k is
+    unique with a relative gap of 1e-3) at the bottom, 0..2 exact zeros."""
+    return spectral_cases(
+        rank=(2, 5),
+        kappa=(1.0, 50.0),
+        sigma_min=(0.1, 10.0),
+        top_ties=(1, 4),
+        bottom_ties=1 if unique_bottom else (1, 4),
+        gap=1e-3 if unique_bottom else 0.0,
     )
-    values = [sigma_k * r for r in ratios] + [sigma_k]
-    if unique_bottom:
-        assume(values[-2] > values[-1] * (1 + 1e-3))
-    zeros = draw(st.integers(0, min(m, n) - k))
-    values = values + [0.0] * zeros
-    seed = draw(st.integers(0, 2**32 - 1))
-    rank = k
-    return values, m, n, seed, rank
+
+
+def _unpack(case):
+    """(singular values descending with trailing zeros, m, n, seed, k)."""
+    return list(case.singular_values), case.m, case.n, case.seed, case.rank
 
 
 def _kappa_sigma(S):
@@ -58,7 +55,7 @@ def _kappa_sigma(S):
 
 @given(spectra())
 def test_two_sided_bound(case):
-    values, m, n, seed, k = case
+    values, m, n, seed, k = _unpack(case)
     S = matrix_with_spectrum(values, m, n, seed=seed)
     kappa, s1, sk, rank = _kappa_sigma(S)
     assert rank == k
@@ -87,7 +84,7 @@ def test_two_sided_bound_is_tight(k):
 @given(spectra())
 def test_upper_bound_statement_2(case):
     """(2) 1 / log kappa <= sigma_1² R_ill."""
-    values, m, n, seed, k = case
+    values, m, n, seed, k = _unpack(case)
     S = matrix_with_spectrum(values, m, n, seed=seed)
     kappa, s1, _, _ = _kappa_sigma(S)
     assume(kappa > 1 + 1e-6)
@@ -98,7 +95,8 @@ def test_upper_bound_statement_2(case):
 def test_step_increases_condition_number(case, fraction):
     """(4) kappa strictly increases after S − eta ∇R_ill, 0 < eta < (k/(k−1)) D²; the step scales
     sigma_i (i < k) by 1 + c/k and sigma_k by 1 − c(k−1)/k, c = eta / D²."""
-    values, m, n, seed, k = case
+    values, m, n, seed, k = _unpack(case)
+    assert values[k - 2] >= values[k - 1] * (1 + 1e-3)  # the strategy's unique sigma_k
     S = matrix_with_spectrum(values, m, n, seed=seed)
     s = np.linalg.svd(S, compute_uv=False)
     den = np.sum(S * S) / (2 * k) - 0.5 * s[k - 1] ** 2
@@ -133,7 +131,7 @@ def test_step_at_the_bound_drops_the_rank():
 def test_r_ill_non_negative_and_decreasing_in_sigma_1(case):
     """R_ill >= 0, and with sigma_k fixed it decreases to 0 as kappa grows (R_ill -> 0 iff
     kappa -> infinity, at fixed sigma_k)."""
-    values, m, n, seed, k = case
+    values, m, n, seed, k = _unpack(case)
     sk = values[k - 1]
     out = []
     for scale in [1.0, 10.0, 1e3, 1e6]:

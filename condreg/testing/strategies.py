@@ -1,0 +1,331 @@
+"""Hypothesis strategies for matrices with a controlled singular spectrum.
+
+Built on :func:`condreg.testing.matrix_with_spectrum`: every drawn matrix is
+``U diag(s) Vᵀ`` with Haar-random orthonormal factors and a spectrum ``s`` that the strategy
+chose, so a property test knows the exact κ, rank and ties of its input without computing an SVD.
+Only this module imports ``hypothesis`` (``import condreg.testing`` does not).
+
+- :func:`spectra` — descending singular values ``σ_1 = … = σ_t > middle > σ_k = … (b times)``
+  with prescribed rank ``k``, condition number ``κ = σ_1/σ_k``, smallest nonzero value ``σ_k``
+  and exact tie counts ``t`` (top) and ``b`` (bottom).
+- :func:`spectral_cases` — a :class:`SpectralCase`: the matrix (any Array API namespace, dtype,
+  device, batch shape) together with its spectrum, rank, ties and seed.
+- :func:`matrices` — the matrices alone.
+
+Every size argument accepts a fixed value, an inclusive ``(low, high)`` range, or a hypothesis
+strategy. Example (Theorem A.1: ``log κ <= p·R_well/σ_k²``)::
+
+    from hypothesis import given
+    import condreg
+    from condreg.testing.strategies import spectral_cases
+
+    @given(spectral_cases(rank=(2, 6), kappa=(1.0, 1e3)))
+    def test_log_kappa_bound(case):
+        ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from condreg.testing import matrix_with_spectrum
+
+__all__ = ["SpectralCase", "matrices", "spectra", "spectral_cases"]
+
+IntSpec = int | tuple[int, int] | SearchStrategy
+FloatSpec = float | tuple[float, float] | SearchStrategy
+
+
+def _ints(spec: Any, name: str, minimum: int = 0) -> SearchStrategy:
+    if isinstance(spec, SearchStrategy):
+        return spec
+    if isinstance(spec, bool):
+        raise TypeError(f"{name} must be an int, a (low, high) pair or a strategy, got a bool")
+    if isinstance(spec, int):
+        if spec < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {spec}")
+        return st.just(spec)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        lo, hi = spec
+        if not (isinstance(lo, int) and isinstance(hi, int)) or lo < minimum or hi < lo:
+            raise ValueError(f"{name} range must be integers {minimum} <= low <= high, got {spec}")
+        return st.integers(lo, hi)
+    raise TypeError(f"{name} must be an int, a (low, high) pair or a strategy, got {spec!r}")
+
+
+def _floats(spec: Any, name: str, minimum: float) -> SearchStrategy:
+    if isinstance(spec, SearchStrategy):
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        if not (math.isfinite(spec) and spec >= minimum):
+            raise ValueError(f"{name} must be finite and >= {minimum}, got {spec}")
+        return st.just(float(spec))
+    if isinstance(spec, tuple) and len(spec) == 2:
+        lo, hi = (float(v) for v in spec)
+        if not (math.isfinite(lo) and math.isfinite(hi) and minimum <= lo <= hi):
+            raise ValueError(f"{name} range must be finite with {minimum} <= low <= high: {spec}")
+        return st.floats(lo, hi)
+    raise TypeError(f"{name} must be a number, a (low, high) pair or a strategy, got {spec!r}")
+
+
+def _positive_min(name: str, value: float, minimum: float) -> float:
+    if not (math.isfinite(value) and value >= minimum):
+        raise ValueError(f"drawn {name} = {value} is not finite and >= {minimum}")
+    return value
+
+
+@st.composite
+def _spectrum(
+    draw,
+    k: int,
+    kappa: SearchStrategy,
+    sigma_min: SearchStrategy,
+    top_ties: SearchStrategy,
+    bottom_ties: SearchStrategy,
+    gap: float,
+) -> tuple[np.ndarray, int, int]:
+    sk = _positive_min("sigma_min", float(draw(sigma_min)), 0.0)
+    if sk <= 0:
+        raise ValueError("sigma_min must be > 0 (zeros come from rows/cols > rank)")
+    kap = _positive_min("kappa", float(draw(kappa)), 1.0)
+    t = max(1, int(draw(top_ties)))
+    b = max(1, int(draw(bottom_ties)))
+    if k == 1 or (kap == 1.0 and gap == 0.0):
+        return np.full(k, sk), k, k  # κ = 1: every value tied (top = bottom = all k)
+    # k >= 2 and κ > 1: the two tied groups are disjoint; keep both non-empty
+    t = min(t, k - 1)
+    b = min(b, k - t)
+    n_mid = k - t - b
+    need = (1.0 + gap) ** 2 if n_mid else 1.0 + gap
+    kap = max(kap, need, float(np.nextafter(1.0, 2.0)))
+    s1 = sk * kap
+    if n_mid:
+        lo, hi = sk * (1.0 + gap), s1 / (1.0 + gap)
+        u = draw(
+            st.lists(
+                st.floats(0.0, 1.0, exclude_min=True, exclude_max=True),
+                min_size=n_mid,
+                max_size=n_mid,
+            )
+        )
+        mid = lo * (hi / lo) ** np.asarray(u, dtype=np.float64)
+        # strictly inside (σ_k, σ_1), so the tie counts are exact
+        mid = np.clip(mid, np.nextafter(sk, np.inf), np.nextafter(s1, 0.0))
+        mid = np.sort(mid)[::-1]
+    else:
+        mid = np.zeros(0)
+    values = np.concatenate([np.full(t, s1), mid, np.full(b, sk)])
+    return values, t, b
+
+
+def spectra(
+    *,
+    rank: IntSpec = (1, 5),
+    kappa: FloatSpec = (1.0, 1e3),
+    sigma_min: FloatSpec = (0.1, 10.0),
+    top_ties: IntSpec = 1,
+    bottom_ties: IntSpec = 1,
+    gap: float = 0.0,
+) -> SearchStrategy[np.ndarray]:
+    """Descending nonzero singular values (float64 NumPy, length ``rank``) with a given spectrum.
+
+    The spectrum is ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0`` with
+
+    - ``k`` from ``rank`` (≥ 1);
+    - ``σ_k`` from ``sigma_min`` (> 0) and ``σ_1 = κ·σ_k`` with ``κ`` from ``kappa`` (≥ 1);
+    - ``t`` from ``top_ties`` and ``b`` from ``bottom_ties``: exactly ``t`` values equal to
+      ``σ_1`` and exactly ``b`` equal to ``σ_k`` (bit-identical floats); the middle values are
+      log-uniform in the open interval between, at a relative distance ≥ ``gap`` from both ends.
+
+    Tie counts are clipped to what ``k`` allows (``t ≤ k − 1``, ``b ≤ k − t``). κ = 1 (drawn
+    exactly 1.0, and ``gap == 0``) or ``k = 1`` gives ``k`` equal values (``t = b = k``; R_ill's
+    pole). With ``gap > 0``, κ is raised to at least ``(1 + gap)²`` (``1 + gap`` when there are no
+    middle values) so that the gap fits. Arguments: a fixed value, an inclusive ``(low, high)``
+    range or a hypothesis strategy.
+    """
+    if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
+    ranks = _ints(rank, "rank", 1)
+    args = (
+        _floats(kappa, "kappa", 1.0),
+        _floats(sigma_min, "sigma_min", 0.0),
+        _ints(top_ties, "top_ties", 1),
+        _ints(bottom_ties, "bottom_ties", 1),
+        float(gap),
+    )
+    return ranks.flatmap(lambda k: _spectrum(k, *args)).map(lambda r: r[0])
+
+
+class SpectralCase(NamedTuple):
+    """A drawn matrix with everything the strategy knows about it.
+
+    ``matrix``: ``batch_shape + (m, n)`` in the requested namespace/dtype/device.
+    ``singular_values``: float64 NumPy, ``batch_shape + (min(m, n),)``, descending, zero-padded
+    (the spectrum of the float64 matrix before any dtype conversion, up to rounding).
+    ``rank``: ``k`` (the same for every matrix of a batch); ``top_ties``/``bottom_ties``: the
+    exact tie counts ``t``, ``b`` (ints; int arrays of ``batch_shape`` for a batch, since a
+    member that drew κ = 1 has ``t = b = k``); ``seed``: the seed given to
+    :func:`condreg.testing.matrix_with_spectrum` (rebuild the float64 matrix with it).
+    """
+
+    matrix: Any
+    singular_values: np.ndarray
+    m: int
+    n: int
+    rank: int
+    top_ties: Any
+    bottom_ties: Any
+    seed: int
+
+    @property
+    def kappa(self) -> np.ndarray | float:
+        """``σ_1/σ_k`` (a float, or a float64 array of ``batch_shape``)."""
+        s = self.singular_values
+        out = s[..., 0] / s[..., self.rank - 1]
+        return float(out) if out.ndim == 0 else out
+
+    @property
+    def sigma_min(self) -> np.ndarray | float:
+        """The smallest nonzero singular value ``σ_k``."""
+        out = self.singular_values[..., self.rank - 1]
+        return float(out) if out.ndim == 0 else out
+
+    @property
+    def sigma_max(self) -> np.ndarray | float:
+        """The largest singular value ``σ_1``."""
+        out = self.singular_values[..., 0]
+        return float(out) if out.ndim == 0 else out
+
+
+def _shape(spec: Any) -> SearchStrategy:
+    if isinstance(spec, SearchStrategy):
+        return spec
+    if isinstance(spec, Sequence) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in spec
+    ):
+        return st.just(tuple(spec))
+    raise TypeError(f"batch_shape must be a tuple of positive ints or a strategy, got {spec!r}")
+
+
+@st.composite
+def _case(
+    draw,
+    rank,
+    rows,
+    cols,
+    spectrum_args,
+    gap,
+    batch_shape,
+    xp,
+    dtype,
+    device,
+) -> SpectralCase:
+    if rows is None or cols is None:
+        k = int(draw(rank))
+        m = k + int(draw(st.integers(0, 2))) if rows is None else int(draw(rows))
+        n = k + int(draw(st.integers(0, 2))) if cols is None else int(draw(cols))
+        k = min(k, m, n)
+    else:
+        m, n = int(draw(rows)), int(draw(cols))
+        k = min(int(draw(rank)), m, n)
+    if k < 1:
+        raise ValueError(f"rows and cols must be >= 1, got {m}, {n}")
+    shape = tuple(int(d) for d in draw(_shape(batch_shape)))
+    count = int(np.prod(shape)) if shape else 1
+    kappa, sigma_min, top_ties, bottom_ties = spectrum_args
+    # one tie pattern per case; each matrix of a batch draws its own κ, σ_k and middle values
+    t, b = int(draw(top_ties)), int(draw(bottom_ties))
+    rows_of_values, ties = [], []
+    for _ in range(count):
+        v, t_eff, b_eff = draw(_spectrum(k, kappa, sigma_min, st.just(t), st.just(b), gap))
+        rows_of_values.append(v)
+        ties.append((t_eff, b_eff))
+    seed = int(draw(st.integers(0, 2**32 - 1)))
+    p = min(m, n)
+    values = np.zeros((count, p))
+    values[:, :k] = np.stack(rows_of_values)
+    dt = draw(dtype) if isinstance(dtype, SearchStrategy) else dtype
+    arg = values[0] if not shape else values
+    S = matrix_with_spectrum(arg, m, n, seed=seed)
+    S = np.reshape(S, shape + (m, n))
+    if xp is None or xp is np:
+        out = S if dt is None else np.asarray(S, dtype=dt)
+    else:
+        kwargs = {}
+        if dt is not None:
+            kwargs["dtype"] = dt
+        if device is not None:
+            kwargs["device"] = device
+        out = xp.asarray(S, **kwargs)
+    if shape:
+        tie_arr = np.asarray(ties, dtype=np.int64).reshape(shape + (2,))
+        t_out, b_out = tie_arr[..., 0], tie_arr[..., 1]
+    else:
+        t_out, b_out = ties[0]
+    return SpectralCase(out, values.reshape(shape + (p,)), m, n, k, t_out, b_out, seed)
+
+
+def spectral_cases(
+    *,
+    rank: IntSpec = (1, 5),
+    kappa: FloatSpec = (1.0, 1e3),
+    sigma_min: FloatSpec = (0.1, 10.0),
+    top_ties: IntSpec = 1,
+    bottom_ties: IntSpec = 1,
+    gap: float = 0.0,
+    rows: IntSpec | None = None,
+    cols: IntSpec | None = None,
+    batch_shape: tuple[int, ...] | SearchStrategy = (),
+    xp: Any = None,
+    dtype: Any = None,
+    device: Any = None,
+) -> SearchStrategy[SpectralCase]:
+    """:class:`SpectralCase` draws: a matrix ``U diag(s) Vᵀ`` with the spectrum of :func:`spectra`.
+
+    Shape: ``batch_shape + (m, n)``. ``rows``/``cols`` (``m``, ``n``) default to
+    ``k + 0…2`` each, so ``min(m, n) − k ∈ {0, 1, 2}`` exact zero singular values make the
+    matrix rank-deficient about a third of the time; given explicitly, the rank is clipped to
+    ``min(m, n)``. A batch shares ``m``, ``n``, ``k`` and the tie pattern; every matrix draws its
+    own κ, ``σ_k``, middle values and random factors (a member that draws κ = 1 exactly is all
+    tied).
+
+    ``xp``: any Array API namespace (``numpy`` by default, ``array_api_strict``, ``torch``,
+    ``jax.numpy``, ``cupy`` …); the float64 NumPy matrix is converted with
+    ``xp.asarray(S, dtype=dtype, device=device)``. ``dtype`` may be a strategy (e.g.
+    ``st.sampled_from([xp.float32, xp.float64])``); ``None`` keeps float64 where the library
+    allows it. Exact ties are exact in the float64 spectrum; converting to float32 rounds them
+    (ties then hold to float32 precision only).
+
+    Raises ``TypeError``/``ValueError`` at construction for malformed arguments (e.g. a negative
+    rank, ``kappa < 1``).
+    """
+    if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
+    spectrum_args = (
+        _floats(kappa, "kappa", 1.0),
+        _floats(sigma_min, "sigma_min", 0.0),
+        _ints(top_ties, "top_ties", 1),
+        _ints(bottom_ties, "bottom_ties", 1),
+    )
+    return _case(
+        _ints(rank, "rank", 1),
+        None if rows is None else _ints(rows, "rows", 1),
+        None if cols is None else _ints(cols, "cols", 1),
+        spectrum_args,
+        float(gap),
+        _shape(batch_shape),
+        xp,
+        dtype,
+        device,
+    )
+
+
+def matrices(**kwargs: Any) -> SearchStrategy[Any]:
+    """The matrices of :func:`spectral_cases` alone (same keyword arguments)."""
+    return spectral_cases(**kwargs).map(lambda case: case.matrix)
