@@ -68,11 +68,13 @@ def test_regularizer_loss_normalisation_and_jit(train):
     np.testing.assert_allclose(float(plain), 3 * condreg.r_well(X_p, gram=True), rtol=1e-10)
 
 
-def test_optax_style_transformation_in_a_sgd_loop(train):
+def test_optax_transformation_called_directly_in_a_sgd_loop(train):
+    optax = pytest.importorskip("optax")
     X_p, y, X_h = _pair(3, N=80, D=6)
     X_p = X_p / np.linalg.norm(X_p, 2)
     X_h = X_h / np.linalg.norm(X_h, 2)
     tx = train.condition_regularizer(1.0, 1e-3, key="theta")
+    assert isinstance(tx, optax.GradientTransformationExtraArgs)
     params = {"theta": jnp.eye(6), "omega": jnp.zeros(6)}
     state = tx.init(params)
     xp_, xh_, yy = jnp.asarray(X_p), jnp.asarray(X_h), jnp.asarray(y)
@@ -129,3 +131,14 @@ def test_jax_immunize_keeps_float32_without_x64():
             epochs=3,
         )
     assert res.theta.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(res.theta)))
+
+
+def test_regularizer_loss_of_a_zero_batch_raises_rank_error(train):
+    zero = jnp.zeros((4, 3))
+    for normalize in (True, False):
+        with pytest.raises(condreg.RankError):
+            train.regularizer_loss(zero, None, normalize=normalize)
+        with pytest.raises(condreg.RankError):
+            train.regularizer_loss(None, zero, normalize=normalize)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        train.regularizer_loss(jnp.full((4, 3), jnp.nan), None)

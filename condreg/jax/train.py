@@ -1,4 +1,4 @@
-"""JAX training adapters for Algorithm 1: pure, jit-able functions and an optax-style transform.
+"""JAX training adapters for Algorithm 1: pure, jit-able functions and an optax transformation.
 
 - :func:`regularizer_loss` — ``λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)`` from feature batches
   (differentiable with ``jax.grad`` through condreg's closed-form ``custom_vjp``).
@@ -9,9 +9,9 @@
 - :func:`preconditioned_update` — the same update in closed form,
   ``λ_P K_P⁺∇R_well + λ_H K_H⁺∇R_ill`` (Theorem 4.2: ``2θG`` projected onto the row space of the
   batch).
-- :func:`condition_regularizer` — an optax-compatible ``GradientTransformation``-like
-  ``(init, update)`` pair adding that update to the incoming (supervised) gradient; it does not
-  need optax installed.
+- :func:`condition_regularizer` — that update as a real ``optax.GradientTransformationExtraArgs``
+  (:func:`condreg.jax.optax.condition_regularizer`; needs ``pip install condreg[optax]``), which
+  composes in ``optax.chain``.
 - :func:`algorithm1_step` — one epoch of :func:`condreg.immunize` (any method) as a jitted pure
   function of ``(theta, omega)``.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,6 @@ __all__ = [
     "regularizer_loss",
     "precondition",
     "preconditioned_update",
-    "GradientTransformation",
     "condition_regularizer",
     "algorithm1_step",
 ]
@@ -59,6 +58,9 @@ def regularizer_loss(
 
     ``normalize=True`` divides each batch by its Frobenius norm (under ``stop_gradient``), i.e.
     uses ``H / tr(H)``, as :class:`condreg.torch.nn.ConditionRegularizer` does. Pure and jit-able.
+
+    Raises :class:`condreg.RankError` for an all-zero batch (eagerly; under ``jax.jit`` the value
+    checks are skipped, as everywhere in condreg) and ``ValueError`` for non-finite features.
     """
     total = jnp.zeros(())
     for F, lam, name in ((features_p, lam_p, "r_well"), (features_h, lam_h, "r_ill")):
@@ -66,7 +68,9 @@ def regularizer_loss(
             continue
         F = _flat(F)
         if normalize:
-            F = F / jax.lax.stop_gradient(jnp.linalg.norm(F))
+            nrm = jax.lax.stop_gradient(jnp.linalg.norm(F))
+            # a zero batch stays zero (the core raises RankError for it), never 0/0 = NaN
+            F = F / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
         fn = condreg.r_well if name == "r_well" else condreg.r_ill
         total = total + lam * fn(F, gram=True)
     return total
@@ -129,51 +133,45 @@ def preconditioned_update(
     return total
 
 
-class GradientTransformation(NamedTuple):
-    """Structurally an ``optax.GradientTransformation``: ``init(params) -> state`` and
-    ``update(updates, state, params, **extra) -> (updates, state)``."""
-
-    init: Callable[..., Any]
-    update: Callable[..., Any]
-
-
-class ConditionRegularizerState(NamedTuple):
-    """Empty state (the transformation is stateless)."""
-
-
 def condition_regularizer(
     lam_p: float = 1.0,
     lam_h: float = 1.0,
     *,
     key: Any = None,
     ridge: float | None = None,
-) -> GradientTransformation:
-    """A gradient transformation that adds Algorithm 1's preconditioned regularizer gradient.
+) -> Any:
+    """Algorithm 1's preconditioned regularizer gradient as an ``optax`` transformation.
 
-    ``update(updates, state, params, *, x_p, x_h)``: ``updates`` are the gradients of the
-    supervised loss (un-preconditioned, as in Algorithm 1); the result adds
-    :func:`preconditioned_update` for ``θ = params`` (or ``params[key]`` for a dict of
-    parameters). Chain it *before* a plain SGD transformation: ``u, s = reg.update(g, s, params,
-    x_p=..., x_h=...); u, s2 = optax.sgd(lr).update(u, s2, params)``. (``optax.chain`` drops the
-    keyword arguments of transformations that are not ``GradientTransformationExtraArgs``, so call
-    ``update`` directly as shown.) Pure; ``update`` is jit-able.
+    The same as :func:`condreg.jax.optax.condition_regularizer` (see there): a real
+    ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *, x_p,
+    x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
+    ``optax.chain`` (e.g. ``optax.chain(condition_regularizer(...), optax.sgd(lr))``). Needs
+    optax (``pip install condreg[optax]``); raises ``ImportError`` saying so otherwise.
     """
+    try:
+        from condreg.jax import optax as _optax
+    except ImportError as exc:  # pragma: no cover - exercised only without optax
+        raise ImportError(
+            "condition_regularizer is an optax transformation and needs optax: "
+            "pip install 'condreg[optax]' (or use preconditioned_update directly)"
+        ) from exc
+    return _optax.condition_regularizer(lam_p, lam_h, key=key, ridge=ridge)
 
-    def init(params: Any) -> ConditionRegularizerState:
-        return ConditionRegularizerState()
 
-    def update(updates, state, params=None, *, x_p=None, x_h=None):
-        if params is None:
-            raise ValueError("condition_regularizer needs params (θ is read from them)")
-        theta = params if key is None else params[key]
-        reg = preconditioned_update(theta, x_p, x_h, lam_p, lam_h, ridge=ridge)
-        if key is None:
-            return updates + reg, state
-        new = dict(updates)
-        new[key] = updates[key] + reg
-        return new, state
+def __getattr__(name: str) -> Any:
+    if name == "GradientTransformation":
+        import warnings
 
-    return GradientTransformation(init, update)
+        warnings.warn(
+            "condreg.jax.train.GradientTransformation is gone: condition_regularizer returns "
+            "optax.GradientTransformationExtraArgs (condreg.jax.optax)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        import optax
+
+        return optax.GradientTransformationExtraArgs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def algorithm1_step(
