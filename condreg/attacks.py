@@ -68,7 +68,8 @@ class ProbeResult:
     - ``loss``: ``(steps + 1,)``, ``L(w_t) = ‖Aw_t − y‖²`` for ``t = 0..steps`` (``loss[0]`` at
       ``w0``);
     - ``norm_ratio``: ``(steps + 1,)``, Eq. 16's ``‖w_t − w*‖² / ‖w_0 − w*‖²`` (first entry 1);
-      NaN throughout when ``w_0 = w*`` (nothing to measure);
+      NaN throughout when ``w_0 = w*`` up to rounding (``‖w_0 − w*‖ ≤ 100·eps·max(‖w_0‖, ‖w*‖)``:
+      nothing to measure);
     - ``loss_min``: 0-d, the achievable loss ``L(w*) = min_w L(w)``;
     - ``w``: the final head ``w_steps`` (``(K,)``), ``w_star``: ``w* = A⁺y`` (``(K,)``), the
       minimum-norm least-squares solution, from the SVD of ``A`` with rank tolerance
@@ -412,9 +413,11 @@ def probe(
         e = w - w_star
         return xp.sum(e * e)
 
+    # ‖w_0 − w*‖ at the rounding level of w* itself: no distance to measure a ratio against
     e0 = size(w0)
+    scale = xp.maximum(xp.sum(w_star * w_star), xp.sum(w0 * w0))
     nan = xp.asarray(math.nan, dtype=A.dtype, device=_device(A))
-    e0_safe = xp.where(e0 > 0, e0, nan)
+    e0_safe = xp.where(e0 > (100.0 * eps) ** 2 * scale, e0, nan)
     losses, ratios, w = [loss_of(w0)], [e0 / e0_safe], w0
     for w in spec.run(problem, steps, params):
         losses.append(loss_of(w))
