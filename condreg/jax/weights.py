@@ -1,0 +1,123 @@
+"""Keep the weight matrices of a JAX model well-conditioned: a penalty over a parameter pytree.
+
+The JAX counterpart of :mod:`condreg.torch.weights`::
+
+    loss = task_loss(params) + 1e-2 * weight_conditioning_loss(params)   # every leaf with ndim >= 2
+
+Which leaves: by default every array leaf with ``ndim >= 2`` (Flax/Haiku/Equinox kernels and
+weights; biases and scales are skipped). ``filter(path, leaf) -> bool`` chooses instead; ``path``
+is the leaf's key path as a string (``jax.tree_util.keystr``, e.g. ``"['params']['Dense_0']
+['kernel']"``). A leaf ``W`` is reshaped to ``(-1, W.shape[-1])`` by default — Flax's and Haiku's
+``(..., in, out)`` convention, so a convolution kernel ``(kh, kw, in, out)`` becomes
+``(kh·kw·in, out)``, the transpose of PyTorch's ``(out, in·kh·kw)`` with the same singular
+values; pass ``matrix=lambda W: W.reshape(W.shape[0], -1)`` for ``(out, ...)`` layouts.
+
+Penalties (per matrix, summed or averaged): ``"r_well"`` (default; ``R_well(W) = ½σ_1² −
+‖W‖_F²/(2p)``, of ``W/‖W‖_F`` when ``normalize=True``, the norm under ``stop_gradient``),
+``"condition_number"`` (κ over the nonzero singular values) and ``"log_condition_number"``.
+Pure and jit-able (the selection depends only on the tree structure and shapes); derivatives are
+condreg's closed-form ``custom_vjp`` rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+import condreg
+
+__all__ = ["weight_condition_numbers", "weight_conditioning_loss", "weight_matrices"]
+
+_PENALTIES = ("r_well", "condition_number", "log_condition_number")
+Filter = Callable[[str, Any], bool]
+
+
+def _default_filter(path: str, leaf: Any) -> bool:
+    return getattr(leaf, "ndim", 0) >= 2
+
+
+def _default_matrix(W: jax.Array) -> jax.Array:
+    return jnp.reshape(W, (-1, W.shape[-1]))
+
+
+def weight_matrices(
+    params: Any,
+    *,
+    filter: Filter | None = None,
+    matrix: Callable[[jax.Array], jax.Array] | None = None,
+) -> list[tuple[str, jax.Array]]:
+    """``[(path, matrix(W))]`` for the selected leaves of ``params``, in tree order.
+
+    ``filter(path, leaf)`` defaults to ``leaf.ndim >= 2``; ``matrix`` to
+    ``W.reshape(-1, W.shape[-1])``. Leaves that are not arrays (``None``, Python scalars) are
+    skipped by the default filter.
+    """
+    keep = filter or _default_filter
+    to_matrix = matrix or _default_matrix
+    out = []
+    for keypath, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        path = jax.tree_util.keystr(keypath)
+        if keep(path, leaf):
+            M = to_matrix(jnp.asarray(leaf))
+            if M.ndim != 2:
+                raise ValueError(f"matrix() must return a 2-D array; got shape {M.shape} at {path}")
+            out.append((path, M))
+    return out
+
+
+def _penalty(W: jax.Array, penalty: str, normalize: bool) -> jax.Array:
+    if penalty == "r_well":
+        if normalize:
+            nrm = jax.lax.stop_gradient(jnp.linalg.norm(W))
+            W = W / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
+        return condreg.r_well(W)
+    if penalty == "condition_number":
+        return condreg.condition_number(W)
+    return jnp.log(condreg.condition_number(W))
+
+
+def weight_conditioning_loss(
+    params: Any,
+    penalty: Literal["r_well", "condition_number", "log_condition_number"] = "r_well",
+    *,
+    filter: Filter | None = None,
+    matrix: Callable[[jax.Array], jax.Array] | None = None,
+    normalize: bool = True,
+    reduction: Literal["sum", "mean"] = "sum",
+) -> jax.Array:
+    """Sum (or mean) of ``penalty`` over :func:`weight_matrices` of ``params`` (a 0-d array).
+
+    Differentiable with ``jax.grad`` with respect to ``params`` (unselected leaves get zero
+    gradient). Raises ``ValueError`` when no leaf is selected or for an unknown
+    ``penalty``/``reduction``; :class:`condreg.RankError` for a zero weight (eagerly; under
+    ``jax.jit`` condreg's value checks are skipped).
+    """
+    if penalty not in _PENALTIES:
+        raise ValueError(f"penalty must be one of {_PENALTIES}, got {penalty!r}")
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    selected = weight_matrices(params, filter=filter, matrix=matrix)
+    terms = [_penalty(W, penalty, normalize) for _, W in selected]
+    if not terms:
+        raise ValueError(
+            "weight_conditioning_loss: no leaf selected (no leaf with ndim >= 2, or the filter "
+            "matches nothing)"
+        )
+    total = jnp.sum(jnp.stack(terms))
+    return total / len(terms) if reduction == "mean" else total
+
+
+def weight_condition_numbers(
+    params: Any,
+    *,
+    filter: Filter | None = None,
+    matrix: Callable[[jax.Array], jax.Array] | None = None,
+) -> dict[str, float]:
+    """``{path: κ(W)}`` of the selected leaves (Python floats; for logging, not under jit)."""
+    return {
+        path: float(condreg.condition_number(W))
+        for path, W in weight_matrices(params, filter=filter, matrix=matrix)
+    }
