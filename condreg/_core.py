@@ -15,9 +15,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
-from condreg._errors import PoleError, RankError, TiedExtremeError
+from condreg import _spectrum
+from condreg._errors import PoleError, TiedExtremeError
+from condreg._spectrum import Spectrum, resolve_tie_rtol
+
+# The tolerances and the ``concrete`` callbacks live in the engine; re-exported for the callers.
+eager = _spectrum.eager
+never = _spectrum.never
+eps = _spectrum.eps
+default_rtol = _spectrum.default_rtol
+default_tie_rtol = _spectrum.default_tie_rtol
+TIE_FACTOR = _spectrum.TIE_FACTOR
 
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
@@ -26,68 +36,7 @@ Quantity = Literal["condition_number", "r_well", "r_ill"]
 
 SUBGRADIENTS = ("min_norm", "any", "raise")
 QUANTITIES = ("condition_number", "r_well", "r_ill")
-
-#: Multiplier of ``max(m, n) * eps`` in the default tie tolerance (see :func:`default_tie_rtol`).
-TIE_FACTOR = 16.0
-
-
-def eager(x: Array) -> bool:
-    """``concrete`` callback for eager arrays: read the value."""
-    return bool(x)
-
-
-def never(x: Array) -> None:
-    """``concrete`` callback that skips every value-dependent check."""
-    return None
-
-
-class Spectrum(NamedTuple):
-    """The decomposition every value and gradient is computed from.
-
-    ``s`` are the singular values of the argument (``S``, or ``F`` when ``gram``), descending;
-    ``mu`` is the spectrum of the matrix the quantity is about: ``s`` itself, or ``s**2`` (the
-    nonzero eigenvalues of ``H = FᵀF``) when ``gram``. ``mask`` marks the numerical rank and ``k``
-    counts it (in the floating dtype). ``p`` is the R_well normaliser: ``min(m, n)``, or ``D`` (the
-    size of ``H``) when ``gram``.
-    """
-
-    U: Array | None
-    s: Array
-    Vh: Array | None
-    mu: Array
-    mask: Array
-    k: Array
-    p: int
-    gram: bool
-
-
-def eps(xp: Any, dtype: Any) -> float:
-    return float(xp.finfo(dtype).eps)
-
-
-def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``max(m, n) * eps(dtype)``: numpy.linalg.matrix_rank's convention, on the singular values
-    of the argument (of ``F`` when ``gram=True``; rank(FᵀF) = rank(F))."""
-    return max(shape[-2], shape[-1]) * eps(xp, dtype)
-
-
-def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``16 * max(m, n) * eps(dtype)``, relative to the largest value of the spectrum ``mu``.
-
-    Backward-stable SVDs return singular values with absolute error of a small multiple of
-    ``eps * sigma_1``; values closer than this are equal up to rounding and are treated as tied.
-    """
-    return TIE_FACTOR * max(shape[-2], shape[-1]) * eps(xp, dtype)
-
-
-def _full(xp: Any, like: Array, value: float) -> Array:
-    return xp.full(like.shape, value, dtype=like.dtype, device=_device(like))
-
-
-def _device(x: Array) -> Any:
-    from array_api_compat import device
-
-    return device(x)
+POLES = ("raise", "zero")
 
 
 def decompose(
@@ -98,30 +47,17 @@ def decompose(
     vectors: bool,
     rtol: float | None,
     concrete: Concrete,
+    method: str = "svd",
 ) -> Spectrum:
-    """Thin SVD (or singular values only) of ``S`` and the numerical rank.
+    """:func:`condreg._spectrum.decompose`; the default ``method="svd"`` keeps the thin SVD
+    (both ``U`` and ``Vh``) also with ``gram``."""
+    return _spectrum.decompose(
+        S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method=method
+    )
 
-    Raises :class:`RankError` when any matrix of the batch has rank 0 (if ``concrete`` can tell).
-    """
-    if rtol is None:
-        rtol = default_rtol(S.shape, S.dtype, xp)
-    elif not (isinstance(rtol, (int, float)) and 0.0 <= float(rtol) < 1.0):
-        raise ValueError(f"rtol must be a float in [0, 1), got {rtol!r}")
-    if vectors:
-        U, s, Vh = xp.linalg.svd(S, full_matrices=False)
-    else:
-        U, Vh = None, None
-        s = xp.linalg.svdvals(S)
-    mask = s > float(rtol) * s[..., :1]
-    k = xp.sum(xp.astype(mask, s.dtype), axis=-1)
-    if concrete(xp.any(k == 0)):
-        raise RankError(
-            "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
-            "undefined"
-        )
-    mu = s * s if gram else s
-    p = S.shape[-1] if gram else min(S.shape[-2], S.shape[-1])
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram)
+
+def _full(xp: Any, like: Array, value: float) -> Array:
+    return xp.full(like.shape, value, dtype=like.dtype, device=_spectrum._device(like))
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,16 +75,36 @@ def mu_bottom(sp: Spectrum, xp: Any) -> Array:
     return xp.min(xp.where(sp.mask, sp.mu, _full(xp, sp.mu, math.inf)), axis=-1, keepdims=True)
 
 
+def s_bottom(sp: Spectrum, xp: Any) -> Array:
+    """Smallest singular value inside the numerical rank (shape ``(..., 1)``)."""
+    return xp.min(xp.where(sp.mask, sp.s, _full(xp, sp.s, math.inf)), axis=-1, keepdims=True)
+
+
+def _tied(sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any) -> Array:
+    """Boolean: the value is equal to the extreme one up to the rounding of the decomposition.
+
+    Singular values have absolute error ≈ ``tie_rtol·s_1``: ``|s_i − s_e| <= tie_rtol·s_1``. On
+    ``mu = s²`` (``gram``) that is ``|mu_i − mu_e| <= tie_rtol·s_1·(s_i + s_e)`` — not
+    ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1`` — plus twice the
+    decomposition's own error bound on ``mu`` (``mu_err·mu_1``, the Gram path's). Homogeneous.
+    """
+    s1 = sp.s[..., :1]
+    if sp.gram:
+        tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
+        return xp.abs(sp.mu - mu_ext) <= tol
+    return xp.abs(sp.s - s_ext) <= tie_rtol * s1
+
+
 def top_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     """0/1 indicator (floating) of values tied with the largest one."""
-    top = mu_top(sp)
-    return xp.astype((top - sp.mu <= tie_rtol * top) & sp.mask, sp.mu.dtype)
+    tied = _tied(sp, sp.s[..., :1], mu_top(sp), tie_rtol, xp)
+    return xp.astype(tied & sp.mask, sp.mu.dtype)
 
 
 def bottom_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     """0/1 indicator (floating) of values inside the rank tied with the smallest nonzero one."""
-    bottom = mu_bottom(sp, xp)
-    return xp.astype((sp.mu - bottom <= tie_rtol * mu_top(sp)) & sp.mask, sp.mu.dtype)
+    tied = _tied(sp, s_bottom(sp, xp), mu_bottom(sp, xp), tie_rtol, xp)
+    return xp.astype(tied & sp.mask, sp.mu.dtype)
 
 
 def _weights(
@@ -162,7 +118,7 @@ def _weights(
     """
     count = xp.sum(ties, axis=-1, keepdims=True)
     if policy == "any":
-        positions = xp.arange(ties.shape[-1], device=_device(ties))
+        positions = xp.arange(ties.shape[-1], device=_spectrum._device(ties))
         return xp.astype(positions == xp.astype(index, positions.dtype), ties.dtype)
     if policy == "raise":
         tied = concrete(xp.any(count > 1))
@@ -194,7 +150,7 @@ def bottom_weights(
 
 
 # --------------------------------------------------------------------------------------------
-# Values
+# Values (homogeneous formulas; the entry points evaluate them on s / s_1)
 # --------------------------------------------------------------------------------------------
 
 
@@ -214,8 +170,7 @@ def r_well_value(sp: Spectrum, xp: Any) -> Array:
     L = len(mu) values at hand (L < p = D with ``gram`` and N < D: the other eigenvalues are 0).
 
     This form has no cancellation (it is exactly 0 when all p values equal mu_1, never negative)
-    and overflows only when the value itself does (the difference form gives inf − inf = NaN for
-    sigma_1 > ~1e154 in float64).
+    and overflows only when the value itself does.
     """
     top = mu_top(sp)
     r = sp.mu / top
@@ -244,55 +199,43 @@ def r_ill_from_denominator(den: Array, xp: Any) -> Array:
     return xp.where(pole, _full(xp, den, math.inf), 1.0 / safe)  # NaN stays NaN
 
 
-# --------------------------------------------------------------------------------------------
-# Gradients: derivative with respect to mu, then U diag(d) Vᵀ
-# --------------------------------------------------------------------------------------------
+def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
+    """``(unit, s_1)``: the spectrum of ``S / s_1`` (``F`` kept as is) and ``s_1`` (``(..., 1)``).
 
-
-def assemble(sp: Spectrum, g: Array) -> Array:
-    """Gradient with respect to the argument from ``g = d value / d mu``.
-
-    Without ``gram``: ``U diag(g) Vᵀ``. With ``gram`` (mu = s²): ``U diag(2 s g) Vᵀ``, which equals
-    ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H (Theorem 4.2).
+    Every quantity is homogeneous in ``s``, so it is evaluated on ``unit`` and rescaled by powers of
+    ``s_1`` one factor at a time: where the true result is representable nothing changes; where it
+    over- or underflows the result is ±inf or 0, never 0·inf = NaN (``mu = s²`` itself underflows
+    for ``F = 1e-170·I`` in float64 and overflows for ``1e20·I`` in float32).
     """
-    d = 2.0 * sp.s * g if sp.gram else g
-    return (sp.U * d[..., None, :]) @ sp.Vh
+    s1 = sp.s[..., :1]
+    s = sp.s / s1
+    return sp._replace(s=s, mu=s * s if sp.gram else s), s1
 
 
-def kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d kappa / d mu = w_top / mu_k − (mu_1 / mu_k²) w_bottom."""
-    top, bottom = mu_top(sp), mu_bottom(sp, xp)
-    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    return wt / bottom - ((top / bottom) / bottom) * wb
+def _rescale(x: Array, scale: Array, power: int) -> Array:
+    for _ in range(abs(power)):
+        x = x * scale if power > 0 else x / scale
+    return x
 
 
-def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d R_well / d mu = mu_1 w_top − mu / p (Nenov et al., Theorem A.1)."""
-    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    return mu_top(sp) * wt - sp.mu / float(sp.p)
+#: Degree of homogeneity of each value in mu.
+_VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 
 
-def r_ill_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d R_ill / d mu = (mu_k w_bottom − mu / k) / den² (Eq. 13).
-
-    Raises :class:`PoleError` at the pole (if ``concrete`` can tell).
-    """
-    den = r_ill_denominator(sp, tie_rtol, xp)
-    if concrete(xp.any(den == 0)):
-        raise PoleError(
-            "R_ill is at its pole (all nonzero singular values are equal: kappa = 1, or rank 1): "
-            "its value is +inf and it has no gradient there"
-        )
-    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    den = den[..., None]
-    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
-    return ((mu_bottom(sp, xp) * wb - sp.mu / _safe_k(sp, xp)) / den) / den
-
-
-# --------------------------------------------------------------------------------------------
-# Entry points used by the public API and the adapters
-# --------------------------------------------------------------------------------------------
+def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float) -> Array:
+    """Value of ``quantity`` from a spectrum (``tie_rtol`` resolved: :func:`resolve_tie_rtol`),
+    evaluated scale-free (:func:`normalized`)."""
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
+    unit, s1 = normalized(sp, xp)
+    if quantity == "condition_number":
+        return kappa_value(unit, xp)
+    if quantity == "r_well":
+        v = r_well_value(unit, xp)
+    else:
+        v = r_ill_from_denominator(r_ill_denominator(unit, tie_rtol, xp), xp)
+    power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
+    return _rescale(v, s1[..., 0], power)
 
 
 def value(
@@ -304,36 +247,93 @@ def value(
     tie_rtol: float | None,
     gram: bool,
     concrete: Concrete,
+    method: str = "auto",
 ) -> Array:
     """Value of ``quantity`` for a validated ``S`` (no gradient, singular values only)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     tie = resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
-    sp = decompose(S, xp, gram=gram, vectors=False, rtol=rtol, concrete=concrete)
+    sp = _spectrum.decompose(
+        S, xp, gram=gram, vectors=False, rtol=rtol, concrete=concrete, method=method
+    )
     return value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
 
 
-def resolve_tie_rtol(tie_rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """The tie tolerance to use: ``tie_rtol`` checked, or the default for ``shape``/``dtype``."""
-    if tie_rtol is None:
-        return default_tie_rtol(shape, dtype, xp)
-    if not (isinstance(tie_rtol, (int, float)) and 0.0 <= float(tie_rtol) < 1.0):
-        raise ValueError(f"tie_rtol must be a float in [0, 1), got {tie_rtol!r}")
-    return float(tie_rtol)
+# --------------------------------------------------------------------------------------------
+# Gradients: derivative with respect to mu, then U diag(d) Vᵀ
+# --------------------------------------------------------------------------------------------
 
 
-def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float) -> Array:
-    """Value of ``quantity`` from a spectrum (``tie_rtol`` resolved: :func:`resolve_tie_rtol`)."""
-    if quantity == "condition_number":
-        return kappa_value(sp, xp)
-    if quantity == "r_well":
-        return r_well_value(sp, xp)
-    if quantity == "r_ill":
-        return r_ill_from_denominator(r_ill_denominator(sp, tie_rtol, xp), xp)
-    raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
+def kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
+    """d kappa / d mu = w_top / mu_k − (mu_1 / mu_k²) w_bottom."""
+    top, bottom = mu_top(sp), mu_bottom(sp, xp)
+    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
+    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
+    return wt / bottom - ((top / bottom) / bottom) * wb
+
+
+def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
+    """d log kappa / d mu = w_top / mu_1 − w_bottom / mu_k."""
+    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
+    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
+    return wt / mu_top(sp) - wb / mu_bottom(sp, xp)
+
+
+def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
+    """d R_well / d mu = mu_1 w_top − mu / p (Nenov et al., Theorem A.1)."""
+    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
+    return mu_top(sp) * wt - sp.mu / float(sp.p)
+
+
+def r_ill_dmu(
+    sp: Spectrum,
+    tie_rtol: float,
+    policy: str,
+    xp: Any,
+    concrete: Concrete,
+    pole: str = "raise",
+) -> Array:
+    """d R_ill / d mu = (mu_k w_bottom − mu / k) / den² (Eq. 13) — the one home of R_ill's
+    derivative.
+
+    At the pole (``den == 0``: all nonzero values tied, kappa = 1 or rank 1) R_ill is +inf and has
+    no derivative; ``pole`` says what to do there: ``"raise"`` raises :class:`PoleError` when
+    ``concrete`` can tell (otherwise the entries are inf/NaN), ``"zero"`` returns 0 for the
+    matrices at the pole (no step: what an optimiser that must not stop wants, Algorithm 1).
+    """
+    if pole not in POLES:
+        raise ValueError(f"pole must be one of {POLES}, got {pole!r}")
+    den = r_ill_denominator(sp, tie_rtol, xp)
+    at_pole = den == 0
+    if pole == "raise" and concrete(xp.any(at_pole)):
+        raise PoleError(
+            "R_ill is at its pole (all nonzero singular values are equal: kappa = 1, or rank 1): "
+            "its value is +inf and it has no gradient there"
+        )
+    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
+    num = mu_bottom(sp, xp) * wb - sp.mu / _safe_k(sp, xp)
+    if pole == "zero":
+        safe = xp.where(at_pole, xp.ones_like(den), den)[..., None]
+        d = (num / safe) / safe
+        return d * xp.astype(~at_pole, d.dtype)[..., None]
+    den = den[..., None]
+    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
+    return (num / den) / den
 
 
 _DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}
+
+#: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
+_DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}
+
+
+def assemble(sp: Spectrum, g: Array, xp: Any = None) -> Array:
+    """:func:`condreg._spectrum.assemble`: the gradient with respect to the argument."""
+    if xp is None:
+        from array_api_compat import array_namespace
+
+        xp = array_namespace(sp.s)
+    return _spectrum.assemble(sp, g, xp)
 
 
 def gradient_from_spectrum(
@@ -358,19 +358,12 @@ def gradient_from_spectrum(
     """
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
-    s1 = sp.s[..., :1]
-    s = sp.s / s1
-    unit = sp._replace(s=s, mu=s * s if sp.gram else s)
-    G = assemble(unit, _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete))
+    unit, s1 = normalized(sp, xp)
+    G = _spectrum.assemble(unit, _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete), xp)
     power = 2 * _DEGREE[quantity] + 1 if sp.gram else _DEGREE[quantity]
-    scale = s1[..., None]
-    for _ in range(abs(power)):
-        G = G * scale if power > 0 else G / scale
-    return G
-
-
-#: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
-_DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}
+    if unit.F is not None and (unit.U is None or unit.Vh is None):
+        power -= 1  # assembled with F itself (s_1 · the unit factor)
+    return _rescale(G, s1[..., None], power)
 
 
 def gradient(
@@ -383,12 +376,15 @@ def gradient(
     gram: bool,
     subgradient: str,
     concrete: Concrete,
+    method: str = "auto",
 ) -> Array:
     """Closed-form (sub)gradient of ``quantity`` with respect to ``S`` (or ``F`` when gram)."""
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
     tie = resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
-    sp = decompose(S, xp, gram=gram, vectors=True, rtol=rtol, concrete=concrete)
+    sp = _spectrum.decompose(
+        S, xp, gram=gram, vectors=True, rtol=rtol, concrete=concrete, method=method
+    )
     return gradient_from_spectrum(
         quantity, sp, xp, tie_rtol=tie, subgradient=subgradient, concrete=concrete
     )

@@ -1,21 +1,22 @@
-"""Private linear algebra for Algorithm 1: the probing-Hessian spectrum from one ``eigh``.
+"""Private linear algebra for Algorithm 1: the probing-Hessian spectrum from the engine.
 
-Algorithm 1 needs, every epoch and for each task, the nonzero eigenvalues of
-``H(θ) = θᵀKθ`` and the eigenvectors that enter the closed-form gradients. This module computes
-them with one symmetric eigendecomposition of the smaller of the two Gram matrices:
+Algorithm 1 needs, every epoch and for each task, the nonzero eigenvalues of ``H(θ) = θᵀKθ`` and
+the eigenvectors that enter the closed-form gradients. They come from the spectral engine
+(:mod:`condreg._spectrum`), the one home of every decomposition in condreg:
 
-- *feature mode* (``N >= D``): ``H = θᵀ(Kθ)`` (``D×D``) with ``K`` stored;
-- *sample mode* (``K = XᵀX`` with a factor ``X`` of fewer rows than ``D``: the data when
-  ``N < D``, or ``R = diag(√μ)Vᵀ`` when ``K`` has rank ``r < D``): ``F = Xθ`` and the Gram
-  ``FFᵀ``, whose nonzero eigenvalues are those of ``H``; the eigenvectors in ``D``-space are
-  ``Fᵀu_i / s_i``.
+- *sample mode* (``A = X``, a factor with ``K = XᵀX``, any number of rows: the data, or
+  ``R = diag(√μ)Vᵀ`` when ``K`` has rank ``r < D``): ``F = Xθ``; the engine takes the eigh of the
+  smaller Gram (``FFᵀ`` when ``N < D``, ``FᵀF`` when ``N >= D``) when that resolves every singular
+  value the rank rule counts, a backward-stable decomposition of ``F`` otherwise;
+- *feature mode* (``A = K``, ``D×D``, stored): ``eigh(θᵀ(Kθ))``. With ``factor=X`` the engine
+  falls back to ``F = Xθ`` where that eigh does not resolve what the rule counts; without it the
+  counted values are capped at what the eigh resolves (``μ_i > RANK_FACTOR·n·eps·μ₁``).
 
-``eigh`` is 2–3× faster than an SVD of ``F`` at MNIST size; its eigenvalues carry an absolute error
-of a small multiple of ``eps·μ₁``, so the numerical rank counts ``μ_i > RANK_FACTOR·n·eps·μ₁``
-(``n`` the size of the decomposed matrix). In float64 that resolves ``κ(H)`` up to ~1e11; the
-public :func:`condreg.condition_number` (SVD of ``F``, used by :mod:`condreg.metrics`) resolves
-more. Everything here is plain Array API code without host synchronisation, so it traces under
-``jax.jit``.
+Rank rule (the "one κ per run" convention): ``rtol`` applies to the singular values of the factor
+``F = Xθ`` (``σ_i = √μ_i``): rank ``k = #{σ_i > rtol·σ₁}``, default ``rtol = max(N, D)·eps`` —
+exactly :func:`condreg.condition_number` ``(X @ theta, rtol=rtol)``. Ties are decided on ``σ``
+(absolute tolerance ``tie_rtol·σ₁``, see :mod:`condreg._spectrum`). Everything here is Array API
+code; the one data-dependent branch (Gram or factor) is a ``lax.cond`` under ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -23,63 +24,145 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from condreg import _core
+from condreg import _core, _spectrum
 
 Array = Any
 
-#: Multiplier of ``n·eps`` in the rank tolerance on the eigenvalues of ``H`` (see module docs).
+#: Multiplier of ``n·eps`` in the resolution cap of feature mode without a factor.
 RANK_FACTOR = 10.0
 
 
 class HessianSpectrum(NamedTuple):
     """``mu`` (descending, clamped at 0), ``V`` (``D×r`` eigenvectors of ``H`` as columns, zero
     outside the numerical rank in sample mode), and a :class:`condreg._core.Spectrum` view
-    (``gram=True``, ``p = D``) for the core's value and derivative formulas."""
+    (``gram=True``, ``p = D``) for the core's value and derivative formulas. ``rtol`` is the rank
+    tolerance that was applied (on ``σ = √μ``)."""
 
     mu: Array
     V: Array
     sp: _core.Spectrum
     tie_rtol: float
-    W: Array | None = None  # sample mode: eigenvectors of FFᵀ (F V = W diag(s))
+    W: Array | None = None  # sample mode: F V = W diag(s) (left singular vectors of F)
+    rtol: float | None = None
 
 
 def rank_rtol(n: int, dtype: Any, xp: Any) -> float:
     return RANK_FACTOR * n * _core.eps(xp, dtype)
 
 
+def _mask_from_s(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
+    mask = s > rtol * s[..., :1]
+    return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
+
+
+def _both_sides(F: Array, s: Array, Q: Array, mask: Array, xp: Any) -> tuple[Array, Array]:
+    """``(V, W)`` with ``F V = W diag(s)`` from the small side's vectors ``Q`` (zero outside the
+    rank on the side that is computed from ``F``)."""
+    fmask = xp.astype(mask, s.dtype)
+    safe = xp.where(mask, s, xp.ones_like(s))
+    if F.shape[-2] < F.shape[-1]:
+        return (F.T @ Q) * (fmask / safe)[None, :], Q
+    return Q, (F @ Q) * (fmask / safe)[None, :]
+
+
+def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
+    """``(s, V, W, mu_err)`` of ``F``: the smaller Gram's eigh where it resolves every value the
+    rule ``s_i > tol·s_1`` counts, the thin SVD of ``F`` otherwise (both sides' vectors exact)."""
+    gdtype = _spectrum.gram_dtype(F, xp)
+    s, Q, mu_rel, err_rel = _spectrum._gram_eigh(F, xp, vectors, gdtype)
+    ok = _spectrum.gram_resolves(mu_rel, err_rel, tol, _spectrum.gram_accuracy(xp, F.dtype), xp)
+
+    def from_gram():
+        if not vectors:
+            return s, None, None, err_rel
+        V, W = _both_sides(F, s, Q, s > tol * s[..., :1], xp)
+        return s, V, W, err_rel
+
+    def from_svd():
+        if not vectors:
+            return xp.linalg.svdvals(F), None, None, xp.zeros_like(err_rel)
+        U, s2, Vh = xp.linalg.svd(F, full_matrices=False)
+        keep = xp.astype(s2 > tol * s2[..., :1], s2.dtype)
+        return s2, Vh.T * keep[None, :], U, xp.zeros_like(err_rel)
+
+    return _spectrum.choose(ok, from_gram, from_svd)
+
+
 def hessian_spectrum(
-    theta: Array, A: Array, mode: str, xp: Any, *, vectors: bool = True
+    theta: Array,
+    A: Array,
+    mode: str,
+    xp: Any,
+    *,
+    vectors: bool = True,
+    rtol: float | None = None,
+    factor: Array | None = None,
 ) -> HessianSpectrum:
     """Spectrum of ``H = θᵀKθ``: ``A`` is ``K`` (``mode="feature"``) or a factor ``X`` with
-    ``K = XᵀX`` (``"sample"``). ``vectors=False``: eigenvalues only (``V`` is ``None``)."""
+    ``K = XᵀX`` (``"sample"``, any number of rows). ``vectors=False``: eigenvalues only (``V`` is
+    ``None``).
+
+    ``rtol``: rank tolerance on ``σ(F)``, ``F = Xθ`` (default ``max(N, D)·eps``): rank
+    ``#{σ_i > rtol·σ₁}``, identical to ``condreg.condition_number(X @ theta, rtol=rtol)``; every
+    counted σ is resolved (Gram eigh only when it resolves them, the factor's decomposition
+    otherwise). ``factor``: the data ``X`` in feature mode (``K = XᵀX``), used when the eigh of
+    ``θᵀKθ`` does not resolve the counted values; without it (feature mode) the count is capped
+    at ``μ_i > RANK_FACTOR·n·eps·μ₁`` and ``rtol`` defaults to ``D·eps``.
+    """
     D = theta.shape[-1]
-    if mode == "feature":
-        Kt = A @ theta
-        M = theta.T @ Kt
-    else:
+    if mode == "sample":
         F = A @ theta
-        M = F @ F.T
+        tol = _spectrum.resolve_rtol(rtol, F.shape, F.dtype, xp)
+        s, V, W, mu_err = _sample_spectrum(F, xp, vectors, tol)
+        mask, k = _mask_from_s(s, tol, xp)
+        mu = s * s
+        tie = _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
+        sp = _core.Spectrum(None, s, None, mu, mask, k, D, True, mu_err)
+        return HessianSpectrum(mu, V, sp, tie, W, tol)
+    if mode != "feature":
+        raise ValueError(f"mode must be 'feature' or 'sample', got {mode!r}")
+    M = theta.T @ (A @ theta)
     M = 0.5 * (M + M.T)
     n = M.shape[-1]
+    shape = (n, n) if factor is None else (factor.shape[0], D)
+    tol = _spectrum.resolve_rtol(rtol, shape, M.dtype, xp)
     if vectors:
-        mu, W = xp.linalg.eigh(M)
-        W = xp.flip(W, axis=-1)
+        mu, V = xp.linalg.eigh(M)
+        V = xp.flip(V, axis=-1)
     else:
-        mu, W = xp.linalg.eigvalsh(M), None
+        mu, V = xp.linalg.eigvalsh(M), None
     mu = xp.flip(mu, axis=-1)
     mu = xp.maximum(mu, xp.zeros_like(mu))
-    mask = mu > rank_rtol(n, mu.dtype, xp) * mu[..., :1]
-    fmask = xp.astype(mask, mu.dtype)
-    s = xp.sqrt(mu)
-    if W is None or mode == "feature":
-        V = W
-    else:
-        safe = xp.where(mask, s, xp.ones_like(s))
-        V = (F.T @ W) * (fmask / safe)[None, :]
-    k = xp.sum(fmask, axis=-1)
-    sp = _core.Spectrum(None, s, None, mu, mask, k, D, True)
-    tie = _core.default_tie_rtol((n, n), mu.dtype, xp)
-    return HessianSpectrum(mu, V, sp, tie, None if mode == "feature" else W)
+    top = mu[..., :1]
+    e = _core.eps(xp, M.dtype)
+    err = e * (n * top + math.sqrt(n) * xp.sum(mu, axis=-1, keepdims=True))
+    tie = _spectrum.default_tie_rtol(shape, M.dtype, xp)
+    if factor is None:
+        cut = max(tol * tol, rank_rtol(n, mu.dtype, xp))
+        mask = mu > cut * top
+        k = xp.sum(xp.astype(mask, mu.dtype), axis=-1)
+        sp = _core.Spectrum(None, xp.sqrt(mu), None, mu, mask, k, D, True, err / top)
+        return HessianSpectrum(mu, V, sp, tie, None, tol)
+    safe_top = xp.where(top > 0, top, xp.ones_like(top))
+    ok = _spectrum.gram_resolves(
+        mu / safe_top, err / safe_top, tol, _spectrum.gram_accuracy(xp, M.dtype), xp
+    )
+
+    def from_eigh():
+        return xp.sqrt(mu), V, err / safe_top
+
+    def from_factor():
+        F = factor @ theta
+        s, Q = _spectrum._svd_small_side(F, xp, vectors)
+        if vectors and F.shape[-2] < F.shape[-1]:
+            Q, _ = _both_sides(F, s, Q, s > tol * s[..., :1], xp)
+        return s, Q, xp.zeros_like(top)
+
+    s, V, mu_err = _spectrum.choose(ok, from_eigh, from_factor)
+    mask, k = _mask_from_s(s, tol, xp)
+    mu = s * s
+    sp = _core.Spectrum(None, s, None, mu, mask, k, D, True, mu_err)
+    return HessianSpectrum(mu, V, sp, tie, None, tol)
 
 
 def kappa(hs: HessianSpectrum, xp: Any) -> Array:
@@ -101,23 +184,14 @@ def d_r_well(hs: HessianSpectrum, xp: Any) -> Array:
 
 
 def d_r_ill(hs: HessianSpectrum, xp: Any) -> Array:
-    """dR_ill/dμ (minimum-norm at a tied bottom); zero at the pole instead of inf/NaN."""
-    sp = hs.sp
-    den = _core.r_ill_denominator(sp, hs.tie_rtol, xp)
-    ok = den > 0
-    safe = xp.where(ok, den, xp.ones_like(den))
-    wb = _core.bottom_weights(sp, hs.tie_rtol, "min_norm", xp, _core.never)
-    k = xp.maximum(sp.k, xp.ones_like(sp.k))
-    d = (_core.mu_bottom(sp, xp) * wb - sp.mu / k) / (safe * safe)
-    return d * xp.astype(ok, d.dtype)
+    """dR_ill/dμ (minimum-norm at a tied bottom); zero at the pole (``pole="zero"`` of
+    :func:`condreg._core.r_ill_dmu`, the one home of R_ill's derivative)."""
+    return _core.r_ill_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
 
 
 def d_log_kappa(hs: HessianSpectrum, xp: Any) -> Array:
     """d log κ / dμ = w_top/μ₁ − w_bottom/μ_k (minimum-norm at ties)."""
-    sp = hs.sp
-    wt = _core.top_weights(sp, hs.tie_rtol, "min_norm", xp, _core.never)
-    wb = _core.bottom_weights(sp, hs.tie_rtol, "min_norm", xp, _core.never)
-    return wt / _core.mu_top(sp) - wb / _core.mu_bottom(sp, xp)
+    return _core.log_kappa_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never)
 
 
 def right_factor(hs: HessianSpectrum, d: Array) -> Array:

@@ -101,6 +101,7 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
         gram=gram,
         subgradient="min_norm",
         concrete=_concrete_or_skip(check),
+        method="svd",
     )
 
 

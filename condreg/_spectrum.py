@@ -1,0 +1,405 @@
+"""The spectral engine: the one place where condreg decomposes a matrix.
+
+Every quantity condreg computes is a function of the singular values ``s`` of an argument ``S``
+(or, with ``gram=True``, of the eigenvalues ``mu = s**2`` of the Gram matrix ``H = FᵀF`` of a
+feature batch ``F``). :func:`decompose` returns them as a :class:`Spectrum`, together with the
+singular vectors the closed-form gradients need, and decides the numerical rank. The public
+functions (:mod:`condreg._api`), the PyTorch and JAX adapters and Algorithm 1
+(:mod:`condreg._linalg`) all get their spectrum here.
+
+Paths (``gram=True``; docs/math.md §10.1)
+------------------------------------------
+``"gram"``
+    ``eigh`` of the smaller Gram matrix: ``FFᵀ`` (``N×N``) when ``N < D``, ``FᵀF`` (``D×D``) when
+    ``N >= D``, after an exact power-of-two rescaling of ``F`` (so ``mu`` never over- or
+    underflows). Only the vectors of the small side are formed; the gradient is then
+    ``2 (U diag(g) Uᵀ) F`` or ``2 F (V diag(g) Vᵀ)`` (Theorem 4.2) — one GEMM with ``F``. A
+    float32 Gram is formed and decomposed in float64 where the backend has float64 (NumPy,
+    PyTorch, JAX with x64).
+``"svd"``
+    A backward-stable decomposition of ``F`` itself (a QR factorisation of ``F`` or ``Fᵀ``, whose
+    ``R`` has the singular values of ``F``, then the SVD of the small ``R``): every ``s_i`` has
+    absolute error ≈ ``c·eps·s_1``.
+``"auto"`` (default)
+    ``"gram"`` when it resolves every value the rank rule counts, ``"svd"`` otherwise. The eigh
+    of a Gram matrix carries an absolute error of about ``err = eps_g·(n·mu_1 + √m·Σmu)``
+    (``n`` its size, ``m`` the inner dimension, ``eps_g`` the Gram dtype's eps) on every
+    eigenvalue. The Gram path is accepted when every computed eigenvalue is either resolved,
+    ``mu_i >= err / GRAM_ACCURACY(dtype)`` (relative error below ``0.1·√eps`` of the result
+    dtype: 1.5e-9 in float64, 3.5e-5 in float32), or certainly outside the rank
+    (``mu_i + err < rtol²·mu_1``). Otherwise the whole batch takes the ``"svd"`` path. In float64
+    the Gram path resolves ``κ(F)`` up to ~1e2–1e3 at the usual sizes, in float32 (float64 Gram)
+    ~1e4; a rank-deficient batch (rank below ``min(N, D)``) always takes the ``"svd"`` path under
+    the default ``rtol``.
+
+The decision is one data-dependent branch: eagerly a Python ``if`` (one host synchronisation on a
+GPU), under ``jax.jit`` a ``lax.cond``; where values cannot be read (``torch.compile``,
+``torch.func.vmap``) the ``"svd"`` path is taken.
+
+Ties and rank are decided at the scale of the rounding error of the values actually computed:
+singular values within ``tie_rtol·s_1`` of an extreme one are tied with it — on ``mu = s²`` that
+is ``|mu_i − mu_e| ≤ tie_rtol·s_1·(s_i + s_e)``, not ``tie_rtol·mu_1`` — widened by the Gram
+path's own error bound ``2·err`` when that path was taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
+
+from condreg._errors import RankError
+
+Array = Any
+Concrete = Callable[[Array], "bool | None"]
+
+METHODS = ("auto", "gram", "svd")
+
+
+def eager(x: Array) -> bool:
+    """``concrete`` callback for eager arrays: read the value."""
+    return bool(x)
+
+
+def never(x: Array) -> None:
+    """``concrete`` callback that skips every value-dependent check."""
+    return None
+
+
+class Spectrum(NamedTuple):
+    """The decomposition every value and gradient is computed from.
+
+    ``s`` are the singular values of the argument (``S``, or ``F`` when ``gram``), descending;
+    ``mu`` is the spectrum of the matrix the quantity is about: ``s`` itself, or ``s**2`` (the
+    nonzero eigenvalues of ``H = FᵀF``) when ``gram`` (it may over- or underflow where ``s`` does
+    not: every formula works on ``s / s_1``). ``mask`` marks the numerical rank and ``k`` counts
+    it (in the floating dtype). ``p`` is the R_well normaliser: ``min(m, n)``, or ``D`` (the size
+    of ``H``) when ``gram``.
+
+    ``U`` (``m×r``) and ``Vh`` (``r×n``) are the singular vectors (``None`` when not computed).
+    With ``gram`` one of them may be ``None`` and ``F`` hold the argument: the gradient is then
+    assembled as ``2 (U diag(g) Uᵀ) F`` or ``2 F (Vh.T diag(g) Vh)``. ``mu_err`` is the absolute
+    error bound of the decomposition on ``mu`` beyond the SVD's, relative to ``mu_1`` (0 for the
+    SVD; the Gram path's ``err / mu_1``): ties are widened by it.
+    """
+
+    U: Array | None
+    s: Array
+    Vh: Array | None
+    mu: Array
+    mask: Array
+    k: Array
+    p: int
+    gram: bool
+    mu_err: Any = 0.0
+    F: Array | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Tolerances (the one home for them)
+# --------------------------------------------------------------------------------------------
+
+#: Multiplier of ``max(m, n) * eps`` in the default tie tolerance (see :func:`default_tie_rtol`).
+TIE_FACTOR = 16.0
+
+
+def eps(xp: Any, dtype: Any) -> float:
+    return float(xp.finfo(dtype).eps)
+
+
+def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
+    """``max(m, n) * eps(dtype)``: numpy.linalg.matrix_rank's convention, on the singular values
+    of the argument (of ``F`` when ``gram=True``; rank(FᵀF) = rank(F))."""
+    return max(shape[-2], shape[-1]) * eps(xp, dtype)
+
+
+def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
+    """``16 * max(m, n) * eps(dtype)``, relative to the largest singular value ``s_1``.
+
+    Backward-stable SVDs return singular values with absolute error of a small multiple of
+    ``eps * s_1``; singular values closer than this are equal up to rounding and are tied.
+    """
+    return TIE_FACTOR * max(shape[-2], shape[-1]) * eps(xp, dtype)
+
+
+def check_rtol(rtol: Any, name: str = "rtol") -> float:
+    if not (isinstance(rtol, (int, float)) and not isinstance(rtol, bool)):
+        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
+    if not 0.0 <= float(rtol) < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
+    return float(rtol)
+
+
+def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
+    return default_rtol(shape, dtype, xp) if rtol is None else check_rtol(rtol)
+
+
+def resolve_tie_rtol(tie_rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
+    """The tie tolerance to use: ``tie_rtol`` checked, or the default for ``shape``/``dtype``."""
+    if tie_rtol is None:
+        return default_tie_rtol(shape, dtype, xp)
+    return check_rtol(tie_rtol, "tie_rtol")
+
+
+def gram_accuracy(xp: Any, dtype: Any) -> float:
+    """The relative error on every counted eigenvalue the ``"gram"`` path may have:
+    ``0.1·√eps(dtype)`` of the result dtype."""
+    return 0.1 * math.sqrt(eps(xp, dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# Backend helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _device(x: Array) -> Any:
+    from array_api_compat import device
+
+    return device(x)
+
+
+def _mT(xp: Any, x: Array) -> Array:
+    return xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else x.mT
+
+
+def _library(x: Array) -> str:
+    if is_torch_array(x):
+        return "torch"
+    if is_jax_array(x):
+        return "jax"
+    if is_numpy_array(x):
+        return "numpy"
+    return "other"
+
+
+def _has_float64(x: Array, xp: Any) -> bool:
+    if is_jax_array(x):
+        import jax
+
+        return bool(jax.config.read("jax_enable_x64"))
+    return hasattr(xp, "float64")
+
+
+def gram_dtype(x: Array, xp: Any) -> Any:
+    """The dtype the Gram matrix is formed and decomposed in: float64 for float32 input where the
+    backend has it, else the input's dtype."""
+    if x.dtype == xp.float32 and _has_float64(x, xp):
+        return xp.float64
+    return x.dtype
+
+
+def _qr_r(xp: Any, A: Array) -> Array:
+    """``R`` of a reduced QR factorisation (``Q`` is never formed where the backend allows)."""
+    lib = _library(A)
+    if lib == "torch":
+        import torch
+
+        return torch.linalg.qr(A, mode="r").R
+    if lib == "jax":
+        import jax.numpy as jnp
+
+        return jnp.linalg.qr(A, mode="r")
+    if lib == "numpy":
+        import numpy as np
+
+        return np.linalg.qr(A, mode="r")
+    return xp.linalg.qr(A).R
+
+
+def _untraceable(x: Array) -> bool:
+    if is_torch_array(x):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return True
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(x, FakeTensor) or x.device.type == "meta"
+    return False
+
+
+def choose(
+    pred: Array, if_true: Callable[[], Any], if_false: Callable[[], Any], *, sync: bool = True
+) -> Any:
+    """``if_true()`` if the 0-d boolean ``pred`` holds, else ``if_false()``.
+
+    Eagerly a Python branch; under ``jax.jit`` a ``lax.cond`` (``jax.vmap`` turns it into a
+    select of both); where the value cannot be read (``torch.compile``, ``torch.func.vmap``), and
+    for PyTorch and other eager libraries with ``sync=False`` (no host synchronisation wanted),
+    ``if_false`` (the safe branch).
+    """
+    if is_jax_array(pred):
+        import jax
+
+        try:
+            return if_true() if bool(pred) else if_false()
+        except jax.errors.ConcretizationTypeError:
+            return jax.lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
+    if _untraceable(pred) or (not sync and not is_numpy_array(pred)):
+        return if_false()
+    try:
+        value = bool(pred)
+    except RuntimeError:  # functorch vmap: data-dependent control flow is not allowed
+        return if_false()
+    return if_true() if value else if_false()
+
+
+# --------------------------------------------------------------------------------------------
+# Decompositions
+# --------------------------------------------------------------------------------------------
+
+
+def _rank(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
+    mask = s > rtol * s[..., :1]
+    return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
+
+
+def _power_of_two_scale(F: Array, xp: Any) -> Array:
+    """Per matrix ``2**-round(log2(max|F|))`` (shape ``(..., 1, 1)``): an exact rescaling that
+    brings the largest entry near 1, clipped to the dtype's range; 1 for a zero matrix."""
+    amax = xp.max(xp.abs(F), axis=(-2, -1), keepdims=True)
+    big = math.floor(math.log2(float(xp.finfo(F.dtype).max))) - 1
+    pos = amax > 0
+    safe = xp.where(pos, amax, xp.ones_like(amax))
+    e = xp.clip(xp.round(xp.log2(safe)), -big, big)
+    return 2.0 ** (-e)
+
+
+def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array]:
+    """``s`` and the singular vectors of the small side of ``F`` (``U``, ``N×N`` when ``N < D``;
+    ``V``, ``D×D`` otherwise) from a QR factorisation and the SVD of its ``R``."""
+    N, D = F.shape[-2], F.shape[-1]
+    R = _qr_r(xp, _mT(xp, F) if N < D else F)
+    if not vectors:
+        return xp.linalg.svdvals(R), None
+    Ur, s, Vhr = xp.linalg.svd(R, full_matrices=False)
+    return s, _mT(xp, Vhr)  # N < D: U_F = V_R; N >= D: V_F = V_R
+
+
+def _gram_eigh(F: Array, xp: Any, vectors: bool, gdtype: Any) -> tuple[Array, Any, Array, Array]:
+    """``s``, the small side's vectors, ``mu / mu_1`` and the error bound ``err / mu_1`` from the
+    eigh of the smaller Gram matrix of the rescaled ``F`` (formed in ``gdtype``)."""
+    N, D = F.shape[-2], F.shape[-1]
+    c = _power_of_two_scale(F, xp)
+    Fs = xp.astype(F * c, gdtype)
+    M = Fs @ _mT(xp, Fs) if N < D else _mT(xp, Fs) @ Fs
+    if vectors:
+        mu, W = xp.linalg.eigh(M)
+        W = xp.flip(W, axis=-1)
+    else:
+        mu, W = xp.linalg.eigvalsh(M), None
+    mu = xp.flip(mu, axis=-1)
+    mu = xp.maximum(mu, xp.zeros_like(mu))
+    n, m = min(N, D), max(N, D)
+    top = mu[..., :1]
+    err = eps(xp, gdtype) * (n * top + math.sqrt(m) * xp.sum(mu, axis=-1, keepdims=True))
+    safe_top = xp.where(top > 0, top, xp.ones_like(top))
+    s = xp.astype(xp.sqrt(mu), F.dtype) / c[..., 0]
+    if W is not None:
+        W = xp.astype(W, F.dtype)
+    return s, W, xp.astype(mu / safe_top, F.dtype), xp.astype(err / safe_top, F.dtype)
+
+
+def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:
+    """0-d boolean: every eigenvalue (``mu_rel = mu / mu_1``, error bound ``err_rel``) is resolved
+    to ``accuracy`` or certainly outside the rank ``mu > rtol²·mu_1``."""
+    resolved = mu_rel * accuracy >= err_rel
+    outside = mu_rel + err_rel < rtol * rtol
+    return xp.all(resolved | outside)
+
+
+def gram_spectrum(
+    F: Array,
+    xp: Any,
+    *,
+    vectors: bool,
+    rtol: float,
+    method: str = "auto",
+    accuracy: float | None = None,
+    sync: bool = True,
+) -> tuple[Array, Array | None, Any]:
+    """``(s, Q, mu_err)`` of a feature batch ``F`` (``..., N, D``): singular values (descending),
+    the small side's singular vectors ``Q`` (``U`` when ``N < D``, ``V`` otherwise; ``None``
+    without ``vectors``) and the path's error bound on ``mu`` relative to ``mu_1``."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "svd":
+        s, Q = _svd_small_side(F, xp, vectors)
+        return s, Q, 0.0
+    gdtype = gram_dtype(F, xp)
+    s, Q, mu_rel, err_rel = _gram_eigh(F, xp, vectors, gdtype)
+    if method == "gram":
+        return s, Q, err_rel
+    if accuracy is None:
+        accuracy = gram_accuracy(xp, F.dtype)
+    ok = gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
+
+    def exact():
+        s2, Q2 = _svd_small_side(F, xp, vectors)
+        return s2, Q2, xp.zeros_like(err_rel)
+
+    return choose(ok, lambda: (s, Q, err_rel), exact, sync=sync)
+
+
+def decompose(
+    S: Array,
+    xp: Any,
+    *,
+    gram: bool,
+    vectors: bool,
+    rtol: float | None,
+    concrete: Concrete,
+    method: str = "auto",
+) -> Spectrum:
+    """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
+    feature batch ``F = S`` (``gram=True``: the path chosen by ``method``), and the numerical rank
+    ``s_i > rtol·s_1`` (default ``max(m, n)·eps``).
+
+    Raises :class:`RankError` when any matrix of the batch has rank 0 (if ``concrete`` can tell).
+    ``method="svd"`` with ``gram`` keeps the full thin SVD (differentiable, for higher order).
+    """
+    rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
+    m, n = S.shape[-2], S.shape[-1]
+    mu_err: Any = 0.0
+    F = None
+    if gram and method != "svd":
+        s, Q, mu_err = gram_spectrum(
+            S, xp, vectors=vectors, rtol=rtol, method=method, sync=concrete is not never
+        )
+        U, Vh, F = (Q, None, S) if m < n else (None, None if Q is None else _mT(xp, Q), S)
+        if not vectors:
+            F = None
+    elif vectors:
+        U, s, Vh = xp.linalg.svd(S, full_matrices=False)
+    else:
+        U, Vh = None, None
+        s = xp.linalg.svdvals(S)
+    mask, k = _rank(s, rtol, xp)
+    if concrete(xp.any(k == 0)):
+        raise RankError(
+            "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
+            "undefined"
+        )
+    mu = s * s if gram else s
+    p = n if gram else min(m, n)
+    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F)
+
+
+def assemble(sp: Spectrum, g: Array, xp: Any) -> Array:
+    """Gradient with respect to the argument from ``g = d value / d mu``.
+
+    Without ``gram``: ``U diag(g) Vᵀ``. With ``gram`` (mu = s²): ``U diag(2 s g) Vᵀ``, which equals
+    ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H (Theorem 4.2);
+    from one side's vectors: ``2 (U diag(g) Uᵀ) F`` (``N < D``) or ``2 F (V diag(g) Vᵀ)``.
+    """
+    if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
+        if sp.U is not None:
+            P = (sp.U * (2.0 * g)[..., None, :]) @ _mT(xp, sp.U)
+            return P @ sp.F
+        V = _mT(xp, sp.Vh)
+        P = (V * (2.0 * g)[..., None, :]) @ sp.Vh
+        return sp.F @ P
+    d = 2.0 * sp.s * g if sp.gram else g
+    return (sp.U * d[..., None, :]) @ sp.Vh

@@ -1,0 +1,118 @@
+"""The spectral engine (condreg._spectrum) and Algorithm 1's view of it (condreg._linalg).
+
+Path choice, accuracy guard, rank rule shared with condition_number, ties at the rounding scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import condreg
+from condreg import _linalg, _spectrum
+from condreg.testing import matrix_with_spectrum
+
+
+def _batch(N, D, kappa, seed=0, dtype=np.float64):
+    r = min(N, D)
+    s = np.logspace(0.0, -np.log10(kappa), r)
+    return matrix_with_spectrum(s, N, D, seed=seed).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# _linalg.hessian_spectrum(rtol=): the rank rule of condition_number(X @ theta, rtol=rtol)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("N", "D"), [(6, 10), (10, 6), (8, 8)])
+@pytest.mark.parametrize("kappa", [10.0, 1e5, 1e9, 1e13])
+@pytest.mark.parametrize("rtol", [None, 1e-6])
+def test_hessian_spectrum_rank_rule_is_condition_numbers(N, D, kappa, rtol):
+    X = _batch(N, D, kappa, seed=1)
+    theta = np.random.default_rng(2).standard_normal((D, D)) / np.sqrt(D) + np.eye(D)
+    F = X @ theta
+    want = float(condreg.condition_number(F, rtol=rtol)) ** 2
+    s_ref = np.linalg.svd(F, compute_uv=False)
+    tol = max(F.shape) * np.finfo(np.float64).eps if rtol is None else rtol
+    k_ref = int(np.sum(s_ref > tol * s_ref[0]))
+    for vectors in (True, False):
+        hs = _linalg.hessian_spectrum(theta, X, "sample", np, vectors=vectors, rtol=rtol)
+        assert int(hs.sp.k) == k_ref
+        got = float(_linalg.kappa(hs, np))
+        assert got == pytest.approx(want, rel=1e-9 + 1e-15 * want)
+        if vectors:
+            s, m = hs.sp.s, hs.sp.mask
+            assert np.allclose((F @ hs.V)[:, m], (hs.W * s)[:, m], atol=1e-12 * s[0])
+    hsf = _linalg.hessian_spectrum(theta, X.T @ X, "feature", np, rtol=rtol, factor=X)
+    assert int(hsf.sp.k) == k_ref
+    assert float(_linalg.kappa(hsf, np)) == pytest.approx(want, rel=1e-8 + 1e-15 * want)
+
+
+def test_hessian_spectrum_feature_mode_without_factor_caps_at_its_resolution():
+    X = _batch(20, 8, 1e9, seed=3)
+    hs = _linalg.hessian_spectrum(np.eye(8), X.T @ X, "feature", np)
+    mu = hs.mu
+    assert np.all(mu[hs.sp.mask] > _linalg.RANK_FACTOR * 8 * np.finfo(float).eps * mu[0])
+    assert int(hs.sp.k) < 8  # 1e-18 relative eigenvalues are below an eigh's resolution
+
+
+# --------------------------------------------------------------------------------------------
+# The accuracy guard: the Gram path only where it resolves the spectrum
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("N", "D"), [(16, 40), (40, 16)])
+@pytest.mark.parametrize(
+    ("dtype", "kappas"),
+    [(np.float64, [2.0, 10.0, 1e3, 1e5, 1e7]), (np.float32, [2.0, 10.0, 1e2, 1e3])],
+)
+def test_auto_path_matches_the_svd_path(N, D, dtype, kappas):
+    for kappa in kappas:
+        F = _batch(N, D, kappa, seed=4, dtype=dtype)
+        for q in ("condition_number", "r_well", "r_ill"):
+            fn = getattr(condreg, q)
+            grad = getattr(condreg, q + "_grad")
+            ref = float(fn(F.astype(np.float64), gram=True))
+            got = float(fn(F, gram=True))
+            rel = 1e-9 if dtype == np.float64 else 2e-5 * max(1.0, kappa)
+            assert got == pytest.approx(ref, rel=rel), (q, kappa)
+            G = grad(F, gram=True).astype(np.float64)
+            Gref = grad(F.astype(np.float64), gram=True)
+            err = np.max(np.abs(G - Gref)) / np.max(np.abs(Gref))
+            assert err < rel * 10, (q, kappa, err)
+
+
+def test_guard_takes_the_gram_path_only_when_resolved():
+    well = _batch(16, 40, 10.0, seed=5)
+    ill = _batch(16, 40, 1e6, seed=5)
+    rt = 40 * np.finfo(float).eps
+    _, _, err_w = _spectrum.gram_spectrum(well, np, vectors=False, rtol=rt)
+    _, _, err_i = _spectrum.gram_spectrum(ill, np, vectors=False, rtol=rt)
+    assert float(np.max(err_w)) > 0  # the Gram path (its error bound is carried)
+    assert float(np.max(err_i)) == 0  # the exact path
+
+
+def test_gram_path_error_bound_holds():
+    rng = np.random.default_rng(6)
+    for N, D in [(8, 30), (30, 8)]:
+        F = rng.standard_normal((N, D))
+        s, _, err = _spectrum.gram_spectrum(F, np, vectors=False, rtol=0.0, method="gram")
+        s_ref = np.linalg.svd(F, compute_uv=False)
+        assert np.all(np.abs(s**2 - s_ref**2) <= float(err[0]) * s_ref[0] ** 2)
+
+
+# --------------------------------------------------------------------------------------------
+# Ties at the rounding scale of the computed values (docs/math.md §10.1)
+# --------------------------------------------------------------------------------------------
+
+
+def test_float32_gram_ties_are_decided_on_sigma():
+    """128×64 float32 features with σ spread over 10^2.5: no value is tied with σ_min, and the
+    gradient of κ(FᵀF) matches float64 (it was 131 % wrong with ties decided on μ)."""
+    s = np.logspace(0.0, -2.5, 64)
+    F = matrix_with_spectrum(s, 128, 64, seed=7)
+    F32 = F.astype(np.float32)
+    G32 = condreg.condition_number_grad(F32, gram=True).astype(np.float64)
+    G64 = condreg.condition_number_grad(F32.astype(np.float64), gram=True)
+    assert np.linalg.norm(G32 - G64) / np.linalg.norm(G64) < 1e-2
+    condreg.condition_number_grad(F32, gram=True, subgradient="raise")  # no tie: no error
