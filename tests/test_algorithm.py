@@ -149,12 +149,12 @@ def test_default_lambdas_balance_the_regularizer_updates():
     """lam = max_step / (2η‖G(θ_0)‖₂): both preconditioned updates have relative size max_step."""
     X_p, y_p, X_h = _pair(5)
     res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=0, lr=0.01, max_step=0.05)
-    P = algorithm._prepare_task(X_p, np, None)
-    H = algorithm._prepare_task(X_h, np, None)
+    problem, _ = algorithm.prepare(X_p, y_p, X_h, lr=0.01, max_step=0.05)
+    P, H = problem.P, problem.H
     from condreg import _linalg
 
-    hsP = _linalg.hessian_spectrum(np.eye(8), P.A, P.mode, np)
-    hsH = _linalg.hessian_spectrum(np.eye(8), H.A, H.mode, np)
+    hsP = _linalg.hessian_spectrum(np.eye(8), P.A, "sample", np, rtol=res.rtol)
+    hsH = _linalg.hessian_spectrum(np.eye(8), H.A, "sample", np, rtol=res.rtol)
     size_p = 2 * 0.01 * res.lam_p * np.max(np.abs(_linalg.d_r_well(hsP, np)))
     size_h = 2 * 0.01 * res.lam_h * np.max(np.abs(_linalg.d_r_ill(hsH, np)))
     np.testing.assert_allclose([size_p, size_h], [0.05, 0.05], rtol=1e-12)
@@ -187,11 +187,12 @@ def test_one_epoch_is_algorithm_1():
         max_step=0.49,
     )
     # reference, written from docs/math.md §5
-    P = algorithm._prepare_task(X_p, np, None)
-    H = algorithm._prepare_task(X_h, np, None)
-    Kp, Kh = P.A, H.A  # 2^{-e} X^T X (exact rescaling)
+    problem, _ = algorithm.prepare(X_p, y_p, X_h, lr=lr, lam_p=lam_p, lam_h=lam_h)
+    P, H = problem.P, problem.H
+    Kp, Kh = P.A.T @ P.A, H.A.T @ H.A  # K̃ = c²XᵀX from the factor A = c·diag(s)Vᵀ
     np.testing.assert_allclose(Kp / Kp.max(), (X_p.T @ X_p) / (X_p.T @ X_p).max(), rtol=1e-12)
-    y_scale = np.sqrt(np.mean(y_p**2))
+    y_scale = problem.head_scale / P.scale  # the power of two nearest rms(y)
+    assert 2**-0.5 <= y_scale / np.sqrt(np.mean(y_p**2)) <= 2**0.5
     Xh_ = X_p * P.scale
     yh_ = y_p / y_scale
     w = omega0 / (P.scale * y_scale)
@@ -256,13 +257,16 @@ def test_imma_outer_gradient_matches_finite_differences():
     theta = np.eye(5) + 0.1 * rng.standard_normal((5, 5))
     y = rng.standard_normal(80)
     for task, labels in (("regression", y), ("classification", (y > 0).astype(float))):
-        cfg = algorithm._Config("imma", task, 0.01, 0.0, 1.0, 0.1, 4, 0.3)
         X = X_h / np.linalg.norm(X_h, 2)
-        _, g = algorithm._imma_grad(theta, X, labels, cfg, np)
+
+        def phi(th, X=X, labels=labels, task=task):
+            return algorithm.imma_gradient(th, X, labels, task, 4, 0.3, np)
+
+        _, g = phi(theta)
         E = rng.standard_normal((5, 5))
         h = 1e-6
-        fp = algorithm._imma_grad(theta + h * E, X, labels, cfg, np)[0]
-        fm = algorithm._imma_grad(theta - h * E, X, labels, cfg, np)[0]
+        fp = phi(theta + h * E)[0]
+        fm = phi(theta - h * E)[0]
         np.testing.assert_allclose((fp - fm) / (2 * h), np.sum(g * E), rtol=1e-6)
 
 

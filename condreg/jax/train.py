@@ -190,45 +190,28 @@ def algorithm1_step(
     seed: int = 0,
     imma_steps: int = 5,
     imma_lr: float | None = None,
+    rtol: float | None = None,
 ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
     """One epoch of :func:`condreg.immunize` as a jitted pure function.
 
-    The data are validated, scaled and decomposed once, eagerly (as in ``immunize``); the
-    returned ``step(theta, omega) -> (theta, omega, record)`` is ``jax.jit``-compiled and has no
-    host synchronisation. ``omega`` is in raw-data units (as ``ImmunizationResult.omega``);
+    Built on the public :func:`condreg.algorithm.prepare` / :func:`condreg.algorithm.step`: the
+    data are validated, scaled and decomposed once, eagerly (as in ``immunize``); the returned
+    ``step(theta, omega) -> (theta, omega, record)`` is ``jax.jit``-compiled and has no host
+    synchronisation. ``omega`` is in raw-data units (as ``ImmunizationResult.omega``);
     ``record = [κ(H_P), κ(H_H), R_well, R_ill, loss]`` at the input point. ``lam_p``/``lam_h``
-    must be given (take them from an ``immunize`` result to reproduce its defaults). Iterating
-    ``step`` from ``(I, 0)`` reproduces ``immunize(...).theta`` (without its non-finite check).
+    must be given (take them, and ``imma_lr``/``rtol``, from an ``immunize`` result to reproduce
+    its defaults). Iterating ``step`` from ``(I, 0)`` reproduces ``immunize(...).theta`` (without
+    its health checks: a diverging step gives non-finite values instead of stopping).
     """
-    st = _alg._build(
-        X_p,
-        y_p,
-        X_h,
-        method=method,
-        task=task,
-        lam_p=lam_p,
-        lam_h=lam_h,
-        lr=lr,
-        epochs=1,
-        theta0=None,
-        seed=seed,
-        omega0=None,
-        y_h=y_h,
-        max_step=max_step,
-        ridge=ridge,
-        imma_steps=imma_steps,
-        imma_lr=imma_lr,
-        xp=None,
-    )
-    cfg = st.cfg
-    cfg.lam_p = 0.0 if method in ("r_ill_only", "imma") else float(lam_p)
-    cfg.lam_h = float(lam_h)
-    scale = st.head_scale
-    xp = st.xp
+    problem, _ = _alg.prepare(
+        X_p, y_p, X_h, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr,
+        max_step=max_step, ridge=ridge, y_h=y_h, seed=seed, imma_steps=imma_steps,
+        imma_lr=imma_lr, rtol=rtol,
+    )  # fmt: skip
 
     @jax.jit
     def step(theta, omega):
-        t, w, rec = _alg._step(theta, omega / scale, st.P, st.H, st.yp, st.yh, cfg, xp)
-        return t, w * scale, rec
+        state, record = _alg.step(problem, problem.state(theta, omega))
+        return state.theta, problem.raw_omega(state), record[:5]
 
     return step

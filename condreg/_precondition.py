@@ -1,0 +1,95 @@
+"""The left preconditioner ``K⁻¹`` of Algorithm 1 (the paper's "dummy layer"): one home, one rule.
+
+Algorithm 1 multiplies each regularizer gradient by ``K⁻¹`` on the **left**, ``K = XᵀX``
+(docs/math.md §5). ``K`` is singular whenever ``X`` has constant features, collinear columns or
+fewer rows than columns, so condreg uses one of two well-defined replacements, both built from
+the thin SVD ``X = U diag(s) Vᵀ``:
+
+- *pseudo-inverse* (``ridge=None``, the default): ``K⁺K = V_r V_rᵀ``, the projection onto the row
+  space of ``X`` — the ε → 0 limit of the ridge inverse;
+- *ridge* (``ridge=ε > 0``): ``(K + ε·λ_max(K)·I)⁻¹K = V diag(s²/(s² + ε·s₁²)) Vᵀ``.
+
+Both act on ``∇_θ f = 2KθG`` (Theorem 4.2), so the preconditioned gradient is
+``V diag(f) Vᵀ·2θG`` with ``f`` the filter above. **The rank rule** (the same as
+:func:`condreg.condition_number` and :func:`condreg.metrics.rir`): a singular value counts when
+``s_i > rtol·s₁``, default ``rtol = max(N, D)·eps(dtype)``; ``f_i = 0`` for the others.
+
+Everything here is pure Array API code without host synchronisation (it traces under ``jax.jit``);
+:class:`LeftPreconditioner` keeps the filter as an array over all ``min(N, D)`` singular values
+(no data-dependent shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from condreg import _core
+
+Array = Any
+
+__all__ = ["LeftPreconditioner", "left_preconditioner", "rank_mask", "resolve_rtol"]
+
+
+def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
+    """The rank tolerance on singular values: ``rtol``, or ``max(N, D)·eps(dtype)`` when None.
+
+    Raises ``ValueError`` unless ``rtol`` is a real number in ``[0, 1)``."""
+    if rtol is None:
+        return _core.default_rtol(shape, dtype, xp)
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)):
+        raise TypeError(f"rtol must be a float in [0, 1), got {rtol!r}")
+    if not 0.0 <= float(rtol) < 1.0:
+        raise ValueError(f"rtol must be a float in [0, 1), got {rtol!r}")
+    return float(rtol)
+
+
+def rank_mask(s: Array, rtol: float) -> Array:
+    """``s_i > rtol·s₁`` for descending singular values ``s`` (boolean array, same shape)."""
+    return s > rtol * s[..., :1]
+
+
+class LeftPreconditioner(NamedTuple):
+    """``M ↦ V diag(f) Vᵀ M``: the pseudo-inverse projection ``K⁺K`` or the ridge filter.
+
+    ``basis`` is ``V`` (``D×m``, right singular vectors of ``X``), ``s`` the singular values
+    (``m``, descending), ``filter`` the ``f_i`` (``m``; 0 beyond the numerical rank)."""
+
+    basis: Array
+    s: Array
+    filter: Array
+
+    def apply(self, M: Array) -> Array:
+        """Left-multiply ``M`` (``D×…``) by ``V diag(f) Vᵀ``."""
+        return self.basis @ (self.filter[:, None] * (self.basis.T @ M))
+
+
+def left_filter(s: Array, mask: Array, ridge: float | None, xp: Any) -> Array:
+    """``f_i``: 1 (pseudo-inverse) or ``s_i²/(s_i² + ridge·s₁²)`` on the rank, 0 beyond it."""
+    keep = xp.astype(mask, s.dtype)
+    if ridge is None:
+        return keep
+    s2 = s * s
+    return keep * s2 / (s2 + ridge * s2[..., :1])
+
+
+def left_preconditioner(
+    X: Array, *, ridge: float | None = None, rtol: float | None = None, xp: Any = None
+) -> LeftPreconditioner:
+    """The left preconditioner of ``K = XᵀX`` for data ``X`` (``N×D``; see the module docs).
+
+    ``ridge=None``: ``K⁺K`` (projection onto the row space of ``X``); ``ridge=ε``:
+    ``(K + ε·λ_max(K)·I)⁻¹K``. ``rtol`` is the rank rule on the singular values of ``X``
+    (default ``max(N, D)·eps``). One thin SVD of ``X``; jit-able.
+
+    Raises ``ValueError`` for a ``ridge`` that is not ``> 0`` or an ``rtol`` outside ``[0, 1)``.
+    """
+    if xp is None:
+        from array_api_compat import array_namespace
+
+        xp = array_namespace(X)
+    if ridge is not None and not float(ridge) > 0:
+        raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge!r}")
+    tol = resolve_rtol(rtol, X.shape, X.dtype, xp)
+    _, s, Vh = xp.linalg.svd(X, full_matrices=False)
+    f = left_filter(s, rank_mask(s, tol), None if ridge is None else float(ridge), xp)
+    return LeftPreconditioner(Vh.T, s, f)

@@ -1,0 +1,47 @@
+"""The K⁻¹-left-preconditioned regularizer gradient on its own (Theorem 4.3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from condreg import _core, _precondition
+from condreg.algorithm._validate import namespace
+
+Array = Any
+
+
+def preconditioned_gradient(
+    theta: Array,
+    X: Array,
+    quantity: str = "r_well",
+    *,
+    ridge: float | None = None,
+    rtol: float | None = None,
+    xp: Any = None,
+) -> Array:
+    """``K⁻¹∇_θ f(H(θ))`` with ``K⁻¹`` on the **left**: ``H(θ) = θᵀKθ``, ``K = XᵀX``.
+
+    Theorem 4.2 gives ``∇_θ f = 2KθG`` with ``G = ∇_H f``, so the result is ``2θG`` when ``K`` is
+    invertible; in general ``K⁺K·2θG`` (projection onto the row space of ``X``, pseudo-inverse,
+    default) or ``(K + ε·λ_max(K)·I)⁻¹K·2θG`` with ``ridge=ε`` (:mod:`condreg._precondition`,
+    the one home of this preconditioner). ``quantity`` is ``"r_well"``, ``"r_ill"`` or
+    ``"condition_number"``; ``G`` is the minimum-norm (sub)gradient from the SVD of ``F = Xθ``
+    (rank tolerance ``rtol``, default ``max(N, D)·eps``; the same rule for the row space of
+    ``X``). ``theta`` is ``(D, D_out)``, ``X`` is ``(N, D)``. Pure Array API code without value
+    checks (at R_ill's pole the result is not finite): it traces under ``jax.jit``.
+
+    A step ``θ' = θ − η·preconditioned_gradient(θ, X, f)`` gives
+    ``H(θ') = (I − 2ηG) H (I − 2ηG)``: the same eigenvectors (Theorem 4.3).
+
+    Raises ``ValueError`` for an unknown ``quantity``, ``TypeError`` for arrays of different
+    libraries.
+    """
+    if quantity not in _core.QUANTITIES:
+        raise ValueError(f"quantity must be one of {_core.QUANTITIES}, got {quantity!r}")
+    xp = namespace({"X_p": theta, "X_h": X}, xp)
+    F = X @ theta
+    sp = _core.decompose(F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never)
+    tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
+    d = _core._DMU[quantity](sp, tie, "min_norm", xp, _core.never)
+    step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
+    return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)

@@ -1,0 +1,312 @@
+"""The eager loop of :func:`condreg.immunize`: epochs, health checks, history, the result."""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from condreg.algorithm._prepare import prepare, result_defaults
+from condreg.algorithm._problem import Problem, State
+from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
+from condreg.algorithm._step import evaluate, step
+
+Array = Any
+
+
+def _is_linalg_error(exc: BaseException) -> bool:
+    """A backend's "decomposition did not converge" (numpy LinAlgError, torch _LinAlgError…)."""
+    return any("LinAlgError" in c.__name__ for c in type(exc).__mro__)
+
+
+def _health(rec: list[float], ranks: tuple[float, float] | None, t: int, rtol: float) -> str | None:
+    """Why ``θ_t`` with record ``rec`` cannot be kept (None: healthy)."""
+    k_hp, k_hh, r_well, r_ill, loss, rank_p, rank_h = rec[:7]
+    bad = [
+        name
+        for name, value in (("kappa(H_P)", k_hp), ("kappa(H_H)", k_hh), ("loss", loss),
+                            ("R_well", r_well))
+        if not math.isfinite(value)
+    ]  # fmt: skip
+    if math.isnan(r_ill):
+        bad.append("R_ill")
+    if bad:
+        return f"diverged: non-finite {', '.join(bad)} at epoch {t}"
+    if ranks is not None:
+        for name, now, ref in (("H_P", rank_p, ranks[0]), ("H_H", rank_h, ranks[1])):
+            if now < ref:
+                return (
+                    f"rank collapse: {name}(theta) lost rank at epoch {t} ({int(ref)} -> "
+                    f"{int(now)} singular values above rtol = {rtol:.3g})"
+                )
+    return None
+
+
+class _History:
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.rows: dict[str, list[float]] = {key: [] for key in HISTORY_KEYS}
+
+    def row(self, t: int, rec: list[float]) -> dict[str, float]:
+        P, H = self.problem.P, self.problem.H
+        i_ratio, ii_ratio = rec[1] / H.kappa_K, rec[0] / P.kappa_K
+        values = (t, rec[0], rec[1], P.kappa_K, H.kappa_K, i_ratio, ii_ratio, i_ratio / ii_ratio)
+        return dict(zip(HISTORY_KEYS, (*map(float, values), *rec[2:5]), strict=True))
+
+    def add(self, row: dict[str, float]) -> None:
+        for key in HISTORY_KEYS:
+            self.rows[key].append(row[key])
+
+    def finish(self, first: Any, last: Any) -> None:
+        """Rows 0 and ``-1`` report :func:`condreg.metrics.rir` at ``θ_0`` and at the returned θ
+        (the same κ rule as the loop, from one SVD per matrix): the reported figures."""
+        for index, metrics in ((0, first), (-1, last)):
+            fixed = {
+                "kappa_hp": metrics.kappa_hp, "kappa_hh": metrics.kappa_hh,
+                "kappa_kp": metrics.kappa_kp, "kappa_kh": metrics.kappa_kh,
+                "i": metrics.i, "ii": metrics.ii, "rir": metrics.rir,
+            }  # fmt: skip
+            for key, value in fixed.items():
+                self.rows[key][index] = float(value)
+
+
+def run(
+    problem: Problem,
+    state: State,
+    epochs: int,
+    report: Callable[[dict[str, float]], bool],
+) -> tuple[State, _History, str, int]:
+    """Iterate :func:`step` for ``epochs`` epochs, keeping the last healthy state.
+
+    Returns ``(state, history, stopped, epochs_run)``. A state is healthy when its κ's, loss and
+    R_well are finite, R_ill is not NaN and both ranks are those of ``θ_0``; a decomposition
+    error (the backend's LinAlgError) counts as unhealthy. One host synchronisation per epoch."""
+    history = _History(problem)
+    kept, kept_t, ranks = state, 0, None
+    stopped = "completed"
+    for t in range(epochs + 1):
+        try:
+            if t < epochs:
+                new, rec_array = step(problem, state)
+            else:
+                rec_array = evaluate(problem, state)
+            rec = [float(x) for x in rec_array]
+        except Exception as exc:
+            if not _is_linalg_error(exc):
+                raise
+            stopped = f"diverged: decomposition failed at epoch {t} ({type(exc).__name__}: {exc})"
+            break
+        why = _health(rec, ranks, t, problem.rtol)
+        if why is not None:
+            stopped = why
+            if t == 0:
+                history.add(history.row(0, rec))
+            break
+        ranks = ranks or (rec[5], rec[6])
+        kept, kept_t = state, t
+        row = history.row(t, rec)
+        history.add(row)
+        if report(row):
+            stopped = f"stopped by callback at epoch {t}"
+            break
+        if t == epochs:
+            break
+        if not rec[7]:
+            stopped = f"diverged: non-finite theta or omega after epoch {t}"
+            break
+        state = new
+    if not history.rows["epoch"]:  # θ_0 itself is unusable: report it, from the metrics
+        history.add(dict.fromkeys(HISTORY_KEYS, float("nan")) | {"epoch": 0.0})
+    return kept, history, stopped, kept_t
+
+
+def _reporter(problem: Problem, epochs: int, progress: bool, callback: Any):
+    name = problem.method.name
+
+    def report(row: dict[str, float]) -> bool:
+        if progress:
+            print(
+                f"[condreg {name}] epoch {int(row['epoch'])}/{epochs}  i={row['i']:.4g}  "
+                f"ii={row['ii']:.4g}  RIR={row['rir']:.4g}  loss={row['loss']:.4g}",
+                file=sys.stderr,
+            )
+        return bool(callback is not None and callback(int(row["epoch"]), row))
+
+    return report
+
+
+def _warn(result: ImmunizationResult) -> None:
+    if not result.stopped.startswith(("completed", "stopped by callback")):
+        warnings.warn(
+            f"immunize ({result.method}): {result.stopped}; returned theta of epoch "
+            f"{result.epochs_run} (lower lr, or check the data's scale)",
+            ImmunizationWarning,
+            stacklevel=3,
+        )
+    if not result.succeeded:
+        warnings.warn(
+            f"immunize ({result.method}): immunization did not succeed: (i) = {result.i:.4g}, "
+            f"(ii) = {result.ii:.4g}, RIR = {result.rir:.4g} (success needs (i) > 1 and "
+            "(ii) <= 1); try more epochs, a larger max_step or other lam_p/lam_h",
+            ImmunizationWarning,
+            stacklevel=3,
+        )
+
+
+def immunize(
+    X_p: Array,
+    y_p: Array,
+    X_h: Array,
+    *,
+    method: str = "condreg",
+    task: str = "regression",
+    lam_p: float | None = None,
+    lam_h: float | None = None,
+    lr: float = 0.005,
+    epochs: int = 100,
+    theta0: Array | None = None,
+    seed: int = 0,
+    omega0: Array | None = None,
+    y_h: Array | None = None,
+    max_step: float = 0.3,
+    ridge: float | None = None,
+    imma_steps: int = 5,
+    imma_lr: float | None = None,
+    rtol: float | None = None,
+    resume: ImmunizationResult | None = None,
+    progress: bool = False,
+    callback: Callable[[int, dict[str, float]], bool | None] | None = None,
+    warn: bool = True,
+    xp: Any = None,
+) -> ImmunizationResult:
+    """Immunize a linear feature extractor θ against linear probing on ``X_h`` (Algorithm 1).
+
+    Parameters
+    ----------
+    X_p, y_p : arrays ``(N_p, D)``, ``(N_p,)`` (or ``(N_p, 1)``)
+        The pre-training task. ``task="classification"`` needs labels in {0, 1}.
+    X_h : array ``(N_h, D)``
+        The harmful task's inputs (its labels are not needed, except by ``"imma"``).
+    method : {"condreg", "r_ill_only", "opt_kappa", "imma"}
+        An entry of :data:`condreg.algorithm.REGISTRY` (see the module documentation).
+    task : {"regression", "classification"}
+        Supervised loss of the head on ``D_P``: squared error or binary logistic.
+    lam_p, lam_h : float, optional
+        Regularizer weights. ``None``: balanced at ``θ_0`` so that each regularizer's update has
+        relative size ``max_step`` there (``docs/immunization.md``). Terms a method does not use
+        are 0.
+    lr : float
+        Step size η of every update (default 0.005, the paper's).
+    epochs : int
+        Number of full-batch iterations of Algorithm 1 (the paper's "epochs").
+    theta0, omega0 : arrays ``(D, D)``, ``(D,)``, optional
+        Starting point (default: identity and zeros).
+    seed : int
+        Seeds the surrogate harmful labels of ``"imma"`` when ``y_h`` is not given.
+    y_h : array ``(N_h,)``, optional
+        Harmful labels for ``"imma"``. Without them IMMA uses a documented surrogate: random labels
+        (standard normal for regression, fair coin flips for classification) drawn with ``seed``.
+    max_step : float in (0, 0.5)
+        Step-size safety (default 0.3): the bound on the relative change of θ per regularizer
+        step (every eigenvalue of the corresponding Hessian moves by at most a factor
+        ``(1 ± max_step)²``).
+    ridge : float, optional
+        ``None`` (default): ``K⁻¹`` is the pseudo-inverse. A float ``ε > 0``: the ridge inverse
+        ``(K + ε·λ_max(K)·I)⁻¹`` (:mod:`condreg._precondition`).
+    imma_steps, imma_lr : int, float
+        IMMA's inner loop: number of simulated probe steps and their step size (default
+        ``1/L`` with ``L`` the smoothness of the probe loss at ``θ_0``; recorded in the result).
+    rtol : float, optional
+        The run's one rank tolerance: a singular value ``σ_i(Xθ)`` counts when it exceeds
+        ``rtol·σ₁(Xθ)``, in the loop, the history and the final metrics alike. Default
+        ``max(N_P, N_H, D)·eps(dtype)``. Recorded as ``res.rtol``.
+    resume : ImmunizationResult, optional
+        Continue that run: its ``theta``, ``omega`` and the values chosen at its start
+        (``lam_p``, ``lam_h``, ``imma_lr``, ``rtol``) are reused; the result equals one longer
+        run (bit for bit on the same machine). ``method``/``task`` must match.
+    progress : bool
+        Print one line per epoch to stderr.
+    callback : callable ``(epoch, record) -> bool | None``, optional
+        Called with each history row as it is computed (the row of ``θ_t``, ``t = 0 … epochs``);
+        returning ``True`` stops the run there, keeping ``θ_t``.
+    warn : bool
+        Emit :class:`ImmunizationWarning` when the run did not succeed ((i) ≤ 1 or (ii) > 1) or
+        stopped early (diverged, rank collapse).
+    xp : namespace, optional
+        Array API namespace to use instead of the inputs'.
+
+    Returns
+    -------
+    ImmunizationResult
+        ``res.stopped`` is ``"completed"``, ``"stopped by callback at epoch t"``,
+        ``"diverged: …"`` or ``"rank collapse: …"``; a run that diverges or loses rank keeps the
+        last healthy θ (finite, full rank), warns and reports finite metrics.
+
+    Raises
+    ------
+    TypeError
+        Arrays of different libraries, non-array data, non-real dtypes, non-numeric options.
+    ValueError
+        Non-2-D or empty ``X``, mismatched feature dimensions or sample counts, NaN/Inf in the
+        data, labels of the wrong shape (or not in {0, 1} for classification), an unknown method
+        or task, a zero data matrix, ``X_h`` of rank < 2 (R_ill needs rank ≥ 2), bad options.
+        All checks run before any decomposition. A diverging run never raises.
+    """
+    epochs = _validate_epochs(epochs)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"immunize: callback must be callable, got {type(callback).__name__}")
+    if theta0 is not None and resume is not None:
+        raise ValueError("immunize: pass either resume or theta0/omega0, not both")
+    kw = result_defaults(
+        resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, imma_lr=imma_lr, rtol=rtol,
+        theta0=theta0, omega0=omega0,
+    )  # fmt: skip
+    problem, state = prepare(
+        X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
+        imma_steps=imma_steps, warn=warn, xp=xp, **kw,
+    )  # fmt: skip
+    report = _reporter(problem, epochs, progress, callback)
+    theta0 = state.theta
+    state, history, stopped, epochs_run = run(problem, state, epochs, report)
+    return _result(problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn)
+
+
+def _validate_epochs(epochs: Any) -> int:
+    from condreg.algorithm._validate import integer
+
+    return integer(epochs, "epochs", 0)
+
+
+def _result(
+    problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn
+) -> ImmunizationResult:
+    from condreg.metrics import rir
+
+    xp = problem.xp
+    dtype = state.theta.dtype
+    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
+    metrics = rir(state.theta, X_p, X_h, rtol=problem.rtol)
+    first = metrics if epochs_run == 0 else rir(theta0, X_p, X_h, rtol=problem.rtol)
+    history.finish(first, metrics)
+    uses_inner = problem.method.default_inner_lr is not None
+    result = ImmunizationResult(
+        theta=state.theta,
+        omega=problem.raw_omega(state),
+        method=problem.method.name,
+        task=problem.task,
+        lam_p=problem.lam_p,
+        lam_h=problem.lam_h,
+        lr=problem.lr,
+        max_step=problem.max_step,
+        epochs_run=epochs_run,
+        history=history.rows,
+        metrics=metrics,
+        stopped=stopped,
+        rtol=problem.rtol,
+        imma_lr=problem.imma_lr if uses_inner else None,
+    )
+    if warn:
+        _warn(result)
+    return result

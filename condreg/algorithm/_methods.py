@@ -1,0 +1,233 @@
+"""The methods of :func:`condreg.immunize`: one registry, each entry its λ rule and its step.
+
+A :class:`Method` says which regularizer weights it uses, which Hessians it needs eigenvectors
+of, the size of its update per unit weight at ``θ_0`` (the default-λ rule: ``λ = max_step /
+size``) and its regularizer update (subtracted from ``θ`` after the supervised step). Adding a
+method is adding an entry to :data:`REGISTRY`; nothing else dispatches on names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from condreg import _linalg
+from condreg.algorithm._problem import Problem
+from condreg.algorithm._step import clip_factor, loss_parts, rel_size, through_basis
+
+Array = Any
+Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]
+Update = Callable[[Problem, Array, Any, Any], Array]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One entry of :data:`REGISTRY`.
+
+    ``uses`` — the weights the method reads (``"p"``: λ_P, ``"h"``: λ_H; the others are 0);
+    ``needs_vectors`` — whether its step needs eigenvectors of ``(H_P, H_H)`` (when the weight is
+    nonzero); ``unit_sizes(problem, θ_0, hs_P, hs_H)`` — the update size per unit weight at
+    ``θ_0``, in the units of ``max_step``; ``update(problem, θ, hs_P, hs_H)`` — the regularizer
+    part of ``θ_t − θ_{t+1}`` (pure Array API code); ``summary`` — one line for the docs;
+    ``needs_y_h`` — it trains on harmful labels (a seeded surrogate when none are given);
+    ``default_inner_lr(problem, θ_0, hs_H)`` — the default inner step (``imma_lr``), if any."""
+
+    name: str
+    uses: tuple[str, ...]
+    needs_vectors: tuple[bool, bool]
+    unit_sizes: Sizes
+    update: Update
+    summary: str
+    needs_y_h: bool = False
+    default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
+
+    def vectors(self, problem: Problem) -> tuple[bool, bool]:
+        """Eigenvectors needed this epoch (none for a zero weight)."""
+        return (
+            self.needs_vectors[0] and problem.lam_p > 0,
+            self.needs_vectors[1] and problem.lam_h > 0,
+        )
+
+
+# -- condreg and r_ill_only: K⁻¹-left-preconditioned steps θ(I − E), ‖E‖₂ ≤ max_step ----------
+
+
+def _preconditioned(problem: Problem, hs: Any, task: Any, d: Array, lam: float) -> Array:
+    xp = problem.xp
+    rho = 2.0 * problem.lr * lam * xp.max(xp.abs(d))
+    d = (2.0 * problem.lr * lam * clip_factor(rho, problem.max_step, xp)) * d
+    return through_basis(task, hs, d, task.pinv)
+
+
+def _condreg_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+    xp = problem.xp
+    total = xp.zeros_like(theta)
+    if problem.lam_p > 0:
+        total = total + _preconditioned(
+            problem, hsP, problem.P, _linalg.d_r_well(hsP, xp), problem.lam_p
+        )
+    if problem.lam_h > 0:
+        total = total + _preconditioned(
+            problem, hsH, problem.H, _linalg.d_r_ill(hsH, xp), problem.lam_h
+        )
+    return total
+
+
+def _condreg_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
+    xp, lr = problem.xp, problem.lr
+    size_p = 2.0 * lr * float(xp.max(xp.abs(_linalg.d_r_well(hsP, xp))))
+    size_h = 2.0 * lr * float(xp.max(xp.abs(_linalg.d_r_ill(hsH, xp))))
+    return size_p, size_h
+
+
+# -- opt_kappa: plain gradient of λ_H / log κ(H_H) + λ_P log κ(H_P) ----------------------------
+
+
+def _inv_log_kappa_coef(hs: Any, xp: Any) -> Array:
+    """``d(1/log κ)/d log κ = −1/log²κ`` (0 where κ ≤ 1)."""
+    log_k = xp.log(_linalg.kappa(hs, xp))
+    ok = log_k > 0
+    safe = xp.where(ok, log_k, xp.ones_like(log_k))
+    return -1.0 / (safe * safe) * xp.astype(ok, log_k.dtype)
+
+
+def _plain_step(problem: Problem, theta: Array, hs: Any, task: Any, d: Array) -> Array:
+    xp = problem.xp
+    step = problem.lr * 2.0 * through_basis(task, hs, d, task.sc)
+    return clip_factor(rel_size(step, theta, xp), problem.max_step, xp) * step
+
+
+def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+    xp = problem.xp
+    total = xp.zeros_like(theta)
+    if problem.lam_p > 0:
+        d = problem.lam_p * _linalg.d_log_kappa(hsP, xp)
+        total = total + _plain_step(problem, theta, hsP, problem.P, d)
+    if problem.lam_h > 0:
+        d = problem.lam_h * _inv_log_kappa_coef(hsH, xp) * _linalg.d_log_kappa(hsH, xp)
+        total = total + _plain_step(problem, theta, hsH, problem.H, d)
+    return total
+
+
+def _opt_kappa_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
+    xp, lr = problem.xp, problem.lr
+    g = 2.0 * through_basis(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc)
+    size_p = float(rel_size(lr * g, theta, xp))
+    size_h = 0.0
+    kappa_h = float(_linalg.kappa(hsH, xp))
+    if kappa_h > 1:
+        d = _linalg.d_log_kappa(hsH, xp) / math.log(kappa_h) ** 2
+        g = 2.0 * through_basis(problem.H, hsH, d, problem.H.sc)
+        size_h = float(rel_size(lr * g, theta, xp))
+    return size_p, size_h
+
+
+# -- imma: ascent on the attacker's adapted harmful loss (bi-level, exact adjoint) -------------
+
+
+def imma_gradient(
+    theta: Array, X: Array, y: Array, task: str, steps: int, alpha: float, xp: Any
+) -> tuple[Array, Array]:
+    """The attacker's adapted loss Φ(θ) = L_H(w_J(θ), θ) and its exact gradient (adjoint).
+
+    Inner loop: ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0`` for ``J = steps`` steps,
+    ``A = Xθ`` (never formed); ``ℓ`` the squared error or the logistic loss."""
+    N = X.shape[0]
+
+    def apply_A(w):
+        return X @ (theta @ w)
+
+    def apply_At(c):
+        return theta.T @ (X.T @ c)
+
+    ws = [xp.zeros_like(theta[0, :])]
+    for _ in range(steps):
+        _, d1, _ = loss_parts(apply_A(ws[-1]), y, task, xp)
+        ws.append(ws[-1] - alpha * apply_At(d1 / N))
+    loss, d1, _ = loss_parts(apply_A(ws[-1]), y, task, xp)
+    p = apply_At(d1 / N)
+    us, vs = [d1 / N], [ws[-1]]  # dΦ/dA = Σ u_j v_jᵀ
+    for j in range(steps - 1, -1, -1):
+        _, d1, d2 = loss_parts(apply_A(ws[j]), y, task, xp)
+        Ap = apply_A(p)
+        us += [-alpha * d1 / N, -alpha * (d2 / N) * Ap]
+        vs += [p, ws[j]]
+        p = p - alpha * apply_At((d2 / N) * Ap)
+    U = xp.stack(us, axis=1)
+    W = xp.stack(vs, axis=1)
+    return xp.mean(loss), (X.T @ U) @ W.T
+
+
+def _imma_raw(problem: Problem, theta: Array) -> Array:
+    H = problem.H
+    _, g = imma_gradient(
+        theta, H.Xhat, problem.yh, problem.task, problem.imma_steps, problem.imma_lr, problem.xp
+    )
+    return g
+
+
+def _imma_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+    xp = problem.xp
+    if not problem.lam_h > 0:
+        return xp.zeros_like(theta)
+    step = -problem.lr * problem.lam_h * _imma_raw(problem, theta)  # ascent on Φ
+    return clip_factor(rel_size(step, theta, xp), problem.max_step, xp) * step
+
+
+def _imma_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
+    return 0.0, float(rel_size(problem.lr * _imma_raw(problem, theta), theta, problem.xp))
+
+
+def imma_default_lr(problem: Problem, theta: Array, hsH: Any) -> float:
+    """``1/L``, ``L`` the smoothness of the probe loss on ``X̂_Hθ`` at ``θ_0``: ``curv·‖X̂_Hθ‖₂²/N``
+    with ``curv`` 2 (squared error) or 1/4 (logistic)."""
+    H = problem.H
+    top = float(hsH.mu[0]) / (H.c * H.c) * (H.scale * H.scale) / H.Xhat.shape[0]
+    curvature = 2.0 if problem.task == "regression" else 0.25
+    return 1.0 / (curvature * top)
+
+
+REGISTRY = MappingProxyType(
+    {
+        "condreg": Method(
+            "condreg",
+            ("p", "h"),
+            (True, True),
+            _condreg_sizes,
+            _condreg_update,
+            "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
+        ),
+        "r_ill_only": Method(
+            "r_ill_only",
+            ("h",),
+            (False, True),
+            _condreg_sizes,
+            _condreg_update,
+            "−ηλ_H K_H⁻¹∇R_ill(H_H)",
+        ),
+        "opt_kappa": Method(
+            "opt_kappa",
+            ("p", "h"),
+            (True, True),
+            _opt_kappa_sizes,
+            _opt_kappa_update,
+            "−η∇_θ[λ_H / log κ(H_H) + λ_P log κ(H_P)], plain gradient through κ",
+        ),
+        "imma": Method(
+            "imma",
+            ("h",),
+            (False, False),
+            _imma_sizes,
+            _imma_update,
+            "+ηλ_H∇_θL_H(w_J(θ), θ): ascent on the harmful loss after J simulated probe steps",
+            needs_y_h=True,
+            default_inner_lr=imma_default_lr,
+        ),
+    }
+)
+
+#: Method names, in the registry's order.
+METHODS = tuple(REGISTRY)

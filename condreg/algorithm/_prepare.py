@@ -1,0 +1,202 @@
+"""From the user's arrays to a :class:`Problem` and the starting :class:`State`."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import device as _device
+
+from condreg.algorithm import _validate as v
+from condreg.algorithm._methods import REGISTRY
+from condreg.algorithm._problem import Problem, State, build_task, power_of_two, robust_rms
+from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
+from condreg.algorithm._step import spectrum
+
+Array = Any
+
+
+@dataclass(frozen=True)
+class _Data:
+    xp: Any
+    X_p: Array
+    X_h: Array
+    y_p: Array
+    y_h: Array | None
+    theta: Array
+    omega: Array | None
+
+
+def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
+    named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
+    xp = v.namespace(named, xp)
+    v.check_matrix(X_p, "X_p")
+    v.check_matrix(X_h, "X_h")
+    if X_p.shape[1] != X_h.shape[1]:
+        raise ValueError(
+            f"immunize: X_p and X_h must have the same number of features, got {X_p.shape[1]} "
+            f"and {X_h.shape[1]}"
+        )
+    D = X_p.shape[1]
+    dtype = v.float_dtype(xp, X_p, X_h)
+    dev = _device(X_p)
+    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
+    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
+        if not v.finite(X, xp):
+            raise ValueError(f"immunize: {name} contains NaN or Inf")
+        if not bool(xp.any(X != 0)):
+            raise ValueError(f"immunize: {name} is all zeros (rank 0); nothing to immunize")
+    yp = v.labels(y_p, X_p.shape[0], "y_p", task, xp, dtype, dev)
+    yh = None if y_h is None else v.labels(y_h, X_h.shape[0], "y_h", task, xp, dtype, dev)
+    theta = xp.eye(D, dtype=dtype, device=dev)
+    if theta0 is not None:
+        theta = v.as_array(theta0, "theta0", xp, dtype, dev)
+        if tuple(theta.shape) != (D, D):
+            raise ValueError(
+                f"immunize: theta0 must have shape ({D}, {D}), got {tuple(theta.shape)}"
+            )
+        if not v.finite(theta, xp):
+            raise ValueError("immunize: theta0 contains NaN or Inf")
+        if not bool(xp.any(theta != 0)):
+            raise ValueError("immunize: theta0 is zero (rank 0)")
+    omega = None
+    if omega0 is not None:
+        omega = v.as_array(omega0, "omega0", xp, dtype, dev)
+        omega = xp.reshape(omega, (-1,)) if tuple(omega.shape) == (D, 1) else omega
+        if tuple(omega.shape) != (D,):
+            raise ValueError(f"immunize: omega0 must have shape ({D},), got {tuple(omega.shape)}")
+        if not v.finite(omega, xp):
+            raise ValueError("immunize: omega0 contains NaN or Inf")
+    return _Data(xp, X_p, X_h, yp, yh, theta, omega)
+
+
+def _harmful_labels(d: _Data, task: str, seed: Any, xp: Any) -> Array:
+    """``y_h`` scaled (regression), or the seeded surrogate: N(0, 1) or fair coin flips."""
+    if d.y_h is None:
+        rng = np.random.default_rng(seed)
+        n = d.X_h.shape[0]
+        draw = rng.standard_normal(n) if task == "regression" else rng.integers(0, 2, n)
+        return xp.asarray(
+            np.asarray(draw, dtype=np.float64), dtype=d.X_h.dtype, device=_device(d.X_h)
+        )
+    if task == "regression":
+        return d.y_h / power_of_two(robust_rms(d.y_h, xp) or 1.0)
+    return d.y_h
+
+
+def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
+    """Default λ's (balanced at ``θ_0``) and IMMA's inner step, where not given."""
+    xp, method = problem.xp, problem.method
+    hsH = None
+    imma_lr = opts["imma_lr"]
+    if method.default_inner_lr is not None and imma_lr is None:
+        hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=False)
+        imma_lr = method.default_inner_lr(problem, state.theta, hsH)
+    problem = problem.with_weights(problem.lam_p, problem.lam_h, imma_lr)
+    lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
+    if any(lam[k] is None for k in method.uses):
+        hsP = spectrum(problem.P, state.theta, problem.rtol, xp, vectors=True)
+        hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=True)
+        sizes = dict(zip("ph", method.unit_sizes(problem, state.theta, hsP, hsH), strict=True))
+        bad = [
+            k
+            for k in method.uses
+            if lam[k] is None and not (sizes[k] > 0 and math.isfinite(sizes[k]))
+        ]
+        if bad and warn:
+            warnings.warn(
+                "immunize: the regularizer gradient is zero at theta0 for "
+                f"{', '.join('lam_' + k for k in bad)}; using weight 1.0 (e.g. R_ill at its pole: "
+                "all nonzero eigenvalues of H_H equal)",
+                ImmunizationWarning,
+                stacklevel=4,
+            )
+        for k in method.uses:
+            if lam[k] is None:
+                lam[k] = 1.0 if k in bad else problem.max_step / sizes[k]
+    lam_p = lam["p"] if "p" in method.uses else 0.0
+    lam_h = lam["h"] if "h" in method.uses else 0.0
+    return problem.with_weights(lam_p, lam_h)
+
+
+def prepare(
+    X_p: Array,
+    y_p: Array,
+    X_h: Array,
+    *,
+    method: str = "condreg",
+    task: str = "regression",
+    lam_p: float | None = None,
+    lam_h: float | None = None,
+    lr: float = 0.005,
+    theta0: Array | None = None,
+    omega0: Array | None = None,
+    seed: int = 0,
+    y_h: Array | None = None,
+    max_step: float = 0.3,
+    ridge: float | None = None,
+    imma_steps: int = 5,
+    imma_lr: float | None = None,
+    rtol: float | None = None,
+    warn: bool = True,
+    xp: Any = None,
+) -> tuple[Problem, State]:
+    """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
+
+    The arguments are those of :func:`condreg.immunize` (same defaults and errors); weights left
+    ``None`` are chosen by the method's balancing rule at ``θ_0``. Iterate
+    :func:`condreg.algorithm.step` from the returned state for the epochs of ``immunize``.
+    """
+    opts = v.options(
+        method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
+        lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
+    )  # fmt: skip
+    d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
+    xp = d.xp
+    (N_p, D), N_h = d.X_p.shape, d.X_h.shape[0]
+    rtol = opts["rtol"] or max(N_p, N_h, D) * float(xp.finfo(d.X_p.dtype).eps)
+    m = REGISTRY[method]
+    P, H = (build_task(X, xp, rtol, opts["ridge"]) for X in (d.X_p, d.X_h))
+    if "h" in m.uses and m.needs_vectors[1] and H.rank < 2:
+        raise ValueError(
+            f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
+        )
+    y_unit = power_of_two(robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
+    yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
+    head_scale = P.scale * y_unit
+    loss_unit = 1.0
+    if task == "regression":
+        rms = robust_rms(d.y_p, xp)
+        loss_unit = (y_unit / rms) ** 2 if rms > 0 else 1.0
+    problem = Problem(
+        m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
+        opts["imma_steps"], 0.0, rtol, head_scale, loss_unit, xp,
+    )  # fmt: skip
+    omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
+    state = problem.state(d.theta, omega)
+    return _weights(problem, state, opts, warn), state
+
+
+def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
+    """The start-of-run values a resumed run reuses: θ, ω, λ's, IMMA's inner step, rtol."""
+    if resume is None:
+        return given
+    if not isinstance(resume, ImmunizationResult):
+        raise TypeError(
+            f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
+        )
+    for key in ("method", "task"):
+        if given[key] != getattr(resume, key):
+            raise ValueError(
+                f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
+                f"{key}={given[key]!r}"
+            )
+    out = dict(given)
+    out["theta0"], out["omega0"] = resume.theta, resume.omega
+    for key in ("lam_p", "lam_h", "imma_lr", "rtol"):
+        if out[key] is None:
+            out[key] = getattr(resume, key)
+    return out

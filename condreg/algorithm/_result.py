@@ -1,0 +1,108 @@
+"""What :func:`condreg.immunize` returns, and its warning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Array = Any
+
+#: The keys of :attr:`ImmunizationResult.history`, one list entry per evaluated ``θ_t``.
+HISTORY_KEYS = (
+    "epoch",
+    "kappa_hp",
+    "kappa_hh",
+    "kappa_kp",
+    "kappa_kh",
+    "i",
+    "ii",
+    "rir",
+    "r_well",
+    "r_ill",
+    "loss",
+)
+
+#: Prefixes of :attr:`ImmunizationResult.stopped` for a run that ended before ``epochs``.
+STOP_REASONS = ("completed", "stopped by callback", "diverged", "rank collapse")
+
+
+class ImmunizationWarning(UserWarning):
+    """Immunization did not succeed (RIR ≤ 1 or (ii) > 1), the run stopped early because it
+    diverged or lost rank, or the input is degenerate in a way that makes the result
+    meaningless."""
+
+
+@dataclass
+class ImmunizationResult:
+    """The outcome of :func:`condreg.immunize`.
+
+    ``theta`` (``D×D``) and ``omega`` (``D``; the head in the units of the raw data, so that
+    ``X_p @ theta @ omega`` predicts ``y_p`` / the logits) are arrays of the input's namespace:
+    the last *healthy* ``θ_t`` of the run (finite, with the rank it started with).
+
+    ``history`` maps each of :data:`HISTORY_KEYS` to a list of Python floats, one entry per
+    evaluated ``θ_t`` (``t = 0 … epochs_run``; entry 0 is ``θ_0``): the four condition numbers
+    ``kappa_hp = κ(H_P(θ_t))``, ``kappa_hh = κ(H_H(θ_t))``, ``kappa_kp = κ(K_P)``,
+    ``kappa_kh = κ(K_H)``, the ratios ``i``, ``ii``, ``rir`` (Eq. 15), ``r_well`` = R_well(H̃_P),
+    ``r_ill`` = R_ill(H̃_H) of the rescaled Hessians, and the task ``loss`` at ``(θ_t, ω_t)``:
+    relative mean squared error ``mean((xᵀθω − y)²)/mean(y²)`` for regression, mean logistic
+    loss for classification. Every κ of the run — in the loop, in the history and in the final
+    figures — counts the singular values ``σ_i(Xθ) > rtol·σ₁(Xθ)`` with one tolerance ``rtol``
+    (recorded here), from a decomposition that resolves every value it counts. The last row is
+    the final report: ``history["rir"][-1] == rir`` and ``metrics`` is
+    ``condreg.metrics.rir(theta, X_p, X_h, rtol=rtol)``.
+
+    ``stopped`` says why the run ended: ``"completed"``, ``"stopped by callback at epoch t"``,
+    ``"diverged: …"`` (a non-finite θ/ω, loss, κ or R_well, or a failed decomposition) or
+    ``"rank collapse: …"`` (``H_P`` or ``H_H`` lost rank at ``rtol``). The last two keep the last
+    healthy θ and warn.
+
+    To continue a run: ``immunize(X_p, y_p, X_h, ..., resume=res)`` (it reuses ``theta``,
+    ``omega``, ``lam_p``, ``lam_h``, ``imma_lr`` and ``rtol``); ten epochs and ten more give the
+    same θ as twenty.
+    """
+
+    theta: Array
+    omega: Array
+    method: str
+    task: str
+    lam_p: float
+    lam_h: float
+    lr: float
+    max_step: float
+    epochs_run: int
+    history: dict[str, list[float]] = field(repr=False)
+    metrics: Any = field(repr=False, default=None)
+    stopped: str = "completed"
+    rtol: float = 0.0
+    imma_lr: float | None = None
+
+    @property
+    def rir(self) -> float:
+        """Final RIR = (i)/(ii) (Eq. 15) at :attr:`rtol`."""
+        return self.metrics.rir
+
+    @property
+    def i(self) -> float:
+        """Final (i) = κ(H_H(θ_I))/κ(K_H) at :attr:`rtol`."""
+        return self.metrics.i
+
+    @property
+    def ii(self) -> float:
+        """Final (ii) = κ(H_P(θ_I))/κ(K_P) at :attr:`rtol`."""
+        return self.metrics.ii
+
+    @property
+    def succeeded(self) -> bool:
+        """Definition 3.1 (a) and (b) in ratio form: (i) > 1 (the harmful task became harder),
+        (ii) ≤ 1 (the pre-training task did not), hence RIR > 1; all finite."""
+        i, ii = self.i, self.ii
+        return bool(i > 1.0 and ii <= 1.0 and i < float("inf") and self.rir > 1.0)
+
+    def __repr__(self) -> str:
+        return (
+            f"ImmunizationResult(method={self.method!r}, task={self.task!r}, "
+            f"epochs_run={self.epochs_run}, i={self.i:.4g}, ii={self.ii:.4g}, "
+            f"rir={self.rir:.4g}, lam_p={self.lam_p:.4g}, lam_h={self.lam_h:.4g}, "
+            f"rtol={self.rtol:.3g}, stopped={self.stopped!r})"
+        )

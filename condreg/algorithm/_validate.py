@@ -1,0 +1,161 @@
+"""Input checks of :func:`condreg.immunize`: every one runs before any decomposition."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_array_api_obj
+
+from condreg.algorithm._result import ImmunizationWarning
+
+Array = Any
+
+
+def _kind(a: Any) -> str:
+    return type(a).__module__.split(".")[0] + "." + type(a).__name__
+
+
+def namespace(named: dict[str, Any], xp: Any = None) -> Any:
+    """The one array library of the inputs. Arrays of different libraries (``immunize(numpy X,
+    torch y)``) raise ``TypeError``: condreg does not convert between libraries silently."""
+    arrays = {k: a for k, a in named.items() if a is not None and is_array_api_obj(a)}
+    for name in ("X_p", "X_h"):
+        if name not in arrays:
+            raise TypeError(
+                f"immunize: {name} must be an array (NumPy, PyTorch, JAX or another Array API "
+                f"library), got {_kind(named[name])}"
+            )
+    if xp is not None:
+        return xp
+    try:
+        return array_namespace(*arrays.values())
+    except TypeError:
+        kinds = ", ".join(f"{k}: {_kind(a)}" for k, a in arrays.items())
+        raise TypeError(
+            f"immunize: all arrays must come from one Array API library ({kinds}); convert them "
+            "first, e.g. torch.as_tensor(y) or numpy.asarray(y)"
+        ) from None
+
+
+def float_dtype(xp: Any, *arrays: Array) -> Any:
+    """The compute dtype: the inputs' real floating dtype (float16/bfloat16 → float32), or the
+    library's default float for integer data. Complex and boolean data raise ``TypeError``."""
+    dtypes = []
+    for a in arrays:
+        if xp.isdtype(a.dtype, "bool") or xp.isdtype(a.dtype, "complex floating"):
+            raise TypeError(f"immunize: data must be real numbers, got dtype {a.dtype}")
+        if xp.isdtype(a.dtype, "real floating"):
+            dtypes.append(a.dtype)
+    if not dtypes:
+        from condreg._validation import default_float
+
+        return default_float(xp, arrays[0])
+    dtype = xp.result_type(*dtypes)
+    if xp.finfo(dtype).bits < 32:
+        return xp.float32
+    return dtype
+
+
+def check_matrix(X: Array, name: str) -> None:
+    if getattr(X, "ndim", None) != 2:
+        raise ValueError(
+            f"immunize: {name} must be a 2-D array (samples × features), got shape "
+            f"{tuple(getattr(X, 'shape', ()))}"
+        )
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"immunize: {name} is empty (shape {tuple(X.shape)})")
+
+
+def finite(x: Array, xp: Any) -> bool:
+    return bool(xp.all(xp.isfinite(x)))
+
+
+def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
+    """``a`` in ``xp`` with ``dtype``; nested sequences are converted, other objects raise."""
+    if not is_array_api_obj(a):
+        try:
+            a = np.asarray(a, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"immunize: {name} must be an array of numbers, got {_kind(a)}"
+            ) from None
+        a = xp.asarray(a, device=dev)
+    if xp.isdtype(a.dtype, "bool") or xp.isdtype(a.dtype, "complex floating"):
+        raise TypeError(f"immunize: {name} must be real numbers, got dtype {a.dtype}")
+    return xp.astype(a, dtype)
+
+
+def labels(y: Any, n: int, name: str, task: str, xp: Any, dtype: Any, dev: Any) -> Array:
+    y = as_array(y, name, xp, dtype, dev)
+    shape = tuple(y.shape)
+    if shape == (n, 1):
+        y = xp.reshape(y, (n,))
+    elif shape != (n,):
+        raise ValueError(
+            f"immunize: {name} must have shape ({n},) or ({n}, 1) to match its inputs, got {shape}"
+        )
+    if not finite(y, xp):
+        raise ValueError(f"immunize: {name} contains NaN or Inf")
+    if task == "classification":
+        if not bool(xp.all((y == 0) | (y == 1))):
+            raise ValueError(
+                f"immunize: task='classification' needs binary labels in {{0, 1}}; {name} has "
+                "other values (map them to 0/1 first)"
+            )
+        if bool(xp.all(y == y[0])):
+            warnings.warn(
+                f"{name} is constant: the supervised loss is degenerate (docs/math.md §9.5)",
+                ImmunizationWarning,
+                stacklevel=5,
+            )
+    return y
+
+
+def positive(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"immunize: {name} must be a real number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"immunize: {name} must be finite and {bound}, got {value!r}")
+    return v
+
+
+def integer(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"immunize: {name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def options(
+    *, method, task, methods, lr, epochs, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
+) -> dict[str, Any]:
+    """Checked scalar options (``ValueError``/``TypeError`` naming the argument)."""
+    if not isinstance(method, str) or method not in methods:
+        raise ValueError(f"immunize: method must be one of {tuple(methods)}, got {method!r}")
+    if task not in ("regression", "classification"):
+        raise ValueError(
+            f"immunize: task must be one of ('regression', 'classification'), got {task!r}"
+        )
+    out: dict[str, Any] = {
+        "lr": positive(lr, "lr"),
+        "epochs": integer(epochs, "epochs", 0),
+        "max_step": positive(max_step, "max_step"),
+        "imma_steps": integer(imma_steps, "imma_steps", 1),
+    }
+    if not out["max_step"] < 0.5:
+        raise ValueError(f"immunize: max_step must be in (0, 0.5), got {max_step!r}")
+    for name, v in (("lam_p", lam_p), ("lam_h", lam_h)):
+        out[name] = None if v is None else positive(v, name, allow_zero=True)
+    out["ridge"] = None if ridge is None else positive(ridge, "ridge")
+    out["imma_lr"] = None if imma_lr is None else positive(imma_lr, "imma_lr")
+    if rtol is not None:
+        rtol = positive(rtol, "rtol")
+        if not rtol < 1:
+            raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
+    out["rtol"] = rtol
+    return out
