@@ -240,18 +240,22 @@ def test_integer_input_and_column_y():
 
 
 def test_experiment_smoke(tmp_path):
+    from threadpoolctl import threadpool_limits
+
     from condreg.experiments import attacks
 
     out = tmp_path / "attacks"
-    payload = attacks.run(
-        out,
-        quick=True,
-        progress=False,
-        steps=25,
-        epochs=2,
-        methods=["condreg"],
-        pairs=[(3, 8)],
-    )
+    # one BLAS thread, as the CLI runs it (two threads on a busy 2-core machine are much slower)
+    with threadpool_limits(1):
+        payload = attacks.run(
+            out,
+            quick=True,
+            progress=False,
+            steps=25,
+            epochs=2,
+            methods=["condreg"],
+            pairs=[(3, 8)],
+        )
     for name in ("results.json", "table.md", "attack_curves.png", "attack_curves_pretrain.png"):
         assert (out / name).is_file(), name
     assert (out / "attack_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -30,7 +30,7 @@ import numpy as np
 
 from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import immunize_method, spectrum_numbers
+from condreg.experiments._linear import default_rtol, immunize_method, spectrum_numbers
 
 __all__ = ["run", "PAPER_PAIRS", "QUICK_PAIRS", "FULL_STEPS", "QUICK_STEPS", "FRACTION"]
 
@@ -52,7 +52,7 @@ CURVE_POINTS = 120
 TASKS = ("D_H", "D_P")
 
 
-def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> None:
+def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> list[str]:
     from condreg.attacks import ATTACKERS
 
     if options:
@@ -60,17 +60,9 @@ def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> No
             f"attacks: unknown option(s) {', '.join(sorted(options))}; this experiment takes "
             "data, pairs, steps, epochs, methods, attackers, fraction"
         )
-    for name, value in (("steps", steps), ("epochs", epochs)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise UsageError(f"attacks: --{name} must be a positive integer, got {value!r}")
-    if methods is not None:
-        bad = [m for m in methods if m not in rp.METHODS]
-        if bad or not methods:
-            raise UsageError(
-                f"attacks: unknown method(s) {bad}; choose from {', '.join(rp.METHODS)}"
-            )
+    rp.check_positive("--steps", steps, integer=True)
+    rp.check_positive("--epochs", epochs, integer=True)
+    methods = rp.check_methods(methods)
     if attackers is not None:
         bad = [a for a in attackers if a not in ATTACKERS]
         if bad or not attackers:
@@ -82,10 +74,11 @@ def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> No
             len(p) == 2 and all(isinstance(d, int) and 0 <= d <= 9 for d in p) and p[0] != p[1]
             for p in pairs
         )
-        if not ok:
+        if not ok or not pairs:
             raise UsageError(f"attacks: pairs must be (P, H) digit pairs with P != H, got {pairs}")
-    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise UsageError(f"attacks: --fraction must be in (0, 1), got {fraction!r}")
+    return methods
 
 
 def run(
@@ -106,8 +99,8 @@ def run(
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md and
     the curve plots into ``out_dir``.
 
-    ``data``: house-price directory (default ``../shared/data/house_price`` when it exists; without
-    it only MNIST is run, with a note). ``pairs``: MNIST (P, H) pairs (default
+    ``data``: house-price directory (default: the copy shipped with the package,
+    :func:`condreg.data.house_price_dir`). ``pairs``: MNIST (P, H) pairs (default
     :data:`PAPER_PAIRS`, ``quick``: :data:`QUICK_PAIRS`). ``steps``: probing iterations (default
     :data:`FULL_STEPS`, ``quick``: :data:`QUICK_STEPS`). ``epochs``: immunization epochs for both
     datasets (default: those of house-prices / mnist-pairs, quick or full). ``methods``,
@@ -119,29 +112,26 @@ def run(
     from condreg.experiments import house_prices as hpmod
     from condreg.experiments import mnist_pairs as mp
 
-    _validate(steps, methods, attackers, pairs, epochs, fraction, options)
+    out_dir = rp.check_out_dir(out_dir)
+    methods = _validate(steps, methods, attackers, pairs, epochs, fraction, options)
     start = time.perf_counter()
     seed_values = rp.seed_list(seeds)
     steps = int(steps or (QUICK_STEPS if quick else FULL_STEPS))
-    methods = [m for m in rp.METHODS if m in (methods or rp.METHODS)]
     attackers = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
     hp_base = hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS
     mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
     notes: list[str] = []
 
-    datasets: dict[str, dict[str, Any]] = {}
-    try:
-        data_dir = hpmod._resolve_data_dir(data)
-    except FileNotFoundError as exc:
-        notes.append(f"house prices skipped: {exc}")
-    else:
-        datasets["house-prices"] = {
+    data_dir = hpmod._resolve_data_dir(data)
+    datasets: dict[str, dict[str, Any]] = {
+        "house-prices": {
             "task": "regression",
             "epochs": int(epochs or hp_base["epochs"]),
             "lr": hp_base["lr"],
             "loader": lambda seed: _house(data_dir),
         }
+    }
     mnist_X: dict[str, np.ndarray] = {}
     for pair in pairs:
         datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
@@ -162,7 +152,8 @@ def run(
         "epochs": {k: v["epochs"] for k, v in datasets.items()},
         "lr": {k: v["lr"] for k, v in datasets.items()},
         "mnist_pairs": [list(p) for p in pairs],
-        "mnist_inputs": {k: mn_base[k] for k in ("pool", "min_pixel_activity", "n_positive")},
+        "mnist_inputs": {"preset": "pooled", "n_positive": mn_base["n_positive"]},
+        "data_dir": str(data_dir),
         "quick": quick,
         "w0": "zeros",
         "attacker_settings": "condreg.attacks.probe defaults (none tuned)",
@@ -181,7 +172,7 @@ def run(
         X_p, y_p, X_h, y_h = cache[(seed, name)]
         if method == "identity":
             theta = None
-            numbers = spectrum_numbers(None, X_p, X_h)
+            numbers = spectrum_numbers(None, X_p, X_h, rtol=default_rtol(X_p, X_h))
         else:
             numbers = immunize_method(
                 method,
@@ -201,7 +192,9 @@ def run(
         )
         for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
             for attacker in attackers:
-                rec, curve = _attack(theta, X, y, attacker, steps, fractions)
+                rec, curve = _attack(
+                    theta, X, y, attacker, steps, fractions, default_rtol(X_p, X_h)
+                )
                 rec["seed"] = seed
                 probes.setdefault(name, {}).setdefault(task, {}).setdefault(method, {}).setdefault(
                     attacker, []
@@ -252,7 +245,10 @@ def _mnist(pair, base, seed, memo):
 
     if "X" not in memo:
         X, y = load_mnist()
-        memo["X"], _ = mp.prepare_inputs(X, base["pool"], base["min_pixel_activity"])
+        preset = mp.INPUT_PRESETS["pooled"]
+        memo["X"], _ = mp.prepare_inputs(
+            X, preset["pool"], preset["min_pixel_activity"], preset["normalize"]
+        )
         memo["y"] = y
     tasks = mp.build_tasks(
         memo["X"],
@@ -271,10 +267,10 @@ def _curve_index(steps: int) -> np.ndarray:
     return np.concatenate([[0], idx])
 
 
-def _attack(theta, X, y, attacker, steps, fractions):
+def _attack(theta, X, y, attacker, steps, fractions, rtol):
     from condreg.attacks import probe, steps_to_reduction
 
-    res = probe(theta, X, y, attacker=attacker, steps=steps)
+    res = probe(theta, X, y, attacker=attacker, steps=steps, rtol=rtol)
     loss = np.asarray(res.loss, dtype=np.float64)
     loss_min = float(res.loss_min)
     total = loss[0] - loss_min
@@ -437,7 +433,8 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
         f"Cells: probing steps until the loss ‖Xθw − y‖² has dropped by "
         f"{settings['fraction']:.4g} of the achievable reduction L(0) − L(w*), from w_0 = 0 "
         f"(>{steps}: not within {steps} steps), and in brackets the slow-down against θ = I with "
-        f"the same attacker. κ(AᵀA) of the probed features A = Xθ over the nonzero spectrum. "
+        f"the same attacker. κ(AᵀA) of the probed features A = Xθ over the nonzero spectrum "
+        f"(rank tolerance max(N_P, N_H, D)·eps on σ, the run's). "
         f"Attackers with condreg.attacks.probe's documented defaults: gd_exact = exact line "
         f"search (Eq. 16), gd = step 1/L, momentum = Polyak heavy ball with the optimal "
         f"quadratic parameters, nesterov = step 1/L with (t−1)/(t+2) momentum, adam = lr 1e-3, "
@@ -465,6 +462,8 @@ def _notes(probes, datasets, methods) -> list[str]:
 
 
 def _plot(path, curves, task, steps, fraction, thetas, attackers) -> None:
+    from matplotlib.ticker import LogLocator
+
     names = list(curves)
     fig, axes = rp.new_figure(
         len(names),
@@ -497,6 +496,10 @@ def _plot(path, curves, task, steps, fraction, thetas, attackers) -> None:
             if col == 0:
                 ax.set_ylabel(f"{name}\nexcess loss", fontsize=8)
             ax.tick_params(labelsize=7)
+            # log axes' minor ticks cost most of the drawing time of 2×7 panels: drop them
+            ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
+            ax.yaxis.set_major_locator(LogLocator(base=100, numticks=6))
+            ax.minorticks_off()
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(thetas), fontsize=8)
     what = "harmful task D_H (the attack)" if task == "D_H" else "pre-training task D_P"
