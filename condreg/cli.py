@@ -4,6 +4,7 @@
     condreg reproduce mnist-pairs [--pairs 0-1,3-8] [--inputs raw] [--jobs N]   # Table 2, Fig. 2
     condreg reproduce convergence [--data DIR]           # Fig. 1
     condreg reproduce deepnet [--quick]                  # Table 3 / Fig. 3, CPU-sized (torch)
+    condreg reproduce attacks [--quick]                  # probing under stronger attackers
 
 Common options: ``--out DIR`` (default ``results/<name>/``), ``--seeds N`` (repeat with seeds
 0..N-1 and report mean ± std), ``--quick`` (a small, fast version), ``--no-progress``;
@@ -286,6 +287,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
     )
     _common(dn, "deepnet")
+
+    at = exps.add_parser(
+        "attacks", help="probing steps of θ = I and each method's θ under stronger attackers"
+    )
+    at.add_argument("--data", type=pathlib.Path, default=None, help="house-price directory")
+    at.add_argument(
+        "--pairs", type=parse_pairs, default=None, help="MNIST (P, H) pairs (default 0-1,3-8,1-7)"
+    )
+    at.add_argument(
+        "--steps", type=_positive_int, default=None, help="probing steps (5000; --quick 1000)"
+    )
+    at.add_argument("--epochs", type=_positive_int, default=None, help="immunization epochs")
+    at.add_argument("--methods", type=_methods, default=None, help="subset of the methods")
+    at.add_argument(
+        "--attackers",
+        type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
+        default=None,
+        help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
+    )
+    at.add_argument("--fraction", type=float, default=None, help="loss-reduction target (0.99)")
+    _common(at, "attacks")
     return parser
 
 

@@ -15,6 +15,8 @@ house-prices   :mod:`condreg.experiments.house_prices`           Table 1
 mnist-pairs    :mod:`condreg.experiments.mnist_pairs`            Table 2, Fig. 2
 convergence    :mod:`condreg.experiments.convergence`            Fig. 1
 deepnet        :mod:`condreg.experiments.deepnet`                Table 3, Fig. 3 (CPU-sized)
+attacks        :mod:`condreg.experiments.attacks`                beyond the paper (Eq. 16's
+                                                                 probe, stronger attackers)
 =============  ===============================================  ==========================
 
 Modules are imported on demand (``import condreg.experiments`` imports none of them and no
@@ -29,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "mnist-pairs": "mnist_pairs",
     "convergence": "convergence",
     "deepnet": "deepnet",
+    "attacks": "attacks",
 }
 
 
