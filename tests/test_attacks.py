@@ -295,3 +295,12 @@ def test_experiment_rejects_bad_options_before_work(tmp_path, bad):
     with pytest.raises(UsageError):
         attacks.run(out, quick=True, progress=False, **bad)
     assert not out.exists()
+
+
+def test_cli_reports_bad_attacks_options_with_status_2(tmp_path, capsys):
+    from condreg.cli import main
+
+    out = tmp_path / "never"
+    assert main(["reproduce", "attacks", "--attackers", "sgd", "--out", str(out)]) == 2
+    assert "unknown attacker" in capsys.readouterr().err
+    assert not out.exists()

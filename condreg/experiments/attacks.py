@@ -453,11 +453,17 @@ def _notes(probes, datasets, methods) -> list[str]:
             mins = [r["loss_min"] for m in by_method.values() for r in m.get("lstsq", [])]
             if len(mins) > 1:
                 spread = (max(mins) - min(mins)) / max(abs(max(mins)), 1e-300)
-                notes.append(
-                    f"{name} {task}: the achievable loss L(w*) is the same for every θ "
-                    f"(relative spread {spread:.1e}): an invertible θ cannot change what the "
-                    "closed-form attacker reaches"
-                )
+                if spread < 1e-8:
+                    notes.append(
+                        f"{name} {task}: the achievable loss L(w*) is the same for every θ "
+                        f"(relative spread {spread:.1e}): an invertible θ cannot change what "
+                        "the closed-form attacker reaches"
+                    )
+                else:
+                    notes.append(
+                        f"{name} {task}: the achievable loss L(w*) differs between the θ's "
+                        f"(relative spread {spread:.1e}): some θ lowered the rank of Xθ"
+                    )
     return notes
 
 
