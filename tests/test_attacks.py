@@ -304,3 +304,15 @@ def test_cli_reports_bad_attacks_options_with_status_2(tmp_path, capsys):
     assert main(["reproduce", "attacks", "--attackers", "sgd", "--out", str(out)]) == 2
     assert "unknown attacker" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_import_attacks_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, condreg.attacks, condreg.experiments.attacks; "
+        "print(sorted(m for m in ('torch', 'jax', 'matplotlib') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
