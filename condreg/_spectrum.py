@@ -221,29 +221,43 @@ def _untraceable(x: Array) -> bool:
 
 
 def choose(
-    pred: Array, if_true: Callable[[], Any], if_false: Callable[[], Any], *, sync: bool = True
+    pred: Array,
+    if_true: Callable[[], Any],
+    if_false: Callable[[], Any],
+    read: Concrete = eager,
 ) -> Any:
     """``if_true()`` if the 0-d boolean ``pred`` holds, else ``if_false()``.
 
-    Eagerly a Python branch; under ``jax.jit`` a ``lax.cond`` (``jax.vmap`` turns it into a
-    select of both); where the value cannot be read (``torch.compile``, ``torch.func.vmap``), and
-    for PyTorch and other eager libraries with ``sync=False`` (no host synchronisation wanted),
-    ``if_false`` (the safe branch).
+    ``read`` turns ``pred`` into a Python ``bool`` or ``None`` (cannot or must not be read: under
+    ``torch.compile``, ``torch.func.vmap``, or with host synchronisation turned off). When it
+    cannot be read, JAX arrays go through ``lax.cond`` (``jax.vmap`` makes it a select of both),
+    other libraries take ``if_false`` (the safe branch).
     """
     if is_jax_array(pred):
         import jax
 
         try:
-            return if_true() if bool(pred) else if_false()
+            value = read(pred)
         except jax.errors.ConcretizationTypeError:
+            value = None
+        if value is None:
             return jax.lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
-    if _untraceable(pred) or (not sync and not is_numpy_array(pred)):
+        return if_true() if value else if_false()
+    if _untraceable(pred):
         return if_false()
     try:
-        value = bool(pred)
+        value = read(pred)
     except RuntimeError:  # functorch vmap: data-dependent control flow is not allowed
+        value = None
+    if value is None:
         return if_false()
     return if_true() if value else if_false()
+
+
+def reader(S: Array, concrete: Concrete) -> Concrete:
+    """How the engine reads its one branch predicate: through ``concrete``, except that NumPy
+    arrays are always read (no host synchronisation to avoid)."""
+    return eager if (concrete is never and is_numpy_array(S)) else concrete
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,7 +332,7 @@ def gram_spectrum(
     rtol: float,
     method: str = "auto",
     accuracy: float | None = None,
-    sync: bool = True,
+    read: Concrete = eager,
 ) -> tuple[Array, Array | None, Any]:
     """``(s, Q, mu_err)`` of a feature batch ``F`` (``..., N, D``): singular values (descending),
     the small side's singular vectors ``Q`` (``U`` when ``N < D``, ``V`` otherwise; ``None``
@@ -340,7 +354,7 @@ def gram_spectrum(
         s2, Q2 = _svd_small_side(F, xp, vectors)
         return s2, Q2, xp.zeros_like(err_rel)
 
-    return choose(ok, lambda: (s, Q, err_rel), exact, sync=sync)
+    return choose(ok, lambda: (s, Q, err_rel), exact, read)
 
 
 def decompose(
@@ -366,7 +380,7 @@ def decompose(
     F = None
     if gram and method != "svd":
         s, Q, mu_err = gram_spectrum(
-            S, xp, vectors=vectors, rtol=rtol, method=method, sync=concrete is not never
+            S, xp, vectors=vectors, rtol=rtol, method=method, read=reader(S, concrete)
         )
         U, Vh, F = (Q, None, S) if m < n else (None, None if Q is None else _mT(xp, Q), S)
         if not vectors:

@@ -6,8 +6,10 @@ arrays: ``jax.grad``/``jax.vjp``/``jax.jacrev`` use the closed-form (sub)gradien
 ``subgradient="min_norm"`` policy of the ``*_grad`` functions), never autodiff through singular
 vectors. They work under ``jax.jit`` and ``jax.vmap``, on a single matrix or a batch
 ``(..., m, n)``, in float32 and float64 (enable x64 yourself; condreg never changes JAX's
-configuration). The forward pass computes one thin SVD and keeps it for the backward pass; the
-value alone (no differentiation) needs only the singular values.
+configuration). The forward pass decomposes once — the engine's cheapest exact path
+(:mod:`condreg._spectrum`: with ``gram=True`` the eigh of the smaller Gram matrix where it resolves
+the spectrum, a ``lax.cond`` under ``jax.jit``) — and keeps what the backward pass needs; the value
+alone (no differentiation) needs only the singular values.
 
 Forward mode is not supported
 -----------------------------
@@ -51,7 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without jax
     raise ImportError("condreg.jax needs JAX: pip install 'condreg[jax]'") from exc
 
-from condreg import _core
+from condreg import _core, _spectrum
 
 __all__ = ["concrete", "value"]
 
@@ -79,18 +81,32 @@ def _spectral_value(quantity, S, rtol, tie_rtol, gram, check):
 def _fwd(quantity, S, rtol, tie_rtol, gram, check):
     tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, jnp)
     sp = _core.decompose(
-        S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check)
+        S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check), method="auto"
     )
     out = _core.value_from_spectrum(quantity, sp, jnp, tie_rtol=tie)
-    return out, (sp.U, sp.s, sp.Vh, sp.mask, sp.k)
+    if gram:
+        Q = sp.U if sp.U is not None else sp.Vh
+        mu_err = jnp.broadcast_to(jnp.asarray(sp.mu_err, dtype=sp.s.dtype), sp.s[..., :1].shape)
+        return out, (S, sp.s, Q, None, mu_err)
+    return out, (None, sp.s, sp.U, sp.Vh, None)
 
 
 def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
-    U, s, Vh, mask, k = residuals
-    shape = (U.shape[-2], Vh.shape[-1])
-    sp = _core.Spectrum(
-        U, s, Vh, s * s if gram else s, mask, k, shape[1] if gram else min(shape), gram
-    )
+    S, s, A, B, mu_err = residuals
+    if gram:
+        m, n = S.shape[-2], S.shape[-1]
+        U, Vh = (A, None) if m < n else (None, A)
+        shape = (m, n)
+    else:
+        U, Vh = A, B
+        shape = (U.shape[-2], Vh.shape[-1])
+    tol = _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp)
+    mask = s > tol * s[..., :1]
+    k = jnp.sum(mask.astype(s.dtype), axis=-1)
+    if gram:
+        sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S)
+    else:
+        sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False)
     tie = _core.resolve_tie_rtol(tie_rtol, shape, s.dtype, jnp)
     G = _core.gradient_from_spectrum(
         quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=_concrete_or_skip(check)

@@ -12,14 +12,24 @@ the minimum-norm subgradient at tied extremes (the ``subgradient="min_norm"`` po
 ``grad_value[..., None, None] * G``; the forward-mode rule (``jvp``) returns ``Σ G * Ṡ`` over the
 last two axes — the same linear map, so forward and reverse mode agree, also at ties.
 
+One decomposition per step
+--------------------------
+The forward decomposes ``S`` once with the engine's cheapest exact path (:mod:`condreg._spectrum`:
+with ``gram=True`` the eigh of the smaller Gram matrix where it resolves the spectrum, a QR/SVD of
+``F`` otherwise) and, when a gradient may be asked for (grad mode on and ``S.requires_grad``),
+keeps the singular values and the vectors the closed form needs; the backward assembles ``G``
+from them (one GEMM with ``F`` for ``gram=True``) without decomposing again. Without a gradient
+the forward computes values only.
+
 Second order
 ------------
-The closed form ``G(S)`` is computed with differentiable torch operations from ``S`` itself (the
-decomposition is redone in ``backward``; nothing is cached from the forward pass), so
-``create_graph=True`` (double backward, Hessian-vector products, ``torch.func.hessian``, second
-order optimizers), ``gradgradcheck`` and ``torch.func.grad(torch.func.grad(...))`` differentiate
-``G`` through PyTorch's own SVD derivative. That is exact wherever the quantity is twice
-differentiable: at generic points (distinct nonzero singular values, fixed rank).
+When the backward itself is differentiated (``create_graph=True``: double backward,
+Hessian-vector products, ``torch.func.hessian``, ``torch.func.grad`` of a ``torch.func.grad``,
+``gradgradcheck``; also every ``torch.func`` transform, which runs the backward with grad mode
+on) and in forward mode (``jvp``), the closed form ``G(S)`` is recomputed with differentiable
+torch operations from ``S`` (thin SVD), so PyTorch's own SVD derivative differentiates it. That
+is exact wherever the quantity is twice differentiable: at generic points (distinct nonzero
+singular values, fixed rank).
 
 At ties the second derivative does not exist, and condreg does not detect this or substitute
 anything: where singular values coincide — a tied extreme, but also any repeated value inside the
@@ -59,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from array_api_compat import array_namespace
 
-from condreg import _core
+from condreg import _core, _spectrum
 
 __all__ = ["concrete", "value"]
 
@@ -90,7 +100,8 @@ def _concrete_or_skip(check: bool) -> _core.Concrete:
 
 
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
-    """The closed-form (sub)gradient ``G(S)``, from differentiable torch operations on ``S``."""
+    """The closed-form (sub)gradient ``G(S)`` recomputed with differentiable torch operations on
+    ``S`` (thin SVD): used for higher order (``create_graph``) and forward mode."""
     quantity, rtol, tie_rtol, gram, check = config
     return _core.gradient(
         quantity,
@@ -105,40 +116,97 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
     )
 
 
+_EMPTY = ()
+
+
+def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
+    """``(value, s, A, B, mu_err)``: the value and, with ``vectors``, the spectrum the backward
+    needs (``A``/``B``: ``U``/``Vh``, or with ``gram`` the small side's vectors and an empty
+    tensor); empty tensors without ``vectors``."""
+    xp = array_namespace(S)
+    concrete = _concrete_or_skip(check)
+    tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+    sp = _core.decompose(
+        S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method="auto"
+    )
+    out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
+    empty = S.new_empty(0)
+    if not vectors:
+        return out, empty, empty, empty, empty
+    if gram:
+        Q = sp.U if sp.U is not None else sp.Vh
+        A, B = Q, empty
+    else:
+        A, B = sp.U, sp.Vh
+    mu_err = sp.mu_err
+    if not isinstance(mu_err, torch.Tensor):
+        mu_err = torch.zeros_like(sp.s[..., :1])
+    return out, sp.s, A, B, mu_err
+
+
+def _saved_spectrum(S, s, A, B, mu_err, rtol, gram) -> _core.Spectrum:
+    """The :class:`condreg._core.Spectrum` the forward computed, rebuilt from its tensors."""
+    xp = array_namespace(S)
+    tol = _spectrum.resolve_rtol(rtol, S.shape, S.dtype, xp)
+    mask = s > tol * s[..., :1]
+    k = mask.to(s.dtype).sum(dim=-1)
+    m, n = S.shape[-2], S.shape[-1]
+    if gram:
+        U, Vh = (A, None) if m < n else (None, A)
+        return _core.Spectrum(U, s, Vh, s * s, mask, k, n, True, mu_err, S)
+    return _core.Spectrum(A, s, B, s, mask, k, min(m, n), False)
+
+
 class _SpectralValue(torch.autograd.Function):
-    """value = quantity(S); backward: ``grad_value * G(S)``."""
+    """value = quantity(S); backward: ``grad_value * G(S)``.
+
+    The forward decomposes ``S`` once (the engine's cheapest exact path) and, when a gradient
+    is required, keeps the spectrum for the backward; the backward redoes the decomposition only
+    for higher order (``create_graph``), with differentiable operations.
+    """
 
     @staticmethod
-    def forward(S, quantity, rtol, tie_rtol, gram, check):  # type: ignore[override]
-        return _core.value(
-            quantity,
-            S,
-            array_namespace(S),
-            rtol=rtol,
-            tie_rtol=tie_rtol,
-            gram=gram,
-            concrete=_concrete_or_skip(check),
-        )
+    def forward(S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
+        return _forward(S, quantity, rtol, tie_rtol, gram, check, vectors)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        S, quantity, rtol, tie_rtol, gram, check = inputs
-        ctx.save_for_backward(S)
+        S, quantity, rtol, tie_rtol, gram, check, vectors = inputs
+        _, s, A, B, mu_err = output
+        ctx.mark_non_differentiable(s, A, B, mu_err)
+        ctx.save_for_backward(S, s, A, B, mu_err)
         ctx.config = (quantity, rtol, tie_rtol, gram, check)
+        ctx.vectors = vectors
 
     @staticmethod
-    def backward(ctx, grad_value):  # type: ignore[override]
-        (S,) = ctx.saved_tensors
-        G = _closed_form(S, ctx.config)
-        return grad_value[..., None, None] * G, None, None, None, None, None
+    def backward(ctx, grad_value, *_):  # type: ignore[override]
+        S, s, A, B, mu_err = ctx.saved_tensors
+        quantity, rtol, tie_rtol, gram, check = ctx.config
+        if torch.is_grad_enabled() or not ctx.vectors:
+            G = _closed_form(S, ctx.config)  # higher order: differentiable recomputation
+        else:
+            xp = array_namespace(S)
+            sp = _saved_spectrum(S, s, A, B, mu_err, rtol, gram)
+            tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+            G = _core.gradient_from_spectrum(
+                quantity,
+                sp,
+                xp,
+                tie_rtol=tie,
+                subgradient="min_norm",
+                concrete=_concrete_or_skip(check),
+            )
+        return grad_value[..., None, None] * G, None, None, None, None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, S, quantity, rtol, tie_rtol, gram, check):  # type: ignore[override]
+    def vmap(info, in_dims, S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
         # The core is batched over leading axes: move the vmapped axis to the front.
         bdim = in_dims[0]
         if bdim is not None:
             S = S.movedim(bdim, 0)
-        return _apply(S, quantity, rtol, tie_rtol, gram, check), None if bdim is None else 0
+        outs = _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)
+        dims = tuple(None if (bdim is None or o.numel() == 0) else 0 for o in outs)
+        return outs, dims
 
 
 class _SpectralValueWithJvp(_SpectralValue):
@@ -155,15 +223,23 @@ class _SpectralValueWithJvp(_SpectralValue):
 
     @staticmethod
     def jvp(ctx, S_dot, *_):  # type: ignore[override]
-        (S,) = ctx.saved_tensors
+        S = ctx.saved_tensors[0]
         G = _closed_form(S, ctx.config)
-        return (G * S_dot).sum(dim=(-2, -1))
+        return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None
+
+
+def _function() -> type[torch.autograd.Function]:
+    return _SpectralValue if torch.compiler.is_compiling() else _SpectralValueWithJvp
+
+
+def _needs_vectors(S: torch.Tensor) -> bool:
+    """Whether a reverse-mode gradient may be asked for (then the forward keeps the spectrum)."""
+    return torch.is_grad_enabled() and S.requires_grad
 
 
 def _apply(S, quantity, rtol, tie_rtol, gram, check):
-    if torch.compiler.is_compiling():
-        return _SpectralValue.apply(S, quantity, rtol, tie_rtol, gram, check)
-    return _SpectralValueWithJvp.apply(S, quantity, rtol, tie_rtol, gram, check)
+    vectors = _needs_vectors(S)
+    return _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)[0]
 
 
 def value(
