@@ -37,11 +37,10 @@ TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
 
 
 def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
-    """The run's default rank tolerance on σ(Xθ): ``max(N_P, N_H, D)·eps(float64)``.
-
-    The rule ``max(N, D)·eps`` of :func:`condreg.condition_number`, taken over both tasks so that
-    one number serves the whole run.
-    """
+    """A rank tolerance on σ(Xθ) for reference numbers computed outside a run (θ = I):
+    ``max(N_P, N_H, D)·eps(float64)``, the rule ``max(N, D)·eps`` of
+    :func:`condreg.condition_number` taken over both tasks. Runs use the ``rtol`` that
+    :func:`condreg.immunize` records."""
     n = max(X_p.shape[0], X_h.shape[0], X_p.shape[1])
     return float(n * np.finfo(np.float64).eps)
 
@@ -134,13 +133,6 @@ def tolerance_robustness(
     return out
 
 
-def _run_rtol(result: Any, X_p: np.ndarray, X_h: np.ndarray) -> float:
-    """The rank tolerance the run used: ``result.rtol`` where Algorithm 1 records it, else the
-    default rule (transitional: condreg.immunize records ``rtol`` from issue 11 on)."""
-    rtol = getattr(result, "rtol", None)
-    return default_rtol(X_p, X_h) if rtol is None else float(rtol)
-
-
 def immunize_method(
     method: str,
     X_p: np.ndarray,
@@ -172,8 +164,10 @@ def immunize_method(
         )
     runtime = time.perf_counter() - start
     theta = np.asarray(result.theta, dtype=np.float64)
-    rtol = _run_rtol(result, X_p, X_h)
+    rtol = float(result.rtol)  # the run's one rank tolerance (docs/math.md §10.2)
     out = rir_numbers(theta, X_p, X_h, rtol=rtol)
+    # the loop's own final report must be the same number (one κ per run)
+    out["rir_reported_by_immunize"] = float(result.rir)
     out["tolerance"] = tolerance_robustness(theta, X_p, X_h, rtol=rtol)
     out["runtime_s"] = runtime
     # every warning is kept; "did not succeed" is also in ``success`` and the tables' counts
@@ -192,6 +186,7 @@ def immunize_method(
         epochs_run=int(result.epochs_run),
         stopped=str(result.stopped),
         max_step=float(result.max_step),
+        imma_lr=None if result.imma_lr is None else float(result.imma_lr),
     )
     out["seed"] = seed
     out["success"] = success(out)
