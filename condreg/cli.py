@@ -8,8 +8,8 @@
 
 Common options: ``--out DIR`` (default ``results/<name>/``), ``--seeds N`` (repeat with seeds
 0..N-1 and report mean ± std), ``--quick`` (a small, fast version), ``--no-progress``;
-``--resume`` (house-prices, mnist-pairs) keeps the finished units (seeds, pairs) already in
-``--out/units/``. Each experiment writes ``results.json``, ``table.md`` and PNG plots into
+``--resume`` (house-prices, mnist-pairs, deepnet) keeps the finished units (seeds, pairs)
+already in ``--out``. Each experiment writes ``results.json``, ``table.md`` and PNG plots into
 ``--out`` and the command prints the table. Exit status 2 on bad arguments or unusable data: one
 line on stderr, no traceback, and no output folder left behind (a folder that existed before is
 never removed).
@@ -101,7 +101,7 @@ def _methods(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _common(p: argparse.ArgumentParser, name: str) -> None:
+def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) -> None:
     p.add_argument(
         "--out",
         type=pathlib.Path,
@@ -111,8 +111,8 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
         "--seeds",
         type=_positive_int,
-        default=1,
-        help="repeat with seeds 0..N-1 and report mean ± std (default 1)",
+        default=seeds_default,
+        help=f"repeat with seeds 0..N-1 and report mean ± std (default {seeds_default})",
     )
     p.add_argument(
         "--quick", action="store_true", help="a small, fast version (about a minute on 2 cores)"
@@ -281,12 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dn.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     dn.add_argument(
+        "--target",
+        choices=("block", "theta"),
+        default=None,
+        help="immunize the network's last blocks (default) or an appended D×D layer θ",
+    )
+    dn.add_argument(
         "--methods",
         type=_methods,
         default=None,
         help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
     )
-    _common(dn, "deepnet")
+    _resume_option(dn, "seed")
+    _common(dn, "deepnet", seeds_default=5)
 
     at = exps.add_parser(
         "attacks", help="probing steps of θ = I and each method's θ under stronger attackers"

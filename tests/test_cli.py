@@ -236,6 +236,12 @@ def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
         == 0
     )
     assert calls == {"out_dir": tmp_path, "quick": True, "seeds": 2, "progress": False}
+    calls.clear()
+    assert (
+        cli.main(["reproduce", "deepnet", "--resume", "--target", "theta", "--out", str(tmp_path)])
+        == 0
+    )
+    assert calls["seeds"] == 5 and calls["resume"] is True and calls["target"] == "theta"
 
 
 # ------------------------------------------------------------------------------------------

@@ -461,6 +461,7 @@ def _summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
                 {f"{r['stopped']}" for r in all_runs if r["stopped"] != "completed"}
             ),
             "mean_loss_final": float(np.mean([r["loss_final"] for r in all_runs])),
+            "rtol_range": [min(r["rtol"] for r in all_runs), max(r["rtol"] for r in all_runs)],
         }
     return out
 
@@ -512,6 +513,8 @@ def _count(summary: dict[str, Any], n_pairs: int) -> str:
 
 
 def _table(summary, settings, n_pairs, n_seeds, notes, n_features, timing) -> str:
+    lo, hi = summary[next(iter(summary))]["rtol_range"]
+    rtols = rp.fmt_number(lo, 3) if lo == hi else f"{rp.fmt_number(lo, 3)}–{rp.fmt_number(hi, 3)}"
     rows = [[rp.METHOD_LABELS["identity"], "1", "—", f"0/{n_pairs}", "—", "—", "—", "—"]]
     for m in rp.METHODS:
         if m not in summary:
@@ -556,8 +559,8 @@ def _table(summary, settings, n_pairs, n_seeds, notes, n_features, timing) -> st
         f"\n{n_pairs} ordered (P, H) pair(s); {settings['epochs']} epochs, η = {settings['lr']}, "
         f"θ_0 = I, binary logistic loss on D_P, {inputs}, {n_seeds} seed(s) (mean ± sample std "
         f"over seeds of the per-seed statistic). Success = (i) > 1 and (ii) ≤ 1 at the run's "
-        f"rank tolerance rtol (σ_i counted when > rtol·σ₁; rtol = max(N, D)·eps unless "
-        f"condreg.immunize records another), and again at 10× and 100× rtol. "
+        f"rank tolerance rtol (σ_i of Xθ counted when > rtol·σ₁; rtol as recorded by "
+        f"condreg.immunize, {rtols}), and again at 10× and 100× rtol. "
         f"Task d: digit d (label 1) vs a {settings['negative_fraction']:g}× sample of other "
         f"digits (label 0). D_P loss: mean logistic loss on D_P after training "
         f"(ln 2 = 0.693 at ω = 0), averaged over pairs. Mean time per pair (all methods, one "
