@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
@@ -21,19 +23,27 @@ def _is_linalg_error(exc: BaseException) -> bool:
     return any("LinAlgError" in c.__name__ for c in type(exc).__mro__)
 
 
-def _health(rec: list[float], ranks: tuple[float, float] | None, t: int, rtol: float) -> str | None:
+#: A loss above this multiple of the zero head's loss (or of the starting loss, if larger) is a
+#: divergence: relative MSE 10 for regression, 10·log 2 for the logistic loss.
+LOSS_BLOWUP = 10.0
+
+
+def _health(
+    rec: list[float], ranks: tuple | None, loss_ref: float, t: int, rtol: float
+) -> str | None:
     """Why ``θ_t`` with record ``rec`` cannot be kept (None: healthy)."""
     k_hp, k_hh, r_well, r_ill, loss, rank_p, rank_h = rec[:7]
-    bad = [
-        name
-        for name, value in (("kappa(H_P)", k_hp), ("kappa(H_H)", k_hh), ("loss", loss),
-                            ("R_well", r_well))
-        if not math.isfinite(value)
-    ]  # fmt: skip
+    checks = (("kappa(H_P)", k_hp), ("kappa(H_H)", k_hh), ("loss", loss), ("R_well", r_well))
+    bad = [name for name, value in checks if not math.isfinite(value)]
     if math.isnan(r_ill):
         bad.append("R_ill")
     if bad:
         return f"diverged: non-finite {', '.join(bad)} at epoch {t}"
+    if loss > LOSS_BLOWUP * loss_ref:
+        return (
+            f"diverged: the loss grew to {loss:.3g} at epoch {t} (more than {LOSS_BLOWUP:g}x "
+            f"{loss_ref:.3g}, the zero head's or the starting loss)"
+        )
     if ranks is not None:
         for name, now, ref in (("H_P", rank_p, ranks[0]), ("H_H", rank_h, ranks[1])):
             if now < ref:
@@ -85,20 +95,25 @@ def run(
     error (the backend's LinAlgError) counts as unhealthy. One host synchronisation per epoch."""
     history = _History(problem)
     kept, kept_t, ranks = state, 0, None
+    zero_head = 1.0 if problem.task == "regression" else math.log(2.0)
+    loss_ref = zero_head
     stopped = "completed"
     for t in range(epochs + 1):
         try:
-            if t < epochs:
-                new, rec_array = step(problem, state)
-            else:
-                rec_array = evaluate(problem, state)
-            rec = [float(x) for x in rec_array]
+            with np.errstate(all="ignore"):  # overflow is detected below, not warned about
+                if t < epochs:
+                    new, rec_array = step(problem, state)
+                else:
+                    rec_array = evaluate(problem, state)
+                rec = [float(x) for x in rec_array]
         except Exception as exc:
             if not _is_linalg_error(exc):
                 raise
             stopped = f"diverged: decomposition failed at epoch {t} ({type(exc).__name__}: {exc})"
             break
-        why = _health(rec, ranks, t, problem.rtol)
+        if t == 0 and math.isfinite(rec[4]):
+            loss_ref = max(zero_head, rec[4])
+        why = _health(rec, ranks, loss_ref, t, problem.rtol)
         if why is not None:
             stopped = why
             if t == 0:
@@ -143,7 +158,7 @@ def _warn(result: ImmunizationResult) -> None:
             f"immunize ({result.method}): {result.stopped}; returned theta of epoch "
             f"{result.epochs_run} (lower lr, or check the data's scale)",
             ImmunizationWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     if not result.succeeded:
         warnings.warn(
@@ -151,7 +166,7 @@ def _warn(result: ImmunizationResult) -> None:
             f"(ii) = {result.ii:.4g}, RIR = {result.rir:.4g} (success needs (i) > 1 and "
             "(ii) <= 1); try more epochs, a larger max_step or other lam_p/lam_h",
             ImmunizationWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -267,6 +282,10 @@ def immunize(
         X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
         imma_steps=imma_steps, warn=warn, xp=xp, **kw,
     )  # fmt: skip
+    if resume is not None and resume.resume_state is not None:
+        omega_hat, head_scale = resume.resume_state
+        if head_scale == problem.head_scale:  # the same data: continue from the exact iterate
+            state = State(state.theta, omega_hat)
     report = _reporter(problem, epochs, progress, callback)
     theta0 = state.theta
     state, history, stopped, epochs_run = run(problem, state, epochs, report)
@@ -287,8 +306,9 @@ def _result(
     xp = problem.xp
     dtype = state.theta.dtype
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
-    metrics = rir(state.theta, X_p, X_h, rtol=problem.rtol)
-    first = metrics if epochs_run == 0 else rir(theta0, X_p, X_h, rtol=problem.rtol)
+    with np.errstate(all="ignore"):
+        metrics = rir(state.theta, X_p, X_h, rtol=problem.rtol)
+        first = metrics if epochs_run == 0 else rir(theta0, X_p, X_h, rtol=problem.rtol)
     history.finish(first, metrics)
     uses_inner = problem.method.default_inner_lr is not None
     result = ImmunizationResult(
@@ -306,6 +326,7 @@ def _result(
         stopped=stopped,
         rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
+        resume_state=(state.omega, problem.head_scale),
     )
     if warn:
         _warn(result)

@@ -12,7 +12,7 @@ from array_api_compat import device as _device
 
 from condreg.algorithm import _validate as v
 from condreg.algorithm._methods import REGISTRY
-from condreg.algorithm._problem import Problem, State, build_task, power_of_two, robust_rms
+from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
 from condreg.algorithm._step import spectrum
 
@@ -83,7 +83,7 @@ def _harmful_labels(d: _Data, task: str, seed: Any, xp: Any) -> Array:
             np.asarray(draw, dtype=np.float64), dtype=d.X_h.dtype, device=_device(d.X_h)
         )
     if task == "regression":
-        return d.y_h / power_of_two(robust_rms(d.y_h, xp) or 1.0)
+        return d.y_h / (robust_rms(d.y_h, xp) or 1.0)
     return d.y_h
 
 
@@ -93,14 +93,19 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     hsH = None
     imma_lr = opts["imma_lr"]
     if method.default_inner_lr is not None and imma_lr is None:
-        hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=False)
-        imma_lr = method.default_inner_lr(problem, state.theta, hsH)
+        with np.errstate(all="ignore"):
+            hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=False)
+            imma_lr = method.default_inner_lr(problem, state.theta, hsH)
+        if not (imma_lr > 0 and math.isfinite(imma_lr)):
+            imma_lr = 1.0  # θ_0 overflows or maps X_h to 0: the loop stops at epoch 0
     problem = problem.with_weights(problem.lam_p, problem.lam_h, imma_lr)
     lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
     if any(lam[k] is None for k in method.uses):
-        hsP = spectrum(problem.P, state.theta, problem.rtol, xp, vectors=True)
-        hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=True)
-        sizes = dict(zip("ph", method.unit_sizes(problem, state.theta, hsP, hsH), strict=True))
+        with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
+            hsP = spectrum(problem.P, state.theta, problem.rtol, xp, vectors=True)
+            hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=True)
+            sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
+        sizes = dict(zip("ph", sizes, strict=True))
         bad = [
             k
             for k in method.uses
@@ -108,7 +113,7 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
         ]
         if bad and warn:
             warnings.warn(
-                "immunize: the regularizer gradient is zero at theta0 for "
+                "immunize: the regularizer gradient is zero or not finite at theta0 for "
                 f"{', '.join('lam_' + k for k in bad)}; using weight 1.0 (e.g. R_ill at its pole: "
                 "all nonzero eigenvalues of H_H equal)",
                 ImmunizationWarning,
@@ -164,16 +169,11 @@ def prepare(
         raise ValueError(
             f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
         )
-    y_unit = power_of_two(robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
+    y_unit = (robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
     yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
-    head_scale = P.scale * y_unit
-    loss_unit = 1.0
-    if task == "regression":
-        rms = robust_rms(d.y_p, xp)
-        loss_unit = (y_unit / rms) ** 2 if rms > 0 else 1.0
     problem = Problem(
         m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, rtol, head_scale, loss_unit, xp,
+        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, 1.0, xp,
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)

@@ -37,8 +37,8 @@ class TaskData:
 
     ``A`` (``r×D``): factor of ``K̃ = c²K`` on the rank, ``A = diag(sc) Vᵀ``; ``basis`` = ``V``
     (``D×r``); ``sc`` = ``c·s_r``; ``pinv`` = ``f/sc`` (preconditioned steps are
-    ``V diag(pinv)·(FG)``, ``f`` the pinv/ridge filter); ``Xhat`` = ``X·scale`` (``scale`` a
-    power of two ≈ ``√N/‖X‖₂``) for the supervised and probe losses; ``c``; ``rank`` = ``r``;
+    ``V diag(pinv)·(FG)``, ``f`` the pinv/ridge filter); ``Xhat`` = ``X·scale``
+    (``scale = √N/‖X‖₂``) for the supervised and probe losses; ``c``; ``rank`` = ``r``;
     ``kappa_K`` = κ(K) at the run's ``rtol``, exactly as :func:`condreg.metrics.rir` computes it."""
 
     A: Array
@@ -57,8 +57,8 @@ class Problem:
     """Everything one epoch needs, fixed for the run (``dataclasses.replace`` to vary it).
 
     ``method`` is an entry of :data:`condreg.algorithm.REGISTRY`; ``P``/``H`` the two tasks;
-    ``yp`` the scaled pre-training labels (``y·2^{-e}``), ``yh`` the harmful labels of IMMA (or
-    None); ``head_scale`` (a power of two) converts the head to raw units; ``loss_unit``
+    ``yp`` the scaled pre-training labels (``y/rms(y)`` for regression), ``yh`` the harmful
+    labels of IMMA (or None); ``head_scale`` converts the head to raw units; ``loss_unit``
     converts the scaled loss to the reported one; ``rtol`` is the run's rank tolerance on
     singular values of ``Xθ``; ``xp`` the array namespace."""
 
@@ -80,7 +80,7 @@ class Problem:
     xp: Any
 
     def state(self, theta: Array, omega_raw: Array) -> State:
-        """The :class:`State` of ``θ`` and a head in raw units (exact: a power-of-two scale)."""
+        """The :class:`State` of ``θ`` and a head in raw units."""
         return State(theta, omega_raw / self.head_scale)
 
     def raw_omega(self, state: State) -> Array:
@@ -93,11 +93,6 @@ class Problem:
         if imma_lr is not None:
             kw["imma_lr"] = float(imma_lr)
         return replace(self, **kw)
-
-
-def power_of_two(value: float) -> float:
-    """``2**round(log2(value))`` (1 for 0, inf or NaN): an exactly invertible scale."""
-    return 1.0 / _linalg.power_of_two_scale(value)
 
 
 def robust_rms(y: Array, xp: Any) -> float:
@@ -122,6 +117,6 @@ def build_task(X: Array, xp: Any, rtol: float, ridge: float | None) -> TaskData:
     Vr = Vh[:rank, :]
     A = sc[:, None] * Vr
     f = _precondition.left_filter(sc, sc > 0, ridge, xp)
-    scale = _linalg.power_of_two_scale(s1 / math.sqrt(N))
+    scale = math.sqrt(N) / s1
     kappa_K = float(condition_number(X, gram=True, rtol=rtol))  # exactly metrics.rir's κ(K)
     return TaskData(A, Vr.T, sc, f / sc, X * scale, scale, c, rank, kappa_K)

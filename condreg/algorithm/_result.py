@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ HISTORY_KEYS = (
     "r_ill",
     "loss",
 )
+
+#: (i) must exceed 1 by more than this relative margin to count as harder (rounding of κ).
+SUCCESS_MARGIN = 1e-6
 
 #: Prefixes of :attr:`ImmunizationResult.stopped` for a run that ended before ``epochs``.
 STOP_REASONS = ("completed", "stopped by callback", "diverged", "rank collapse")
@@ -76,6 +80,9 @@ class ImmunizationResult:
     stopped: str = "completed"
     rtol: float = 0.0
     imma_lr: float | None = None
+    #: ``(ω̂, head_scale)``: the head in the algorithm's units, so that ``resume=`` continues
+    #: from the exact iterate (``omega`` in raw units round-trips only up to rounding).
+    resume_state: tuple[Array, float] | None = field(default=None, repr=False)
 
     @property
     def rir(self) -> float:
@@ -94,10 +101,13 @@ class ImmunizationResult:
 
     @property
     def succeeded(self) -> bool:
-        """Definition 3.1 (a) and (b) in ratio form: (i) > 1 (the harmful task became harder),
-        (ii) ≤ 1 (the pre-training task did not), hence RIR > 1; all finite."""
+        """Definition 3.1 (a) and (b) in ratio form: (i) > 1 — the harmful task became harder,
+        by more than rounding (``(i) > 1 + SUCCESS_MARGIN``) — and (ii) ≤ 1 — the pre-training
+        task did not; hence RIR > 1. A large RIR alone is not success (e.g. (i) < 1 with
+        (ii) ≪ 1). Non-finite figures are not success."""
         i, ii = self.i, self.ii
-        return bool(i > 1.0 and ii <= 1.0 and i < float("inf") and self.rir > 1.0)
+        finite = math.isfinite(i) and math.isfinite(ii)
+        return bool(finite and i > 1.0 + SUCCESS_MARGIN and ii <= 1.0)
 
     def __repr__(self) -> str:
         return (
