@@ -316,3 +316,14 @@ def test_import_attacks_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_lbfgs_loss_never_rises_at_the_rounding_floor():
+    # κ(AᵀA) = 1e12 and a rank-deficient A: curvature pairs turn to noise once converged
+    rng = np.random.default_rng(0)
+    X = matrix_with_spectrum(np.concatenate([np.geomspace(1, 1e-6, 12), np.zeros(3)]), 40, 15)
+    y = rng.standard_normal(40)
+    res = probe(None, X, y, attacker="lbfgs", steps=400, history=30)
+    loss = np.asarray(res.loss)
+    assert np.all(np.diff(loss) <= 0)
+    assert (loss[-1] - float(res.loss_min)) / (loss[0] - float(res.loss_min)) < 1e-9
