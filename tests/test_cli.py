@@ -145,6 +145,19 @@ def test_out_is_a_file(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err and out.read_text() == "x"
 
 
+def test_rank_deficient_data_is_a_data_error(tmp_path, capfd):
+    """Data on which κ is undefined (constant columns) are the user's data problem: one line."""
+    rows = [
+        "Id,MSZoning,LotArea,SalePrice,A",
+        *(f"{i},{'RL' if i % 2 else 'RM'},5,7,1" for i in range(6)),
+    ]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    assert cli.main(["reproduce", "house-prices", "--data", str(tmp_path), "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "have rank 1" in err[0] and not out.exists()
+
+
 def test_deepnet_usage_error_is_one_line(tmp_path, monkeypatch, capfd):
     """An experiment module that raises UsageError on import (deepnet without torch) gives one
     line and exit 2; the CLI itself imports no framework before it."""

@@ -21,6 +21,7 @@ from condreg.experiments._report import mean_std
 
 __all__ = [
     "TOLERANCE_FACTORS",
+    "check_task_ranks",
     "default_rtol",
     "kappa_features",
     "spectrum_numbers",
@@ -43,6 +44,23 @@ def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
     :func:`condreg.immunize` records."""
     n = max(X_p.shape[0], X_h.shape[0], X_p.shape[1])
     return float(n * np.finfo(np.float64).eps)
+
+
+def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
+    """Raise :class:`condreg.data.DataError` unless both tasks' inputs have rank >= 2.
+
+    κ needs two nonzero singular values, R_ill a rank >= 2: data that fail this (constant or
+    duplicated columns, too few rows) are a problem of the data, reported before any run.
+    """
+    from condreg.data import DataError
+
+    for X, task in ((X_p, "pre-training task D_P"), (X_h, "harmful task D_H")):
+        rank = kappa_features(X)[1]
+        if rank < 2:
+            raise DataError(
+                f"{where}: the {task}'s inputs ({X.shape[0]}×{X.shape[1]}) have rank {rank}; "
+                f"condition numbers and R_ill need rank >= 2 (constant columns? too few rows?)"
+            )
 
 
 def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int]:

@@ -24,6 +24,7 @@ from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
 from condreg.experiments._linear import (
     TOLERANCE_FACTORS,
+    check_task_ranks,
     immunize_method,
     spectrum_numbers,
     stopped_early,
@@ -78,6 +79,7 @@ def _house_pair(data: Any):
     from condreg.data import load_house_prices
 
     hp = load_house_prices(data)
+    check_task_ranks(hp.X_p, hp.X_h, where=str(data or "house prices"))
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
 
 

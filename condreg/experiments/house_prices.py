@@ -25,6 +25,7 @@ from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
 from condreg.experiments._linear import (
     TOLERANCE_FACTORS,
+    check_task_ranks,
     default_rtol,
     immunize_method,
     spectrum_numbers,
@@ -89,6 +90,7 @@ def run(
         "paper_settings": PAPER_SETTINGS,
     }
     hp = load_house_prices(data_dir, encoding=encoding)
+    check_task_ranks(hp.X_p, hp.X_h, where=str(data_dir))
     seed_values = rp.seed_list(seeds)
     identity = spectrum_numbers(None, hp.X_p, hp.X_h, rtol=default_rtol(hp.X_p, hp.X_h))
     store = rp.UnitStore(
