@@ -19,9 +19,16 @@ from typing import Any, Literal
 
 from condreg import _spectrum
 from condreg._errors import PoleError, TiedExtremeError
-from condreg._spectrum import Spectrum, resolve_tie_rtol
+from condreg._spectrum import Spectrum
+
 
 # The tolerances and the ``concrete`` callbacks live in the engine; re-exported for the callers.
+def check_tie_rtol(tie_rtol: float | None) -> float | None:
+    """``tie_rtol`` checked (``None`` stays ``None``: the spectrum's default, ``Spectrum.tie``)."""
+    return None if tie_rtol is None else _spectrum.check_rtol(tie_rtol, "tie_rtol")
+
+
+resolve_tie_rtol = _spectrum.resolve_tie_rtol
 eager = _spectrum.eager
 never = _spectrum.never
 eps = _spectrum.eps
@@ -88,6 +95,10 @@ def _tied(sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any) -
     ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1`` — plus twice the
     decomposition's own error bound on ``mu`` (``mu_err·mu_1``, the Gram path's). Homogeneous.
     """
+    if tie_rtol is None:
+        tie_rtol = sp.tie
+        if tie_rtol is None:
+            raise ValueError("tie_rtol is None and the spectrum carries no default tie tolerance")
     s1 = sp.s[..., :1]
     if sp.gram:
         tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
@@ -222,9 +233,10 @@ def _rescale(x: Array, scale: Array, power: int) -> Array:
 _VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 
 
-def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float) -> Array:
-    """Value of ``quantity`` from a spectrum (``tie_rtol`` resolved: :func:`resolve_tie_rtol`),
-    evaluated scale-free (:func:`normalized`)."""
+def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None) -> Array:
+    """Value of ``quantity`` from a spectrum, evaluated scale-free (:func:`normalized`).
+    ``tie_rtol=None``: the spectrum's own default (``sp.tie``, at the rounding scale of the
+    path that computed it)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     unit, s1 = normalized(sp, xp)
@@ -252,7 +264,7 @@ def value(
     """Value of ``quantity`` for a validated ``S`` (no gradient, singular values only)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
-    tie = resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+    tie = check_tie_rtol(tie_rtol)
     sp = _spectrum.decompose(
         S, xp, gram=gram, vectors=False, rtol=rtol, concrete=concrete, method=method
     )
@@ -341,7 +353,7 @@ def gradient_from_spectrum(
     sp: Spectrum,
     xp: Any,
     *,
-    tie_rtol: float,
+    tie_rtol: float | None,
     subgradient: str,
     concrete: Concrete,
 ) -> Array:
@@ -381,7 +393,7 @@ def gradient(
     """Closed-form (sub)gradient of ``quantity`` with respect to ``S`` (or ``F`` when gram)."""
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
-    tie = resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+    tie = check_tie_rtol(tie_rtol)
     sp = _spectrum.decompose(
         S, xp, gram=gram, vectors=True, rtol=rtol, concrete=concrete, method=method
     )

@@ -55,7 +55,7 @@ from condreg._errors import RankError
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
 
-METHODS = ("auto", "gram", "svd")
+METHODS = ("auto", "gram", "exact", "svd")
 
 
 def eager(x: Array) -> bool:
@@ -82,7 +82,9 @@ class Spectrum(NamedTuple):
     With ``gram`` one of them may be ``None`` and ``F`` hold the argument: the gradient is then
     assembled as ``2 (U diag(g) Uᵀ) F`` or ``2 F (Vh.T diag(g) Vh)``. ``mu_err`` is the absolute
     error bound of the decomposition on ``mu`` beyond the SVD's, relative to ``mu_1`` (0 for the
-    SVD; the Gram path's ``err / mu_1``): ties are widened by it.
+    SVD; the Gram path's ``err / mu_1``): ties are widened by it. ``tie`` is the default tie
+    tolerance (relative to ``s_1``, on ``s``) at the rounding scale of the dtype the values were
+    computed in (``None``: that of ``s``); an explicit ``tie_rtol`` overrides it.
     """
 
     U: Array | None
@@ -95,14 +97,15 @@ class Spectrum(NamedTuple):
     gram: bool
     mu_err: Any = 0.0
     F: Array | None = None
+    tie: Any = None
 
 
 # --------------------------------------------------------------------------------------------
 # Tolerances (the one home for them)
 # --------------------------------------------------------------------------------------------
 
-#: Multiplier of ``max(m, n) * eps`` in the default tie tolerance (see :func:`default_tie_rtol`).
-TIE_FACTOR = 16.0
+#: Multiplier of ``√max(m, n) * eps`` in the default tie tolerance (:func:`default_tie_rtol`).
+TIE_FACTOR = 32.0
 
 
 def eps(xp: Any, dtype: Any) -> float:
@@ -116,12 +119,14 @@ def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
 
 
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``16 * max(m, n) * eps(dtype)``, relative to the largest singular value ``s_1``.
+    """``32 * √max(m, n) * eps(dtype)``, relative to the largest singular value ``s_1``.
 
     Backward-stable SVDs return singular values with absolute error of a small multiple of
-    ``eps * s_1``; singular values closer than this are equal up to rounding and are tied.
+    ``eps * s_1`` (measured: up to ~35·eps for 1024×512 in float32, ~1·eps for exactly tied
+    values of a small matrix); singular values closer than this are equal up to rounding and
+    are tied. (Decided on ``s``: on ``mu = s²`` the tolerance is ``tie_rtol·s_1·(s_i + s_e)``.)
     """
-    return TIE_FACTOR * max(shape[-2], shape[-1]) * eps(xp, dtype)
+    return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
 
 
 def check_rtol(rtol: Any, name: str = "rtol") -> float:
@@ -333,28 +338,31 @@ def gram_spectrum(
     method: str = "auto",
     accuracy: float | None = None,
     read: Concrete = eager,
-) -> tuple[Array, Array | None, Any]:
-    """``(s, Q, mu_err)`` of a feature batch ``F`` (``..., N, D``): singular values (descending),
-    the small side's singular vectors ``Q`` (``U`` when ``N < D``, ``V`` otherwise; ``None``
-    without ``vectors``) and the path's error bound on ``mu`` relative to ``mu_1``."""
+) -> tuple[Array, Array | None, Any, Any]:
+    """``(s, Q, mu_err, tie)`` of a feature batch ``F`` (``..., N, D``): singular values
+    (descending), the small side's singular vectors ``Q`` (``U`` when ``N < D``, ``V``
+    otherwise; ``None`` without ``vectors``), the path's error bound on ``mu`` relative to
+    ``mu_1`` and its default tie tolerance on ``s`` (both ``(..., 1)``)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "svd":
+    tie_exact = default_tie_rtol(F.shape, F.dtype, xp)
+    if method in ("exact", "svd"):
         s, Q = _svd_small_side(F, xp, vectors)
-        return s, Q, 0.0
+        return s, Q, 0.0, tie_exact
     gdtype = gram_dtype(F, xp)
     s, Q, mu_rel, err_rel = _gram_eigh(F, xp, vectors, gdtype)
+    tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
     if method == "gram":
-        return s, Q, err_rel
+        return s, Q, err_rel, tie_gram
     if accuracy is None:
         accuracy = gram_accuracy(xp, F.dtype)
     ok = gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
 
     def exact():
         s2, Q2 = _svd_small_side(F, xp, vectors)
-        return s2, Q2, xp.zeros_like(err_rel)
+        return s2, Q2, xp.zeros_like(err_rel), xp.full_like(err_rel, tie_exact)
 
-    return choose(ok, lambda: (s, Q, err_rel), exact, read)
+    return choose(ok, lambda: (s, Q, err_rel, tie_gram), exact, read)
 
 
 def decompose(
@@ -371,15 +379,19 @@ def decompose(
     feature batch ``F = S`` (``gram=True``: the path chosen by ``method``), and the numerical rank
     ``s_i > rtol·s_1`` (default ``max(m, n)·eps``).
 
-    Raises :class:`RankError` when any matrix of the batch has rank 0 (if ``concrete`` can tell).
-    ``method="svd"`` with ``gram`` keeps the full thin SVD (differentiable, for higher order).
+    ``method`` (``gram=True``): ``"auto"`` (the Gram eigh where it resolves the spectrum, else
+    ``"exact"``), ``"gram"``, ``"exact"`` (QR of ``F`` and the SVD of its ``R``, small side's
+    vectors only) or ``"svd"`` (the full thin SVD of ``F``, both sides, differentiable: for
+    higher order). Raises :class:`RankError` when any matrix of the batch has rank 0 (if
+    ``concrete`` can tell).
     """
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
     m, n = S.shape[-2], S.shape[-1]
     mu_err: Any = 0.0
+    tie: Any = default_tie_rtol(S.shape, S.dtype, xp)
     F = None
     if gram and method != "svd":
-        s, Q, mu_err = gram_spectrum(
+        s, Q, mu_err, tie = gram_spectrum(
             S, xp, vectors=vectors, rtol=rtol, method=method, read=reader(S, concrete)
         )
         U, Vh, F = (Q, None, S) if m < n else (None, None if Q is None else _mT(xp, Q), S)
@@ -398,7 +410,7 @@ def decompose(
         )
     mu = s * s if gram else s
     p = n if gram else min(m, n)
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F)
+    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie)
 
 
 def assemble(sp: Spectrum, g: Array, xp: Any) -> Array:

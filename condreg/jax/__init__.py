@@ -79,20 +79,22 @@ def _spectral_value(quantity, S, rtol, tie_rtol, gram, check):
 
 
 def _fwd(quantity, S, rtol, tie_rtol, gram, check):
-    tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, jnp)
+    tie = _core.check_tie_rtol(tie_rtol)
     sp = _core.decompose(
         S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check), method="auto"
     )
     out = _core.value_from_spectrum(quantity, sp, jnp, tie_rtol=tie)
+    one = jnp.ones_like(sp.s[..., :1])
+    tols = jnp.concatenate([one * sp.mu_err, one * sp.tie], axis=-1)
     if gram:
         Q = sp.U if sp.U is not None else sp.Vh
-        mu_err = jnp.broadcast_to(jnp.asarray(sp.mu_err, dtype=sp.s.dtype), sp.s[..., :1].shape)
-        return out, (S, sp.s, Q, None, mu_err)
-    return out, (None, sp.s, sp.U, sp.Vh, None)
+        return out, (S, sp.s, Q, None, tols)
+    return out, (None, sp.s, sp.U, sp.Vh, tols)
 
 
 def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
-    S, s, A, B, mu_err = residuals
+    S, s, A, B, tols = residuals
+    mu_err, tie_default = tols[..., :1], tols[..., 1:]
     if gram:
         m, n = S.shape[-2], S.shape[-1]
         U, Vh = (A, None) if m < n else (None, A)
@@ -104,10 +106,10 @@ def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
     mask = s > tol * s[..., :1]
     k = jnp.sum(mask.astype(s.dtype), axis=-1)
     if gram:
-        sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S)
+        sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S, tie_default)
     else:
-        sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False)
-    tie = _core.resolve_tie_rtol(tie_rtol, shape, s.dtype, jnp)
+        sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False, 0.0, None, tie_default)
+    tie = _core.check_tie_rtol(tie_rtol)
     G = _core.gradient_from_spectrum(
         quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=_concrete_or_skip(check)
     )

@@ -125,7 +125,7 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     tensor); empty tensors without ``vectors``."""
     xp = array_namespace(S)
     concrete = _concrete_or_skip(check)
-    tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+    tie = _core.check_tie_rtol(tie_rtol)
     sp = _core.decompose(
         S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method="auto"
     )
@@ -138,23 +138,24 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
         A, B = Q, empty
     else:
         A, B = sp.U, sp.Vh
-    mu_err = sp.mu_err
-    if not isinstance(mu_err, torch.Tensor):
-        mu_err = torch.zeros_like(sp.s[..., :1])
-    return out, sp.s, A, B, mu_err
+    # the path's error bound on mu and its default tie tolerance, packed (..., 2)
+    one = torch.ones_like(sp.s[..., :1])
+    tols = torch.cat([one * sp.mu_err, one * sp.tie], dim=-1)
+    return out, sp.s, A, B, tols
 
 
-def _saved_spectrum(S, s, A, B, mu_err, rtol, gram) -> _core.Spectrum:
+def _saved_spectrum(S, s, A, B, tols, rtol, gram) -> _core.Spectrum:
     """The :class:`condreg._core.Spectrum` the forward computed, rebuilt from its tensors."""
     xp = array_namespace(S)
     tol = _spectrum.resolve_rtol(rtol, S.shape, S.dtype, xp)
     mask = s > tol * s[..., :1]
     k = mask.to(s.dtype).sum(dim=-1)
     m, n = S.shape[-2], S.shape[-1]
+    mu_err, tie = tols[..., :1], tols[..., 1:]
     if gram:
         U, Vh = (A, None) if m < n else (None, A)
-        return _core.Spectrum(U, s, Vh, s * s, mask, k, n, True, mu_err, S)
-    return _core.Spectrum(A, s, B, s, mask, k, min(m, n), False)
+        return _core.Spectrum(U, s, Vh, s * s, mask, k, n, True, mu_err, S, tie)
+    return _core.Spectrum(A, s, B, s, mask, k, min(m, n), False, 0.0, None, tie)
 
 
 class _SpectralValue(torch.autograd.Function):
@@ -187,7 +188,7 @@ class _SpectralValue(torch.autograd.Function):
         else:
             xp = array_namespace(S)
             sp = _saved_spectrum(S, s, A, B, mu_err, rtol, gram)
-            tie = _core.resolve_tie_rtol(tie_rtol, S.shape, S.dtype, xp)
+            tie = _core.check_tie_rtol(tie_rtol)
             G = _core.gradient_from_spectrum(
                 quantity,
                 sp,
