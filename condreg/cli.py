@@ -386,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         ok = True
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
-        print(f"condreg reproduce {name}: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        print(f"condreg reproduce {name}: error: {message}", file=sys.stderr)
         return 2
     finally:
         if not ok:

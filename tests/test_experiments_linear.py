@@ -156,3 +156,16 @@ def test_method_colours_cover_every_method():
     assert set(rp.METHODS) <= set(rp.METHOD_COLORS)
     colours = [rp.METHOD_COLORS[m] for m in ("identity", *rp.METHODS)]
     assert len(set(colours)) == len(colours)
+
+
+def test_worker_processes_give_the_same_numbers(tmp_path):
+    """--jobs 2 (spawned workers, one BLAS thread each) reproduces the in-process run."""
+    pairs = [(0, 1), (2, 3)]
+    serial = _run(tmp_path / "a", pairs)
+    parallel = _run(tmp_path / "b", pairs, jobs=2)
+    assert parallel["results"]["timing"]["jobs"] == 2
+    for key in ("0-1", "2-3"):
+        a = serial["results"]["per_pair"]["condreg"][key][0]
+        b = parallel["results"]["per_pair"]["condreg"][key][0]
+        assert b["rir"] == pytest.approx(a["rir"], rel=1e-9)
+        assert b["success"] == a["success"]
