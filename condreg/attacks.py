@@ -50,6 +50,7 @@ set by the caller) or any Array API library with ``linalg``. No framework is imp
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -357,8 +358,9 @@ def probe(
         raise ValueError(
             f"probe: unknown attacker {attacker!r}; choose one of {', '.join(ATTACKERS)}"
         )
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise ValueError(f"probe: steps must be an integer >= 1, got {steps!r}")
+    steps = int(steps)
     spec = _REGISTRY[attacker]
     unknown = sorted(set(options) - set(spec.defaults))
     if unknown:
@@ -479,5 +481,5 @@ def _check_params(attacker: str, params: dict[str, Any]) -> None:
         params["betas"] = (float(betas[0]), float(betas[1]))
     if attacker == "lbfgs":
         h = params["history"]
-        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+        if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
             raise ValueError(f"probe: lbfgs needs an integer history >= 1, got {h!r}")
