@@ -165,6 +165,27 @@ def test_bad_options_are_usage_errors_before_any_work(tmp_path, options, match):
     assert not out.exists()
 
 
+def test_large_arch_without_torchvision_is_a_usage_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torchvision" else real(name, *a),
+    )
+    (tmp_path / "p").mkdir()
+    with pytest.raises(UsageError, match="needs torchvision"):
+        deepnet.run(
+            tmp_path / "out",
+            progress=False,
+            arch="resnet18",
+            pretrain_dir=tmp_path / "p",
+            harmful_dir=tmp_path / "p",
+        )
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_cuda_without_cuda_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="CUDA is not available"):

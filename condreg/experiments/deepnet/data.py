@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from condreg.data import DataError
+
 __all__ = ["Split", "folder_tasks", "load_image_folder", "mnist_tasks", "split_indices"]
 
 
@@ -155,7 +157,8 @@ def load_image_folder(
     Images are converted to RGB, resized (shorter side to ``image_size · 8/7``, centre crop to
     ``image_size``), scaled to [0, 1] and normalised with the ImageNet mean/std. Returns
     ``(X float32 (N, 3, s, s), y int64, class_names)``. Raises ``FileNotFoundError`` for a
-    missing directory and ``ValueError`` when it holds no class folders or no images.
+    missing directory and :class:`condreg.data.DataError` (a ``ValueError``) when it holds no
+    class folders or no images.
     """
     try:
         import PIL  # noqa: F401
@@ -166,7 +169,7 @@ def load_image_folder(
         raise FileNotFoundError(f"image folder {str(root)!r} does not exist or is not a directory")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
-        raise ValueError(f"{str(root)!r} has no class sub-folders (expected root/<class>/<image>)")
+        raise DataError(f"{str(root)!r} has no class sub-folders (expected root/<class>/<image>)")
     xs, ys = [], []
     for ci, c in enumerate(classes):
         files = sorted(p for p in (root / c).iterdir() if p.suffix.lower() in _IMAGE_EXTS)
@@ -174,5 +177,5 @@ def load_image_folder(
             xs.append(_read_image(f, image_size))
             ys.append(ci)
     if not xs:
-        raise ValueError(f"{str(root)!r} holds no images ({', '.join(_IMAGE_EXTS)})")
+        raise DataError(f"{str(root)!r} holds no images ({', '.join(_IMAGE_EXTS)})")
     return np.stack(xs), np.asarray(ys, np.int64), classes

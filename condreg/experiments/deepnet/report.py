@@ -86,7 +86,11 @@ def summaries(per_seed: list[dict], methods: Sequence[str]) -> dict[str, Any]:
     ident = [r["methods"]["identity"] for r in per_seed]
     ref = [r["methods"]["opt_kappa"] for r in per_seed] if "opt_kappa" in done else None
     return {
-        m: _summary([r["methods"][m] for r in per_seed], ident, None if m == "opt_kappa" else ref)
+        m: _summary(
+            [r["methods"][m] for r in per_seed],
+            ident,
+            None if m in ("opt_kappa", "identity") else ref,
+        )
         for m in done
     }
 
@@ -173,7 +177,7 @@ def table(summaries_by_arch: dict[str, dict], s, records: dict[str, dict], seeds
         "(i) = κ ratio on D_H (want ≫ 1), (ii) = on D_P (want ≤ 1). Probe: a fresh linear "
         "head on the frozen D_H "
         "features; GD at step 1/λ_max; steps to target = median first step reaching "
-        f"{100 * s.probe_target:g}% of the identity's converged accuracy (seeds reaching it); "
+        f"{100 * s.probe_target:g}% of the identity's final GD accuracy (seeds reaching it); "
         "converged = L-BFGS.",
         "",
     ]
@@ -193,6 +197,8 @@ def table(summaries_by_arch: dict[str, dict], s, records: dict[str, dict], seeds
 
 def plots(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], per_seed: dict[str, list]):
     """probe_curves.png (mean ± std bands over seeds) and kappa_history.png (sweep seed)."""
+    from matplotlib.ticker import NullFormatter
+
     colors = _colors()
     archs = list(summaries_by_arch)
     fig, axes = _report.new_figure(len(archs), 3, figsize=(15, 3.8 * len(archs)))
@@ -215,6 +221,7 @@ def plots(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], per_seed: d
         for c in range(2):
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+        axes[r, 2].yaxis.set_minor_formatter(NullFormatter())
         axes[r, 2].set_xlabel("steps")
         axes[r, 2].set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         for ax in axes[r]:

@@ -61,12 +61,12 @@ class Settings:
     pretrain_epochs: int = 6
     pretrain_lr: float = 2e-3  # Adam (pre-training only)
     batch_size: int = 128
-    immunize_steps: int = 120
+    immunize_steps: int = 80
     lr: float = 0.01  # SGD + momentum for immunization, as the paper
     momentum: float = 0.9
     #: the step sweep: each regularizer term alone moves the immunized weights by this relative
     #: amount per step at θ_0 (λ balanced on the first batch); every method is swept alike
-    reg_steps: tuple[float, ...] = (0.01, 0.03, 0.1)
+    reg_steps: tuple[float, ...] = (0.003, 0.01, 0.03)
     #: sweep criterion (D_P only, never RIR): the largest step whose D_P validation accuracy is
     #: within this of the pre-trained model's (else the smallest step)
     acc_tolerance: float = 0.02
@@ -77,10 +77,10 @@ class Settings:
     ridge: float | None = None  # None: pseudo-inverse K⁺; > 0: (K + ridge·mean(λ)·I)⁻¹
     imma_inner_steps: int = 3
     imma_inner_lr: float | None = None  # None: 1 / λ_max of the batch probing Hessian
-    probe_steps: int = 300
+    probe_steps: int = 200
     probe_every: int = 5
-    #: "steps to target": first probe step reaching this fraction of the converged accuracy of
-    #: the pre-trained extractor's probe (same seed)
+    #: "steps to target": first probe step reaching this fraction of the accuracy the
+    #: pre-trained extractor's GD probe has after probe_steps (same seed)
     probe_target: float = 0.9
     #: L-BFGS iterations of the converged probe
     probe_converge_iters: int = 100
@@ -119,7 +119,7 @@ QUICK: dict[str, Any] = {
     "immunize_steps": 40,
     "probe_steps": 100,
     "probe_converge_iters": 40,
-    "reg_steps": (0.03, 0.1),
+    "reg_steps": (0.003, 0.01),
     "rir_groups": 10,
     "rir_group_sizes": (50, 100),
 }
@@ -168,6 +168,18 @@ def _check_torch(device: str):
     return torch
 
 
+def _check_packages(arch: str) -> None:
+    """The optional package a large arch needs, checked before any work."""
+    import importlib.util
+
+    need = "torchvision" if arch in ARCHS[len(SMALL_ARCHS) :] else "timm" if arch else None
+    if need and importlib.util.find_spec(need) is None:
+        raise UsageError(
+            f"--arch {arch} needs {need} (install the build matching your torch), or use the "
+            "CPU archs rescnn, vit"
+        )
+
+
 def _check(s: Settings) -> None:
     bad = [a for a in s.arch if a not in ARCHS and not a.startswith("timm:")]
     if bad or not s.arch:
@@ -181,6 +193,7 @@ def _check(s: Settings) -> None:
         for key in ("pretrain_dir", "harmful_dir"):
             if getattr(s, key) is None:
                 raise UsageError(f"--arch {s.arch[0]} needs --{key.replace('_', '-')} DIR")
+    _check_packages(s.arch[0] if s.large else "")
     if s.target not in TARGETS:
         raise UsageError(f"target={s.target!r}: choose one of {', '.join(TARGETS)}")
     bad = [m for m in s.methods if m not in METHODS]

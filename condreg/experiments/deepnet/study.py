@@ -191,7 +191,7 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
     main = by_size[s.rir_group_size]
     probe_h, conv_h = _probe(prep, F, "h", s, progress=False)
     probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
-    target = conv_h * s.probe_target if target_acc is None else target_acc
+    target = probe_h["test_acc"][-1] * s.probe_target if target_acc is None else target_acc
     return {
         "rir_theta0": main["rir_theta0"],
         "i": main["i"],
