@@ -34,6 +34,7 @@ TINY = dict(
     rir_group_size=30,
     rir_group_sizes=(20,),
     feature_dim=48,
+    attack_steps=5,
 )
 
 
@@ -80,6 +81,7 @@ def test_run_writes_files_setup_and_finite_numbers(tiny_run):
                 assert _finite(summ[key]["mean"]), (m, key)
             assert all(0.0 <= a <= 1.0 for a in summ["probe_h_mean_curve"])
             assert set(summ["rir_by_group_size"]) == {"20", "30"}
+            assert set(summ["attacker_steps_h"]) == {"gd", "momentum", "adam", "lbfgs"}
         assert summary["condreg"]["vs_opt_kappa"]["seeds"] == 1
     assert res["sweep"]["rescnn"]["condreg"]["chosen"] == 0.05
     table = (out / "table.md").read_text()

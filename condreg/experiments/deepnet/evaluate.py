@@ -13,6 +13,8 @@ import torch.nn.functional as F_
 from condreg.experiments import _report
 
 __all__ = [
+    "ATTACKERS",
+    "attacker_steps",
     "converged_probe_accuracy",
     "features",
     "linear_probe_curve",
@@ -157,3 +159,22 @@ def norm_ratio_curve(F, y, n_classes: int, steps: int) -> list[float]:
     A = torch.cat([F, torch.ones(F.shape[0], 1, dtype=F.dtype)], 1)
     curves = [probe_convergence(A, (y == c).to(F.dtype), steps) for c in range(n_classes)]
     return torch.stack(curves).mean(0).tolist()
+
+
+#: The attackers of :func:`condreg.attacks.probe` run on every released extractor (the
+#: paper's exact-line-search GD is Eq. 16's curve, :func:`norm_ratio_curve`).
+ATTACKERS: tuple[str, ...] = ("gd", "momentum", "adam", "lbfgs")
+
+
+def attacker_steps(F, y, *, steps: int, fraction: float = 0.99) -> dict[str, int | None]:
+    """Steps each attacker of :mod:`condreg.attacks` needs to reach ``fraction`` of the
+    achievable loss reduction of the least-squares probe ``‖[F, 1]w − y₀‖²`` on D_H (``y₀``:
+    one-vs-rest target of the first class), ``None`` if not within ``steps``."""
+    from condreg.attacks import probe
+
+    F = F.to(torch.float64)
+    A = torch.cat([F, torch.ones(F.shape[0], 1, dtype=F.dtype)], 1)
+    target = (y == 0).to(F.dtype)
+    return {
+        a: probe(None, A, target, attacker=a, steps=steps).steps_to(fraction) for a in ATTACKERS
+    }

@@ -60,7 +60,7 @@ class Settings:
     feature_dim: int = 128
     pretrain_epochs: int = 6
     pretrain_lr: float = 2e-3  # Adam (pre-training only)
-    batch_size: int = 128
+    batch_size: int = 100  # = the Eq. 17 group size: N < D as in the paper
     immunize_steps: int = 80
     lr: float = 0.01  # SGD + momentum for immunization, as the paper
     momentum: float = 0.9
@@ -84,6 +84,8 @@ class Settings:
     probe_target: float = 0.9
     #: L-BFGS iterations of the converged probe
     probe_converge_iters: int = 100
+    #: iterations of each condreg.attacks attacker (steps to 99 % of the loss reduction)
+    attack_steps: int = 150
     rir_groups: int = 20
     rir_group_size: int = 100
     #: Eq. 17's group-size sensitivity (the κ's of smaller groups see fewer directions)
@@ -119,6 +121,7 @@ QUICK: dict[str, Any] = {
     "immunize_steps": 40,
     "probe_steps": 100,
     "probe_converge_iters": 40,
+    "attack_steps": 60,
     "reg_steps": (0.003, 0.01),
     "rir_groups": 10,
     "rir_group_sizes": (50, 100),

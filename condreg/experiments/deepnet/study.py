@@ -213,6 +213,7 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
         "probe_target": target,
         "probe_h_steps_to_target": ev.steps_to_accuracy(probe_h, target),
         "norm_ratio_h": ev.norm_ratio_curve(F["h_tr"], prep.Y["h_tr"], prep.n_h, s.probe_steps),
+        "attacker_steps_h": ev.attacker_steps(F["h_tr"], prep.Y["h_tr"], steps=s.attack_steps),
         "lam_p": 0.0 if imm is None else imm.lam.get("p", 0.0),
         "lam_h": 0.0 if imm is None else imm.lam.get("h", 0.0),
         "history": [] if imm is None else imm.history,
