@@ -285,14 +285,17 @@ def test_experiment_smoke(tmp_path):
         {"methods": ["nope"]},
         {"fraction": 1.0},
         {"pairs": [(3, 3)]},
+        {"pairs": [(3, 8), (3, 8)]},
+        {"data": "/nonexistent/house_price"},
         {"lam_x": 1.0},
     ],
 )
 def test_experiment_rejects_bad_options_before_work(tmp_path, bad):
+    from condreg.data import DataError
     from condreg.experiments import UsageError, attacks
 
     out = tmp_path / "never"
-    with pytest.raises(UsageError):
+    with pytest.raises((UsageError, DataError, FileNotFoundError)):
         attacks.run(out, quick=True, progress=False, **bad)
     assert not out.exists()
 

@@ -76,6 +76,9 @@ def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> li
         )
         if not ok or not pairs:
             raise UsageError(f"attacks: pairs must be (P, H) digit pairs with P != H, got {pairs}")
+        twice = sorted({tuple(p) for p in pairs if list(map(tuple, pairs)).count(tuple(p)) > 1})
+        if twice:
+            raise UsageError(f"attacks: --pairs lists {twice} more than once")
     if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise UsageError(f"attacks: --fraction must be in (0, 1), got {fraction!r}")
     return methods
@@ -124,12 +127,13 @@ def run(
     notes: list[str] = []
 
     data_dir = hpmod._resolve_data_dir(data)
+    house = _house(data_dir)  # before any output: bad data fails first
     datasets: dict[str, dict[str, Any]] = {
         "house-prices": {
             "task": "regression",
             "epochs": int(epochs or hp_base["epochs"]),
             "lr": hp_base["lr"],
-            "loader": lambda seed: _house(data_dir),
+            "loader": lambda seed: house,
         }
     }
     mnist_X: dict[str, np.ndarray] = {}
