@@ -276,7 +276,7 @@ def immunize(
         raise ValueError("immunize: pass either resume or theta0/omega0, not both")
     kw = result_defaults(
         resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, imma_lr=imma_lr, rtol=rtol,
-        theta0=theta0, omega0=omega0,
+        theta0=theta0, omega0=omega0, paths=None,
     )  # fmt: skip
     problem, state = prepare(
         X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
@@ -326,6 +326,7 @@ def _result(
         stopped=stopped,
         rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
+        paths=problem.paths,
         resume_state=(state.omega, problem.head_scale),
     )
     if warn:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from condreg.algorithm import _validate as v
 from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import spectrum
+from condreg.algorithm._step import PATHS, gram_was_used, spectrum
 
 Array = Any
 
@@ -94,7 +94,9 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     imma_lr = opts["imma_lr"]
     if method.default_inner_lr is not None and imma_lr is None:
         with np.errstate(all="ignore"):
-            hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=False)
+            hsH = spectrum(
+                problem.H, state.theta, problem.rtol, xp, vectors=False, path=problem.paths[1]
+            )
             imma_lr = method.default_inner_lr(problem, state.theta, hsH)
         if not (imma_lr > 0 and math.isfinite(imma_lr)):
             imma_lr = 1.0  # θ_0 overflows or maps X_h to 0: the loop stops at epoch 0
@@ -102,8 +104,12 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
     if any(lam[k] is None for k in method.uses):
         with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
-            hsP = spectrum(problem.P, state.theta, problem.rtol, xp, vectors=True)
-            hsH = spectrum(problem.H, state.theta, problem.rtol, xp, vectors=True)
+            hsP = spectrum(
+                problem.P, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[0]
+            )
+            hsH = spectrum(
+                problem.H, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[1]
+            )
             sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
         sizes = dict(zip("ph", sizes, strict=True))
         bad = [
@@ -146,15 +152,20 @@ def prepare(
     imma_steps: int = 5,
     imma_lr: float | None = None,
     rtol: float | None = None,
+    paths: tuple[str, str] | None = None,
     warn: bool = True,
     xp: Any = None,
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
     The arguments are those of :func:`condreg.immunize` (same defaults and errors); weights left
-    ``None`` are chosen by the method's balancing rule at ``θ_0``. Iterate
-    :func:`condreg.algorithm.step` from the returned state for the epochs of ``immunize``.
+    ``None`` are chosen by the method's balancing rule at ``θ_0``; so are the engine's
+    decomposition ``paths`` (one of ``"auto"``, ``"exact"`` per task; pass a result's ``paths``
+    to reproduce it bit for bit). Iterate :func:`condreg.algorithm.step` from the returned state
+    for the epochs of ``immunize``.
     """
+    if paths is not None and (len(paths) != 2 or any(p not in PATHS for p in paths)):
+        raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
     opts = v.options(
         method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
         lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
@@ -177,7 +188,19 @@ def prepare(
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)
+    problem = replace(problem, paths=paths or _paths(problem, d.theta))
     return _weights(problem, state, opts, warn), state
+
+
+def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
+    """Per task: ``"auto"`` where the Gram eigh resolves the spectrum at ``θ_0``, else
+    ``"exact"`` (the eigh would be wasted every epoch)."""
+    out = []
+    for task in (problem.P, problem.H):
+        with np.errstate(all="ignore"):
+            hs = spectrum(task, theta, problem.rtol, problem.xp, vectors=False, path="auto")
+            out.append("auto" if gram_was_used(hs, problem.xp) else "exact")
+    return out[0], out[1]
 
 
 def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
@@ -196,7 +219,7 @@ def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str
             )
     out = dict(given)
     out["theta0"], out["omega0"] = resume.theta, resume.omega
-    for key in ("lam_p", "lam_h", "imma_lr", "rtol"):
+    for key in ("lam_p", "lam_h", "imma_lr", "rtol", "paths"):
         if out[key] is None:
             out[key] = getattr(resume, key)
     return out

@@ -60,7 +60,9 @@ class Problem:
     ``yp`` the scaled pre-training labels (``y/rms(y)`` for regression), ``yh`` the harmful
     labels of IMMA (or None); ``head_scale`` converts the head to raw units; ``loss_unit``
     converts the scaled loss to the reported one; ``rtol`` is the run's rank tolerance on
-    singular values of ``Xθ``; ``xp`` the array namespace."""
+    singular values of ``Xθ``; ``xp`` the array namespace; ``paths`` the engine's decomposition
+    path per task (``"auto"`` or ``"exact"``, chosen at ``θ_0``: ``"exact"`` where the Gram did
+    not resolve the spectrum there)."""
 
     method: Method
     task: str
@@ -78,6 +80,7 @@ class Problem:
     head_scale: float
     loss_unit: float
     xp: Any
+    paths: tuple[str, str] = ("auto", "auto")
 
     def state(self, theta: Array, omega_raw: Array) -> State:
         """The :class:`State` of ``θ`` and a head in raw units."""

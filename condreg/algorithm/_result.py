@@ -80,6 +80,7 @@ class ImmunizationResult:
     stopped: str = "completed"
     rtol: float = 0.0
     imma_lr: float | None = None
+    paths: tuple[str, str] | None = None
     #: ``(ω̂, head_scale)``: the head in the algorithm's units, so that ``resume=`` continues
     #: from the exact iterate (``omega`` in raw units round-trips only up to rounding).
     resume_state: tuple[Array, float] | None = field(default=None, repr=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from condreg import _linalg
+from condreg import _core, _linalg, _spectrum
 from condreg.algorithm._problem import Problem, State, TaskData
 
 Array = Any
@@ -15,11 +15,30 @@ Array = Any
 RECORD_FIELDS = ("kappa_hp", "kappa_hh", "r_well", "r_ill", "loss", "rank_p", "rank_h", "next_ok")
 
 
-def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: bool):
+#: Decomposition paths of the engine a task may use (:func:`condreg._spectrum.decompose`).
+PATHS = ("auto", "exact")
+
+
+def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """Spectrum of ``H̃(θ) = θᵀK̃θ`` from the factor: ``F = Aθ`` (``r×D``), rank
-    ``#{σ_i(F) > rtol·σ₁(F)}``, every counted value resolved (the engine's guarantee: the eigh
-    of the ``r×r`` Gram where it resolves them, the SVD of ``F`` otherwise)."""
-    return _linalg.hessian_spectrum(theta, task.A, "sample", xp, vectors=vectors, rtol=rtol)
+    ``#{σ_i(F) > rtol·σ₁(F)}``, every counted value resolved (the engine's guarantee).
+
+    ``path="auto"``: the eigh of the ``r×r`` Gram where it resolves them, else a QR of ``Fᵀ``
+    and the SVD of its ``R``; ``"exact"``: the latter directly (no wasted eigh on data whose
+    spectrum the Gram never resolves). The small side's vectors come back as ``W`` (``F = W S
+    Vᵀ``; ``V`` instead when ``r = D``)."""
+    F = task.A @ theta
+    sp = _spectrum.decompose(
+        F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
+    )
+    V = None if sp.Vh is None else sp.Vh.T
+    return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
+
+
+def gram_was_used(hs: Any, xp: Any) -> bool:
+    """Whether the engine took the Gram path (its error bound is then > 0; eager)."""
+    err = hs.sp.mu_err
+    return bool(err > 0) if isinstance(err, float) else bool(float(xp.max(err)) > 0)
 
 
 def sigmoid(z: Array, xp: Any) -> Array:
@@ -59,11 +78,17 @@ def rel_size(step: Array, theta: Array, xp: Any) -> Array:
 
 
 def through_basis(task: TaskData, hs: Any, d: Array, left: Array) -> Array:
-    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ``, using ``FV = W diag(s)``.
+    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor.
 
-    ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for invertible ``K``);
-    ``left = task.sc``: the plain ``K̃θG``. Costs two ``r×D``-sized products, no ``D×D×D``."""
-    FG = (hs.W * (hs.sp.s * d)[None, :]) @ hs.V.T
+    ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
+    so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
+    the right ones. ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for
+    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products."""
+    F = hs.sp.F  # the engine keeps F = Aθ with the vectors
+    if hs.W is not None:
+        FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
+    else:
+        FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
     return task.basis @ (left[:, None] * FG)
 
 
@@ -100,8 +125,9 @@ def step(problem: Problem, state: State) -> tuple[State, Array]:
     xp, method = problem.xp, problem.method
     theta, omega = state
     vec_p, vec_h = method.vectors(problem)
-    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=vec_p)
-    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=vec_h)
+    path_p, path_h = problem.paths
+    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=vec_p, path=path_p)
+    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=vec_h, path=path_h)
     loss, g_theta, g_omega = supervised(theta, omega, problem.P.Xhat, problem.yp, problem.task, xp)
     new_theta = theta - problem.lr * g_theta - method.update(problem, theta, hsP, hsH)
     new_omega = omega - problem.lr * g_omega
@@ -114,7 +140,8 @@ def evaluate(problem: Problem, state: State) -> Array:
     """The record of ``state`` without taking a step (eigenvalues only)."""
     xp = problem.xp
     theta, omega = state
-    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=False)
-    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=False)
+    path_p, path_h = problem.paths
+    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=False, path=path_p)
+    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=False, path=path_h)
     loss, _, _ = supervised(theta, omega, problem.P.Xhat, problem.yp, problem.task, xp)
     return record(problem, hsP, hsH, loss, xp.ones_like(loss))
