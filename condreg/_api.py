@@ -73,17 +73,21 @@ def _value(
     gram: bool,
     check_finite: bool,
     xp: Any,
+    compute_dtype: Any = None,
 ) -> Array:
     S, xp, concrete = _validation.matrix(S, xp=xp, where=quantity, check_finite=check_finite)
+    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=quantity)
     if is_torch_array(S):
         from condreg import torch as adapter
     elif is_jax_array(S):
         from condreg import jax as adapter
     else:
-        return _core.value(
+        out = _core.value(
             quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete
         )
-    return adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
+        return _validation.as_output(xp.asarray(out), out_dtype, xp)
+    out = adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
+    return _validation.as_output(out, out_dtype, xp)
 
 
 def _grad(
@@ -96,10 +100,12 @@ def _grad(
     subgradient: str,
     check_finite: bool,
     xp: Any,
+    compute_dtype: Any = None,
 ) -> Array:
     where = quantity + "_grad"
     S, xp, concrete = _validation.matrix(S, xp=xp, where=where, check_finite=check_finite)
-    return _core.gradient(
+    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=where)
+    G = _core.gradient(
         quantity,
         S,
         xp,
@@ -109,6 +115,7 @@ def _grad(
         subgradient=subgradient,
         concrete=concrete,
     )
+    return _validation.as_output(G, out_dtype, xp)
 
 
 def condition_number(
@@ -118,6 +125,7 @@ def condition_number(
     gram: bool = False,
     check_finite: bool = True,
     xp: Any = None,
+    compute_dtype: Any = None,
 ) -> Array:
     """Condition number over the nonzero singular values, ``kappa = sigma_1 / sigma_k`` (Eq. 1).
 
@@ -128,11 +136,25 @@ def condition_number(
     Raises :class:`RankError` for a zero matrix; see the module documentation for the rest.
     """
     return _value(
-        "condition_number", S, rtol=rtol, tie_rtol=None, gram=gram, check_finite=check_finite, xp=xp
+        "condition_number",
+        S,
+        rtol=rtol,
+        tie_rtol=None,
+        gram=gram,
+        check_finite=check_finite,
+        xp=xp,
+        compute_dtype=compute_dtype,
     )
 
 
-def r_well(S: Array, *, gram: bool = False, check_finite: bool = True, xp: Any = None) -> Array:
+def r_well(
+    S: Array,
+    *,
+    gram: bool = False,
+    check_finite: bool = True,
+    xp: Any = None,
+    compute_dtype: Any = None,
+) -> Array:
     """R_well(S) = ½ sigma_1² − ‖S‖_F² / (2p), ``p = min(m, n)`` (Eq. 3, Nenov et al.).
 
     Non-negative, zero iff ``S`` has full rank and ``kappa = 1``; minimising it makes ``S``
@@ -140,7 +162,14 @@ def r_well(S: Array, *, gram: bool = False, check_finite: bool = True, xp: Any =
     Shape ``S.shape[:-2]``.
     """
     return _value(
-        "r_well", S, rtol=None, tie_rtol=None, gram=gram, check_finite=check_finite, xp=xp
+        "r_well",
+        S,
+        rtol=None,
+        tie_rtol=None,
+        gram=gram,
+        check_finite=check_finite,
+        xp=xp,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -152,6 +181,7 @@ def r_ill(
     gram: bool = False,
     check_finite: bool = True,
     xp: Any = None,
+    compute_dtype: Any = None,
 ) -> Array:
     """R_ill(S) = 1 / (‖S‖_F² / (2k) − ½ sigma_k²), ``k`` the numerical rank (Eq. 12).
 
@@ -165,7 +195,14 @@ def r_ill(
     Shape ``S.shape[:-2]``.
     """
     return _value(
-        "r_ill", S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check_finite=check_finite, xp=xp
+        "r_ill",
+        S,
+        rtol=rtol,
+        tie_rtol=tie_rtol,
+        gram=gram,
+        check_finite=check_finite,
+        xp=xp,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -178,6 +215,7 @@ def condition_number_grad(
     gram: bool = False,
     check_finite: bool = True,
     xp: Any = None,
+    compute_dtype: Any = None,
 ) -> Array:
     """Closed-form gradient of ``kappa``: ``u_1v_1ᵀ / sigma_k − (sigma_1 / sigma_k²) u_kv_kᵀ``.
 
@@ -193,6 +231,7 @@ def condition_number_grad(
         subgradient=subgradient,
         check_finite=check_finite,
         xp=xp,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -204,6 +243,7 @@ def r_well_grad(
     gram: bool = False,
     check_finite: bool = True,
     xp: Any = None,
+    compute_dtype: Any = None,
 ) -> Array:
     """Closed-form (sub)gradient of R_well: ``sigma_1 u_1v_1ᵀ − S / p`` (Theorem A.1).
 
@@ -222,6 +262,7 @@ def r_well_grad(
         subgradient=subgradient,
         check_finite=check_finite,
         xp=xp,
+        compute_dtype=compute_dtype,
     )
 
 
@@ -234,6 +275,7 @@ def r_ill_grad(
     gram: bool = False,
     check_finite: bool = True,
     xp: Any = None,
+    compute_dtype: Any = None,
 ) -> Array:
     """Closed-form (sub)gradient of R_ill (Eq. 13):
     ``(sigma_k u_kv_kᵀ − S / k) / (‖S‖_F²/(2k) − ½ sigma_k²)²``.
@@ -254,4 +296,5 @@ def r_ill_grad(
         subgradient=subgradient,
         check_finite=check_finite,
         xp=xp,
+        compute_dtype=compute_dtype,
     )

@@ -223,10 +223,8 @@ def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
     return sp._replace(s=s, mu=s * s if sp.gram else s), s1
 
 
-def _rescale(x: Array, scale: Array, power: int) -> Array:
-    for _ in range(abs(power)):
-        x = x * scale if power > 0 else x / scale
-    return x
+def _rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
+    return _spectrum.scale_by_power(x, scale, power, xp)
 
 
 #: Degree of homogeneity of each value in mu.
@@ -247,7 +245,7 @@ def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float
     else:
         v = r_ill_from_denominator(r_ill_denominator(unit, tie_rtol, xp), xp)
     power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
-    return _rescale(v, s1[..., 0], power)
+    return _rescale(v, s1[..., 0], power, xp)
 
 
 def value(
@@ -371,11 +369,9 @@ def gradient_from_spectrum(
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
     unit, s1 = normalized(sp, xp)
-    G = _spectrum.assemble(unit, _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete), xp)
+    g = _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete)
     power = 2 * _DEGREE[quantity] + 1 if sp.gram else _DEGREE[quantity]
-    if unit.F is not None and (unit.U is None or unit.Vh is None):
-        power -= 1  # assembled with F itself (s_1 · the unit factor)
-    return _rescale(G, s1[..., None], power)
+    return _spectrum.assemble(unit, g, xp, s1, power)
 
 
 def gradient(

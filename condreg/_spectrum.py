@@ -408,24 +408,68 @@ def decompose(
             "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
             "undefined"
         )
-    mu = s * s if gram else s
+    mu = _square(s, xp) if gram else s
     p = n if gram else min(m, n)
     return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie)
 
 
-def assemble(sp: Spectrum, g: Array, xp: Any) -> Array:
-    """Gradient with respect to the argument from ``g = d value / d mu``.
+def _square(s: Array, xp: Any) -> Array:
+    """``s**2`` (may over- or underflow where ``s`` does not; the formulas use ``s / s_1``, so
+    NumPy's warning about it would only be noise)."""
+    if is_numpy_array(s):
+        import numpy as np
+
+        with np.errstate(over="ignore", under="ignore"):
+            return s * s
+    return s * s
+
+
+def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
+    """``x · s**power`` for positive ``s`` broadcastable to ``x``, in at most three passes and
+    without an over- or underflow that the result itself would not have.
+
+    ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
+    ``m**power`` is representable for ``|power| <= 6`` and the power of two is applied as one
+    or two exact factors (the second is 1 unless the exponent leaves the dtype's range). A
+    non-positive or non-finite ``s`` gives NaN.
+    """
+    if power == 0:
+        return x
+    ok = (s > 0) & xp.isfinite(s)
+    safe = xp.where(ok, s, xp.ones_like(s))
+    e = xp.floor(xp.log2(safe))
+    m = safe / 2.0**e
+    E = e * float(power)
+    lim = float(math.floor(math.log2(float(xp.finfo(s.dtype).max))))
+    E1 = xp.clip(E, -(lim - 8.0), lim - 7.0)
+    first = xp.where(ok, m**power * 2.0**E1, xp.full_like(s, math.nan))  # s = 0, inf, NaN: NaN
+    # The second factor is 1 unless the exponent leaves the range; clipped so that it is never
+    # 0 or inf (0 · inf would be NaN where the result is an exact 0).
+    return (x * first) * 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
+
+
+def assemble(sp: Spectrum, g: Array, xp: Any, scale: Array | None = None, power: int = 0) -> Array:
+    """Gradient with respect to the argument from ``g = d value / d mu``, times ``scale**power``.
 
     Without ``gram``: ``U diag(g) Vᵀ``. With ``gram`` (mu = s²): ``U diag(2 s g) Vᵀ``, which equals
     ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H (Theorem 4.2);
-    from one side's vectors: ``2 (U diag(g) Uᵀ) F`` (``N < D``) or ``2 F (V diag(g) Vᵀ)``.
+    from one side's vectors: ``2 (U diag(g) Uᵀ) F`` (``N < D``) or ``2 F (V diag(g) Vᵀ)``, where
+    ``F`` is ``sp.F / scale`` (the unit factor of a spectrum divided by ``s_1``).
+    ``scale**power`` (``scale`` of shape ``(..., 1)``) is applied to the result by
+    :func:`scale_by_power`.
     """
     if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
         if sp.U is not None:
             P = (sp.U * (2.0 * g)[..., None, :]) @ _mT(xp, sp.U)
-            return P @ sp.F
-        V = _mT(xp, sp.Vh)
-        P = (V * (2.0 * g)[..., None, :]) @ sp.Vh
-        return sp.F @ P
-    d = 2.0 * sp.s * g if sp.gram else g
-    return (sp.U * d[..., None, :]) @ sp.Vh
+            G = P @ sp.F
+        else:
+            V = _mT(xp, sp.Vh)
+            P = (V * (2.0 * g)[..., None, :]) @ sp.Vh
+            G = sp.F @ P
+        power -= 1  # sp.F = scale · the unit factor
+    else:
+        d = 2.0 * sp.s * g if sp.gram else g
+        G = (sp.U * d[..., None, :]) @ sp.Vh
+    if scale is None or power == 0:
+        return G
+    return scale_by_power(G, scale[..., None], power, xp)

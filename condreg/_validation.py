@@ -121,3 +121,51 @@ def matrix(
             f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
         )
     return S, xp, concrete
+
+
+def _is_half(xp: Any, dtype: Any) -> bool:
+    """float16 or bfloat16 (the latter where the namespace has it)."""
+    halves = [getattr(xp, "float16", None)]
+    try:  # bfloat16 is not an Array API dtype: the library's own (torch, jax.numpy, ml_dtypes)
+        import ml_dtypes  # noqa: F401  (jax's dtype library; absent without jax)
+
+        halves.append(getattr(xp, "bfloat16", None))
+    except ImportError:  # pragma: no cover
+        pass
+    mod = type(dtype).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        halves += [torch.float16, torch.bfloat16]
+    return any(h is not None and dtype == h for h in halves) or str(dtype).endswith("bfloat16")
+
+
+def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, Any]:
+    """``(S in the compute dtype, the output dtype)``.
+
+    ``dtype=None``: float16/bfloat16 input is computed in float32 (no backend decomposes half
+    precision, and its rounding would swamp every singular value below ~1e-3·sigma_1); other
+    dtypes as they are. An explicit ``dtype`` (a real floating dtype of the namespace, e.g.
+    float64 for float32 input) is used as given. Results and gradients come back in the input
+    dtype (the cast is differentiable on PyTorch and JAX).
+    """
+    out = S.dtype
+    if dtype is None:
+        if not _is_half(xp, out):
+            return S, out
+        dtype = xp.float32
+    else:
+        try:
+            ok = xp.isdtype(dtype, "real floating")
+        except Exception:
+            ok = False
+        if not ok:
+            raise TypeError(f"{where}: compute_dtype must be a real floating dtype, got {dtype!r}")
+    if dtype == out:
+        return S, out
+    return xp.astype(S, dtype), out
+
+
+def as_output(x: Array, dtype: Any, xp: Any) -> Array:
+    """``x`` in the output ``dtype`` (a no-op when it already is)."""
+    return x if x.dtype == dtype else xp.astype(x, dtype)

@@ -234,3 +234,133 @@ def test_overflowing_r_well_is_inf_not_nan():
     S = np.diag([1e200, 1e199, 1e198])
     assert float(condreg.r_well(S)) == math.inf
     assert_close(condreg.r_well(S * 1e-200), np.asarray(0.5 - (1 + 1e-2 + 1e-4) / 6))
+
+
+# --------------------------------------------------------------------------------------------
+# Representable extremes, half precision, vmap over bad batches (issue 8's core cases)
+# --------------------------------------------------------------------------------------------
+
+VALUES_F = [condreg.condition_number, condreg.r_well, condreg.r_ill]
+EXTREMES = [
+    # (features, dtype, kappa(FᵀF), R_well(FᵀF), R_ill(FᵀF)): mu = σ² under/overflows, the
+    # values are the representable results (0 for an underflowing R_well, +inf at R_ill's pole
+    # or for an overflowing one), never NaN.
+    (1e-170 * np.diag([1.0, 0.5, 0.25]), "float64", 16.0, 0.0, math.inf),
+    (1e20 * np.eye(3), "float32", 1.0, 0.0, math.inf),
+]
+
+
+@pytest.mark.parametrize(("F", "dtype", "kappa", "rwell", "rill"), EXTREMES, ids=["1e-170", "1e20"])
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_gram_values_at_representable_extremes(F, dtype, kappa, rwell, rill, lib, request):
+    if lib == "numpy":
+        X = F.astype(dtype)
+    elif lib == "torch":
+        torch = pytest.importorskip("torch")
+        X = torch.asarray(F, dtype=getattr(torch, dtype))
+    else:
+        jnp = pytest.importorskip("jax.numpy")
+        request.getfixturevalue("x64")
+        X = jnp.asarray(F, dtype=dtype)
+    got = [float(to_numpy(f(X, gram=True))) for f in VALUES_F]
+    assert got[0] == pytest.approx(kappa, rel=1e-5)
+    assert got[1] == rwell and got[2] == rill
+    for name in ("condition_number_grad", "r_well_grad"):
+        G = to_numpy(getattr(condreg, name)(X, gram=True))
+        assert not np.any(np.isnan(G)), name
+
+
+def test_r_ill_of_a_huge_tied_matrix_is_inf():
+    assert condreg.r_ill(np.diag([1e308, 1e308])) == math.inf
+    assert condreg.r_ill(np.diag([1e308, 1e308]), gram=True) == math.inf
+
+
+def test_values_are_0d_arrays_on_numpy():
+    S = np.diag([3.0, 2.0, 1.0])
+    for f in VALUES_F:
+        out = f(S)
+        assert isinstance(out, np.ndarray) and out.shape == (), f.__name__
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("name", VALUES)
+def test_torch_vmap_over_a_bad_batch_raises_value_error(name, bad):
+    torch = pytest.importorskip("torch")
+    X = torch.randn(3, 4, 3, dtype=torch.float64)
+    X[1, 0, 0] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        torch.func.vmap(getattr(condreg, name))(X)
+
+
+def test_condition_regularizer_on_a_zero_batch_raises_rank_error():
+    torch = pytest.importorskip("torch")
+    from condreg.torch.nn import ConditionRegularizer
+
+    with pytest.raises(RankError):
+        ConditionRegularizer()(torch.zeros(8, 5), torch.zeros(8, 5))
+
+
+@pytest.mark.parametrize("gram", [False, True], ids=["S", "gram"])
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_half_precision_is_computed_in_float32(lib, half, gram):
+    """float16/bfloat16 input: the values of the same (rounded) matrix computed in float32,
+    results and gradients in the input dtype."""
+    F = np.random.default_rng(0).standard_normal((8, 5))
+    if lib == "numpy":
+        if half == "bfloat16":
+            pytest.skip("NumPy has no bfloat16")
+        X = F.astype(half)
+        X32 = X.astype(np.float32)
+    elif lib == "torch":
+        torch = pytest.importorskip("torch")
+        X = torch.asarray(F).to(getattr(torch, half))
+        X32 = X.float()
+    else:
+        jnp = pytest.importorskip("jax.numpy")
+        X = jnp.asarray(F, dtype=getattr(jnp, half))
+        X32 = X.astype(jnp.float32)
+
+    def f64(a):  # bfloat16 has no NumPy dtype: widen in the array's own library first
+        return to_numpy(a.float() if lib == "torch" else a.astype("float32")).astype(np.float64)
+
+    for f in VALUES_F:
+        out = f(X, gram=gram)
+        assert out.dtype == X.dtype
+        want = float(f64(f(X32, gram=gram)))
+        assert float(f64(out)) == pytest.approx(want, rel=1e-2)
+    for name in GRADS:
+        G = getattr(condreg, name)(X, gram=gram)
+        assert G.dtype == X.dtype
+        want = f64(getattr(condreg, name)(X32, gram=gram))
+        got = f64(G)
+        assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_torch_half_backward_gives_half_gradients():
+    torch = pytest.importorskip("torch")
+    X = torch.randn(8, 5).to(torch.float16).requires_grad_()
+    condreg.r_ill(X, gram=True).backward()
+    assert X.grad.dtype == torch.float16 and torch.all(torch.isfinite(X.grad))
+    want = condreg.r_ill_grad(X.detach().float(), gram=True)
+    assert torch.allclose(X.grad.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("gram", [False, True], ids=["S", "gram"])
+@pytest.mark.parametrize("kappa", [1e2, 1e4, 1e6])
+def test_float32_kappa_computed_in_float64_is_accurate(kappa, gram):
+    """compute_dtype=float64: κ of the float32 matrix (as stored) to 1e-3 up to κ(F) = 1e6."""
+    from condreg.testing import matrix_with_spectrum
+
+    F = matrix_with_spectrum(np.logspace(0, -np.log10(kappa), 12), 40, 12, seed=3)
+    F32 = F.astype(np.float32)
+    exact = np.linalg.svd(F32.astype(np.float64), compute_uv=False)
+    want = (exact[0] / exact[-1]) ** (2 if gram else 1)
+    got = condreg.condition_number(F32, gram=gram, compute_dtype=np.float64)
+    assert got.dtype == np.float32
+    assert float(got) == pytest.approx(want, rel=1e-3)
+
+
+def test_invalid_compute_dtype_raises_type_error():
+    with pytest.raises(TypeError, match="compute_dtype"):
+        condreg.r_ill(np.eye(3), compute_dtype="float64x")

@@ -205,6 +205,13 @@ class _SpectralValue(torch.autograd.Function):
         bdim = in_dims[0]
         if bdim is not None:
             S = S.movedim(bdim, 0)
+        # The top-level finite check saw a batched tensor and could not read it; the batch is
+        # concrete here, so the documented ValueError comes before any decomposition.
+        if check and _concrete_or_skip(check)(torch.all(torch.isfinite(S))) is False:
+            raise ValueError(
+                f"{quantity}: the input contains NaN or Inf (pass check_finite=False to skip this "
+                "check)"
+            )
         outs = _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)
         dims = tuple(None if (bdim is None or o.numel() == 0) else 0 for o in outs)
         return outs, dims

@@ -103,7 +103,9 @@ class ConditionRegularizer(nn.Module):
     def _prepare(self, F: torch.Tensor) -> torch.Tensor:
         F = _flat(F)
         if self.normalize:
-            F = F / torch.linalg.vector_norm(F.detach())
+            norm = torch.linalg.vector_norm(F.detach())
+            # A zero batch stays zero (condreg then raises RankError), not 0/0 = NaN.
+            F = F / torch.where(norm > 0, norm, torch.ones_like(norm))
         return F
 
     def forward(
