@@ -451,23 +451,28 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
 
 
 def _notes(probes, datasets, methods) -> list[str]:
-    notes = []
+    """The closed form's optimum is that of θ = I for an invertible θ: say so once, or name the
+    (dataset, task) where some θ changed it."""
+    same, differ = [], []
     for name, by_task in probes.items():
         for task, by_method in by_task.items():
             mins = [r["loss_min"] for m in by_method.values() for r in m.get("lstsq", [])]
             if len(mins) > 1:
                 spread = (max(mins) - min(mins)) / max(abs(max(mins)), 1e-300)
-                if spread < 1e-8:
-                    notes.append(
-                        f"{name} {task}: the achievable loss L(w*) is the same for every θ "
-                        f"(relative spread {spread:.1e}): an invertible θ cannot change what "
-                        "the closed-form attacker reaches"
-                    )
-                else:
-                    notes.append(
-                        f"{name} {task}: the achievable loss L(w*) differs between the θ's "
-                        f"(relative spread {spread:.1e}): some θ lowered the rank of Xθ"
-                    )
+                (same if spread < 1e-8 else differ).append((f"{name} {task}", spread))
+    notes = []
+    if same:
+        notes.append(
+            f"the achievable loss L(w*) is the same for every θ on {len(same)} of "
+            f"{len(same) + len(differ)} (dataset, task) (largest relative spread "
+            f"{max(v for _, v in same):.1e}): an invertible θ cannot change what the closed-form "
+            "attacker reaches"
+        )
+    for where, spread in differ:
+        notes.append(
+            f"{where}: the achievable loss L(w*) differs between the θ's (relative spread "
+            f"{spread:.1e}): some θ lowered the rank of Xθ"
+        )
     return notes
 
 
