@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
-        "(default: the number of CPU cores, at most 8)",
+        "(default: the number of CPU cores, at most 8 and at most half the units)",
     )
     _linear_options(mn, epochs_default="30")
     _resume_option(mn, "(seed, pair)")

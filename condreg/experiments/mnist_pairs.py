@@ -99,8 +99,9 @@ _POOLS = (1, 2, 4, 7, 14, 28)  # the divisors of the image side
 
 
 def default_jobs(n_units: int) -> int:
-    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units)``, at least 1."""
-    return max(1, min(os.cpu_count() or 1, 8, n_units))
+    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, at
+    least 1 (starting a worker costs about a second, more than splitting two units saves)."""
+    return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
 
 
 def pool_images(X: np.ndarray, pool: int, side: int = 28) -> np.ndarray:
