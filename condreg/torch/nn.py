@@ -43,6 +43,8 @@ if earlier layers should not receive them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -270,10 +272,14 @@ def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: float | None):
-    """``G K⁺`` (eigenvalues ``λ_i ≤ rtol·λ_max`` dropped; default ``rtol = d·eps(K.dtype)``,
-    the resolution of an eigendecomposition of ``K``) or ``G (K + ridge·I)⁻¹``; ``K`` symmetric
-    PSD ``(d, d)`` or a stack ``(g, d, d)`` with ``G`` of shape ``(g, o, d)``. Computed in
-    float64, returned in ``G``'s dtype."""
+    """``G K⁺`` or ``G (K + ridge·I)⁻¹``; ``K`` symmetric PSD ``(d, d)`` or a stack
+    ``(g, d, d)`` with ``G`` of shape ``(g, o, d)``. The pseudo-inverse keeps the directions
+    whose ``σ_i = √λ_i(K)`` (the singular values of the factor ``X``, ``K = XᵀX``) pass condreg's
+    rank rule ``σ_i > rtol·σ₁`` (:func:`condreg._precondition.rank_mask`); default
+    ``rtol = √(d·eps(K.dtype))``, the finest an eigendecomposition of ``K`` resolves. Computed
+    in float64, returned in ``G``'s dtype."""
+    from condreg._precondition import rank_mask
+
     Kd, Gd = K.to(torch.float64), G.to(torch.float64)
     d = K.shape[-1]
     if ridge is not None:
@@ -282,8 +288,9 @@ def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: 
         # G (K + rI)^-1 = ((K + rI)^-1 Gᵀ)ᵀ
         return torch.cholesky_solve(Gd.mT, L).mT.to(G.dtype)
     lam, V = torch.linalg.eigh(Kd)
-    tol = (rtol if rtol is not None else d * torch.finfo(K.dtype).eps) * lam[..., -1:].clamp(min=0)
-    keep = lam > tol
+    lam, V = lam.flip(-1), V.flip(-1)  # descending, as the rank rule expects
+    tol = rtol if rtol is not None else math.sqrt(d * torch.finfo(K.dtype).eps)
+    keep = rank_mask(lam.clamp(min=0).sqrt(), tol)
     inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), 0.0)
     return (((Gd @ V) * inv[..., None, :]) @ V.mT).to(G.dtype)
 
@@ -305,9 +312,10 @@ def left_precondition(
     - ``nn.Conv2d``: ``grad_weight`` ``(out, C/g, kh, kw)`` is reshaped per group ``j`` to
       ``(out/g, C/g·kh·kw)``, multiplied by ``K[j]⁺`` and reshaped back.
 
-    ``ridge=None`` (default) uses the pseudo-inverse: eigenvalues ``λ_i ≤ rtol·λ_max(K)`` are
-    dropped, never amplified (default ``rtol = d·eps(K.dtype)``, what an eigendecomposition of
-    ``K`` resolves). ``ridge > 0`` uses ``(K + ridge·I)⁻¹`` instead (absolute ridge). Computed in
+    ``ridge=None`` (default) uses the pseudo-inverse: directions with ``√λ_i ≤ rtol·√λ_max`` are
+    dropped, never amplified (condreg's rank rule on the singular values of the factor ``X``,
+    ``K = XᵀX``; default ``rtol = √(d·eps(K.dtype))``, the finest an eigendecomposition of ``K``
+    resolves). ``ridge > 0`` uses ``(K + ridge·I)⁻¹`` instead (absolute ridge). Computed in
     float64, returned in ``grad_weight``'s dtype and shape. Apply it to the *regularizer's*
     gradient only; the supervised gradient is not preconditioned. Raises ``TypeError`` for
     another layer type and ``ValueError`` for mismatched shapes or ``ridge <= 0``.
