@@ -138,3 +138,15 @@ def test_import_condreg_testing_does_not_import_hypothesis():
         "import condreg.testing.strategies; assert 'hypothesis' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_jax_namespace():
+    jnp = pytest.importorskip("jax.numpy")
+
+    @settings(max_examples=5)
+    @given(spectral_cases(rank=(2, 4), kappa=(2.0, 20.0), xp=jnp, dtype=jnp.float32))
+    def inner(case):
+        assert case.matrix.dtype == jnp.float32 and case.matrix.shape == (case.m, case.n)
+        _check_case(case, rtol=1e-5)
+
+    inner()
