@@ -19,6 +19,15 @@ from condreg.torch.nn import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one torch thread is fastest and immune to a busy machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def _pair(seed=0, N=60, D=6):
     rng = np.random.default_rng(seed)
     X_p = rng.standard_normal((N, D)) @ np.diag(np.logspace(0, -1, D))
