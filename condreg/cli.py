@@ -115,7 +115,10 @@ def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) ->
         help=f"repeat with seeds 0..N-1 and report mean ± std (default {seeds_default})",
     )
     p.add_argument(
-        "--quick", action="store_true", help="a small, fast version (about a minute on 2 cores)"
+        "--quick",
+        action="store_true",
+        help="a small, fast version (mnist-pairs: 2 pairs, about 6 s on a 2-core CPU; "
+        "timings of every experiment in docs/reproduction.md)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.add_argument(
