@@ -289,6 +289,10 @@ def test_mixed_namespaces_are_a_clear_type_error():
         (lambda d: d.update(theta0=np.zeros((8, 8))), ValueError, "theta0"),
         (lambda d: d.update(theta0=np.full((8, 8), np.inf)), ValueError, "theta0"),
         (lambda d: d.update(y_p=d["y_p"].astype(bool)), TypeError, "real"),
+        (lambda d: d.update(X_p=d["X_p"].astype(str)), TypeError, "real"),
+        (lambda d: d.update(X_h=d["X_h"].astype(object)), TypeError, "real"),
+        (lambda d: d.update(seed="a", method="imma"), TypeError, "seed"),
+        (lambda d: d.update(seed=-1), TypeError, "seed"),
     ],
 )
 def test_more_bad_input(change, error, match):
@@ -297,6 +301,16 @@ def test_more_bad_input(change, error, match):
     change(kwargs)
     with pytest.raises(error, match=match):
         condreg.immunize(**kwargs)
+
+
+def test_opt_kappa_and_imma_accept_rank_one_harmful_data():
+    """Only R_ill needs rank(X_h) >= 2; the other methods run (docs/math.md §3)."""
+    X_p, y, _ = _pair(15)
+    X_h = np.outer(np.arange(1.0, 61.0), np.ones(8))
+    for method in ("opt_kappa", "imma"):
+        assert _quiet(X_p, y, X_h, method=method, epochs=2).stopped == "completed"
+    with pytest.raises(ValueError, match="rank >= 2"):
+        condreg.immunize(X_p, y, X_h, method="r_ill_only")
 
 
 def test_half_precision_is_computed_in_float32():

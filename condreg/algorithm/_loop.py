@@ -198,76 +198,46 @@ def immunize(
 ) -> ImmunizationResult:
     """Immunize a linear feature extractor θ against linear probing on ``X_h`` (Algorithm 1).
 
+    Every default is explained in ``docs/immunization.md``.
+
     Parameters
     ----------
-    X_p, y_p : arrays ``(N_p, D)``, ``(N_p,)`` (or ``(N_p, 1)``)
-        The pre-training task. ``task="classification"`` needs labels in {0, 1}.
-    X_h : array ``(N_h, D)``
-        The harmful task's inputs (its labels are not needed, except by ``"imma"``).
-    method : {"condreg", "r_ill_only", "opt_kappa", "imma"}
-        An entry of :data:`condreg.algorithm.REGISTRY` (see the module documentation).
-    task : {"regression", "classification"}
-        Supervised loss of the head on ``D_P``: squared error or binary logistic.
-    lam_p, lam_h : float, optional
-        Regularizer weights. ``None``: balanced at ``θ_0`` so that each regularizer's update has
-        relative size ``max_step`` there (``docs/immunization.md``). Terms a method does not use
-        are 0.
-    lr : float
-        Step size η of every update (default 0.005, the paper's).
-    epochs : int
-        Number of full-batch iterations of Algorithm 1 (the paper's "epochs").
-    theta0, omega0 : arrays ``(D, D)``, ``(D,)``, optional
-        Starting point (default: identity and zeros).
-    seed : int
-        Seeds the surrogate harmful labels of ``"imma"`` when ``y_h`` is not given.
-    y_h : array ``(N_h,)``, optional
-        Harmful labels for ``"imma"``. Without them IMMA uses a documented surrogate: random labels
-        (standard normal for regression, fair coin flips for classification) drawn with ``seed``.
-    max_step : float in (0, 0.5)
-        Step-size safety (default 0.3): the bound on the relative change of θ per regularizer
-        step (every eigenvalue of the corresponding Hessian moves by at most a factor
-        ``(1 ± max_step)²``).
-    ridge : float, optional
-        ``None`` (default): ``K⁻¹`` is the pseudo-inverse. A float ``ε > 0``: the ridge inverse
-        ``(K + ε·λ_max(K)·I)⁻¹`` (:mod:`condreg._precondition`).
-    imma_steps, imma_lr : int, float
-        IMMA's inner loop: number of simulated probe steps and their step size (default
-        ``1/L`` with ``L`` the smoothness of the probe loss at ``θ_0``; recorded in the result).
-    rtol : float, optional
-        The run's one rank tolerance: a singular value ``σ_i(Xθ)`` counts when it exceeds
-        ``rtol·σ₁(Xθ)``, in the loop, the history and the final metrics alike. Default
-        ``max(N_P, N_H, D)·eps(dtype)``. Recorded as ``res.rtol``.
-    resume : ImmunizationResult, optional
-        Continue that run: its ``theta``, ``omega`` and the values chosen at its start
-        (``lam_p``, ``lam_h``, ``imma_lr``, ``rtol``) are reused; the result equals one longer
-        run (bit for bit on the same machine). ``method``/``task`` must match.
-    progress : bool
-        Print one line per epoch to stderr.
-    callback : callable ``(epoch, record) -> bool | None``, optional
-        Called with each history row as it is computed (the row of ``θ_t``, ``t = 0 … epochs``);
-        returning ``True`` stops the run there, keeping ``θ_t``.
-    warn : bool
-        Emit :class:`ImmunizationWarning` when the run did not succeed ((i) ≤ 1 or (ii) > 1) or
-        stopped early (diverged, rank collapse).
-    xp : namespace, optional
-        Array API namespace to use instead of the inputs'.
+    X_p, y_p : arrays ``(N_p, D)``, ``(N_p,)`` (or ``(N_p, 1)``) — the pre-training task (labels in
+        {0, 1} for ``task="classification"``). X_h : array ``(N_h, D)`` — the harmful inputs.
+    method : an entry of :data:`condreg.algorithm.REGISTRY`: ``"condreg"``, ``"r_ill_only"``,
+        ``"opt_kappa"`` or ``"imma"``. task : ``"regression"`` (squared error) or
+        ``"classification"`` (binary logistic loss of the head on ``D_P``).
+    lam_p, lam_h : regularizer weights; ``None``: balanced at ``θ_0`` (each update of relative
+        size ``max_step``). Terms a method does not use are 0.
+    lr, epochs : step size η (0.005, the paper's) and number of full-batch iterations.
+    theta0, omega0 : starting point ``(D, D)``, ``(D,)`` (default ``I`` and 0).
+    seed, y_h : ``"imma"`` trains on ``y_h``, or on labels drawn with ``seed`` (N(0, 1) or coin
+        flips) when it is None. imma_steps, imma_lr : IMMA's inner loop (default step ``1/L`` at
+        ``θ_0``, recorded as ``res.imma_lr``).
+    max_step : in (0, 0.5), default 0.3 — each regularizer step moves every eigenvalue of its
+        Hessian by at most a factor ``(1 ± max_step)²``.
+    ridge : ``None``: ``K⁻¹`` is the pseudo-inverse; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
+    rtol : the run's one rank tolerance: ``σ_i(Xθ)`` counts when ``> rtol·σ₁``, in the loop, the
+        history and the final metrics alike; default ``max(N_P, N_H, D)·eps``; ``res.rtol``.
+    resume : a previous result to continue (its θ, ω and start-of-run values ``lam_p``,
+        ``lam_h``, ``imma_lr``, ``rtol``, ``paths``): bit-identical to one longer run.
+    progress : print one line per epoch to stderr. callback : ``(epoch, row) -> bool | None``,
+        called with each history row; ``True`` stops the run there.
+    warn : emit :class:`ImmunizationWarning` when the run did not succeed or stopped early.
+    xp : Array API namespace to use instead of the inputs'.
 
     Returns
     -------
-    ImmunizationResult
-        ``res.stopped`` is ``"completed"``, ``"stopped by callback at epoch t"``,
-        ``"diverged: …"`` or ``"rank collapse: …"``; a run that diverges or loses rank keeps the
-        last healthy θ (finite, full rank), warns and reports finite metrics.
+    ImmunizationResult — ``res.stopped`` is ``"completed"``, ``"stopped by callback at epoch t"``,
+    ``"diverged: …"`` or ``"rank collapse: …"``; a run that diverges or loses rank keeps the last
+    healthy θ (finite, full rank), warns, and reports finite metrics. It never raises.
 
     Raises
     ------
-    TypeError
-        Arrays of different libraries, non-array data, non-real dtypes, non-numeric options.
-    ValueError
-        Non-2-D or empty ``X``, mismatched feature dimensions or sample counts, NaN/Inf in the
-        data, labels of the wrong shape (or not in {0, 1} for classification), an unknown method
-        or task, a zero data matrix, ``X_h`` of rank < 2 (R_ill needs rank ≥ 2), bad options.
-        All checks run before any decomposition. A diverging run never raises.
+    TypeError : arrays of different libraries, non-array data, non-real dtypes, non-numeric options.
+    ValueError : non-2-D or empty ``X``, mismatched shapes, NaN/Inf in the data, bad labels, an
+        unknown method or task, a zero data matrix, ``X_h`` of rank < 2 for R_ill, bad options.
+        All checks run before any decomposition.
     """
     epochs = _validate_epochs(epochs)
     if callback is not None and not callable(callback):

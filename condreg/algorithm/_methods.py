@@ -33,6 +33,7 @@ class Method:
     ``θ_0``, in the units of ``max_step``; ``update(problem, θ, hs_P, hs_H)`` — the regularizer
     part of ``θ_t − θ_{t+1}`` (pure Array API code); ``summary`` — one line for the docs;
     ``needs_y_h`` — it trains on harmful labels (a seeded surrogate when none are given);
+    ``min_rank_h`` — the rank ``X_h`` must have (2 for R_ill);
     ``default_inner_lr(problem, θ_0, hs_H)`` — the default inner step (``imma_lr``), if any."""
 
     name: str
@@ -42,6 +43,7 @@ class Method:
     update: Update
     summary: str
     needs_y_h: bool = False
+    min_rank_h: int = 1
     default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
 
     def vectors(self, problem: Problem) -> tuple[bool, bool]:
@@ -199,6 +201,7 @@ REGISTRY = MappingProxyType(
             _condreg_sizes,
             _condreg_update,
             "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
+            min_rank_h=2,
         ),
         "r_ill_only": Method(
             "r_ill_only",
@@ -207,6 +210,7 @@ REGISTRY = MappingProxyType(
             _condreg_sizes,
             _condreg_update,
             "−ηλ_H K_H⁻¹∇R_ill(H_H)",
+            min_rank_h=2,
         ),
         "opt_kappa": Method(
             "opt_kappa",

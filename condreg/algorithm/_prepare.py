@@ -170,13 +170,14 @@ def prepare(
         method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
         lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
     )  # fmt: skip
+    seed = v.seed(seed)
     d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     xp = d.xp
     (N_p, D), N_h = d.X_p.shape, d.X_h.shape[0]
     rtol = opts["rtol"] or max(N_p, N_h, D) * float(xp.finfo(d.X_p.dtype).eps)
     m = REGISTRY[method]
     P, H = (build_task(X, xp, rtol, opts["ridge"]) for X in (d.X_p, d.X_h))
-    if "h" in m.uses and m.needs_vectors[1] and H.rank < 2:
+    if H.rank < m.min_rank_h:
         raise ValueError(
             f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
         )

@@ -46,7 +46,7 @@ def float_dtype(xp: Any, *arrays: Array) -> Any:
     library's default float for integer data. Complex and boolean data raise ``TypeError``."""
     dtypes = []
     for a in arrays:
-        if xp.isdtype(a.dtype, "bool") or xp.isdtype(a.dtype, "complex floating"):
+        if not _is_real(a.dtype, xp):
             raise TypeError(f"immunize: data must be real numbers, got dtype {a.dtype}")
         if xp.isdtype(a.dtype, "real floating"):
             dtypes.append(a.dtype)
@@ -58,6 +58,14 @@ def float_dtype(xp: Any, *arrays: Array) -> Any:
     if xp.finfo(dtype).bits < 32:
         return xp.float32
     return dtype
+
+
+def _is_real(dtype: Any, xp: Any) -> bool:
+    """Real floating or integer (not bool, complex, object or strings)."""
+    try:
+        return bool(xp.isdtype(dtype, ("real floating", "signed integer", "unsigned integer")))
+    except (TypeError, ValueError):
+        return False
 
 
 def check_matrix(X: Array, name: str) -> None:
@@ -84,7 +92,7 @@ def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
                 f"immunize: {name} must be an array of numbers, got {_kind(a)}"
             ) from None
         a = xp.asarray(a, device=dev)
-    if xp.isdtype(a.dtype, "bool") or xp.isdtype(a.dtype, "complex floating"):
+    if not _is_real(a.dtype, xp):
         raise TypeError(f"immunize: {name} must be real numbers, got dtype {a.dtype}")
     return xp.astype(a, dtype)
 
@@ -159,3 +167,9 @@ def options(
             raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
     out["rtol"] = rtol
     return out
+
+
+def seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise TypeError(f"immunize: seed must be an integer >= 0, got {value!r}")
+    return int(value)
