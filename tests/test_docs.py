@@ -114,3 +114,15 @@ def test_block_runs(code, tmp_path):
         pytest.fail(f"the block ran longer than {TIMEOUT} s")
     if proc.returncode != 0:
         pytest.fail(f"the block failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def test_site_hook_turns_sphinx_roles_into_code_and_links():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    html = "see :func:<code>condreg.r_ill</code> and :class:<code>~Local</code>."
+    out = hooks.on_page_content(html, page=None, config=None, files=None)
+    assert out == (
+        'see <autoref identifier="condreg.r_ill" optional><code>condreg.r_ill</code></autoref>'
+        " and <code>Local</code>."
+    )
