@@ -1,20 +1,33 @@
-"""Speed of condreg's closed forms against the autodiff baseline, as ratios in one process.
+"""Speed of condreg's spectral engine, as ratios measured in one process.
 
-The baseline is what the public reference code does for a probing Hessian from a batch of
-features F (N×D): form H = FᵀF (D×D), take its eigenvalues, and let the framework's autodiff
-differentiate through the D×D eigendecomposition. condreg instead evaluates R_ill(FᵀF) and its
-closed-form gradient from the thin SVD of F (N×N-sized work when N < D).
+Three comparisons per shape (N, D), dtype and framework (PyTorch eager, JAX under ``jit``):
 
-Usage:  python benchmarks/bench_spectral.py [--n 256] [--d 1024] [--repeat 5] [--json out.json]
+``reg``
+    The regularizer alone: value and gradient of R_ill(FᵀF) with respect to a given feature
+    batch F (N×D) — condreg (``condreg.r_ill(F, gram=True)``, the engine's cheapest exact path)
+    against autodiff through ``svdvals(F)`` (the same formula written on the singular values).
+``step``
+    One training step of Eq. 11: value and gradient with respect to θ (D×D) of
+    R_well(X_P θ) + R_ill(X_H θ) — condreg against the official approach (form the D×D Hessian
+    H = FᵀF, ``eigvalsh``, autodiff) and against autodiff through ``svdvals``; also expressed in
+    units of one N×D×D GEMM (``X @ θ``, every method's unavoidable cost: 2 forward + 2 backward).
+``accuracy``
+    The largest relative difference of condreg's step gradient from the float64 SVD path
+    (``method="svd"`` of the engine) on the same input.
 
-Times are medians over --repeat runs after one warm-up; the machine is noisy, so compare the
-ratios (baseline / condreg), not the absolute seconds.
+Times are medians over ``--repeat`` interleaved rounds (each round runs every method once, so a
+load spike hits all of them) after one warm-up. The machine these figures come from is shared:
+compare the ratios, not the seconds.
+
+Usage: ``python benchmarks/bench_spectral.py [--shapes 64x784,1024x512] [--dtypes float64]
+[--frameworks torch,jax] [--repeat 5] [--json out.json] [--markdown]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -23,129 +36,233 @@ import numpy as np
 
 import condreg
 
+SHAPES = [(64, 784), (64, 2048), (256, 1024), (1024, 512), (4096, 1024)]
 
-def _median_time(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up (JIT compilation, allocator)
-    times = []
+
+def _interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    for fn in fns.values():
+        fn()  # warm-up (compilation, allocator)
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _r_ill_from_eigs(lam, k: int, xp):
-    """R_ill from the eigenvalues of H (ascending), the top ``k`` being the nonzero ones."""
-    top = lam[..., -k:]
-    return 1.0 / (xp.sum(top * top) / (2 * k) - 0.5 * top[0] ** 2)
+def _data(N: int, D: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    theta = np.eye(D) + rng.standard_normal((D, D)) / np.sqrt(D) * 0.3
+    return rng.standard_normal((N, D)), rng.standard_normal((N, D)), theta
 
 
-def bench_numpy(F: np.ndarray, repeat: int) -> dict:
-    k = min(F.shape)
-
-    def baseline():
-        H = F.T @ F
-        lam, V = np.linalg.eigh(H)
-        lam_k, v_k = lam[-k], V[:, -k]
-        den = np.sum(lam[-k:] ** 2) / (2 * k) - 0.5 * lam_k**2
-        G_H = (lam_k * np.outer(v_k, v_k) - H / k) / den**2
-        return 2 * F @ G_H
-
-    def ours():
-        return condreg.r_ill_grad(F, gram=True)
-
-    np.testing.assert_allclose(ours(), baseline(), rtol=1e-6, atol=1e-12)
-    return {"baseline_s": _median_time(baseline, repeat), "condreg_s": _median_time(ours, repeat)}
+def _r_from_mu(mu, D: int, xp_sum):
+    """R_well + R_ill-style formulas on eigenvalues ``mu`` of H (descending, all nonzero)."""
+    k = mu.shape[-1]
+    fro2 = xp_sum(mu * mu)
+    r_well = 0.5 * mu[0] ** 2 - fro2 / (2 * D)
+    r_ill = 1.0 / (fro2 / (2 * k) - 0.5 * mu[-1] ** 2)
+    return r_well, r_ill
 
 
-def bench_torch(F: np.ndarray, repeat: int) -> dict | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    k = min(F.shape)
-    Ft = torch.tensor(F)
-
-    def baseline():
-        X = Ft.clone().requires_grad_(True)
-        lam = torch.linalg.eigvalsh(X.T @ X)
-        _r_ill_from_eigs(lam, k, torch).backward()
-        return X.grad
-
-    def ours():
-        X = Ft.clone().requires_grad_(True)
-        condreg.r_ill(X, gram=True).backward()
-        return X.grad
-
-    np.testing.assert_allclose(ours().numpy(), baseline().numpy(), rtol=1e-5, atol=1e-12)
-    return {"baseline_s": _median_time(baseline, repeat), "condreg_s": _median_time(ours, repeat)}
+# --------------------------------------------------------------------------------------------
+# PyTorch
+# --------------------------------------------------------------------------------------------
 
 
-def bench_jax(F: np.ndarray, repeat: int) -> dict | None:
-    try:
-        import jax
-        import jax.numpy as jnp
-    except ImportError:
-        return None
-    k = min(F.shape)
-    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else _x64():
-        Fj = jnp.asarray(F)
-        base = jax.jit(jax.grad(lambda X: _r_ill_from_eigs(jnp.linalg.eigvalsh(X.T @ X), k, jnp)))
-        ours = jax.jit(jax.grad(lambda X: condreg.r_ill(X, gram=True)))
-        np.testing.assert_allclose(
-            np.asarray(ours(Fj)), np.asarray(base(Fj)), rtol=1e-5, atol=1e-12
+def bench_torch(N: int, D: int, dtype: str, repeat: int) -> dict:
+    import torch
+
+    dt = getattr(torch, dtype)
+    XP, XH, th = (torch.asarray(a, dtype=dt) for a in _data(N, D))
+    F0 = XH @ th
+    k = min(N, D)
+
+    def reg_ours():
+        F = F0.detach().requires_grad_()
+        condreg.r_ill(F, gram=True).backward()
+        return F.grad
+
+    def reg_svdvals():
+        F = F0.detach().requires_grad_()
+        s = torch.linalg.svdvals(F)
+        _, r_ill = _r_from_mu(s * s, D, torch.sum)
+        r_ill.backward()
+        return F.grad
+
+    def step_ours():
+        t = th.detach().requires_grad_()
+        loss = condreg.r_well(XP @ t, gram=True) + condreg.r_ill(XH @ t, gram=True)
+        loss.backward()
+        return t.grad
+
+    def step_official():
+        t = th.detach().requires_grad_()
+        FP, FH = XP @ t, XH @ t
+        muP = torch.flip(torch.linalg.eigvalsh(FP.T @ FP), (-1,))[:k]
+        muH = torch.flip(torch.linalg.eigvalsh(FH.T @ FH), (-1,))[:k]
+        loss = _r_from_mu(muP, D, torch.sum)[0] + _r_from_mu(muH, D, torch.sum)[1]
+        loss.backward()
+        return t.grad
+
+    def step_svdvals():
+        t = th.detach().requires_grad_()
+        sP, sH = torch.linalg.svdvals(XP @ t), torch.linalg.svdvals(XH @ t)
+        loss = _r_from_mu(sP * sP, D, torch.sum)[0] + _r_from_mu(sH * sH, D, torch.sum)[1]
+        loss.backward()
+        return t.grad
+
+    def gemm():
+        return XP @ th
+
+    fns = {
+        "reg_ours": reg_ours,
+        "reg_svdvals": reg_svdvals,
+        "step_ours": step_ours,
+        "step_svdvals": step_svdvals,
+        "gemm": gemm,
+    }
+    if D <= 2048:
+        fns["step_official"] = step_official
+    t = _interleaved(fns, repeat)
+    ref = _step_reference(XP.double().numpy(), XH.double().numpy(), th.double().numpy())
+    got = step_ours().double().numpy()
+    t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    return t
+
+
+# --------------------------------------------------------------------------------------------
+# JAX (jit)
+# --------------------------------------------------------------------------------------------
+
+
+def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    if dtype == "float64" and not jax.config.read("jax_enable_x64"):
+        raise RuntimeError("float64 with JAX needs JAX_ENABLE_X64=1 in the environment")
+    XP, XH, th = (jnp.asarray(a, dtype=dtype) for a in _data(N, D))
+    F0 = XH @ th
+    k = min(N, D)
+
+    def svd_loss(F):
+        s = jnp.linalg.svd(F, compute_uv=False)
+        return _r_from_mu(s * s, D, jnp.sum)
+
+    reg_ours = jax.jit(jax.value_and_grad(lambda F: condreg.r_ill(F, gram=True)))
+    reg_svdvals = jax.jit(jax.value_and_grad(lambda F: svd_loss(F)[1]))
+
+    def ours(t):
+        return condreg.r_well(XP @ t, gram=True) + condreg.r_ill(XH @ t, gram=True)
+
+    def official(t):
+        FP, FH = XP @ t, XH @ t
+        muP = jnp.flip(jnp.linalg.eigvalsh(FP.T @ FP), -1)[:k]
+        muH = jnp.flip(jnp.linalg.eigvalsh(FH.T @ FH), -1)[:k]
+        return _r_from_mu(muP, D, jnp.sum)[0] + _r_from_mu(muH, D, jnp.sum)[1]
+
+    def svdvals(t):
+        return svd_loss(XP @ t)[0] + svd_loss(XH @ t)[1]
+
+    step_ours = jax.jit(jax.value_and_grad(ours))
+    step_official = jax.jit(jax.value_and_grad(official))
+    step_svdvals = jax.jit(jax.value_and_grad(svdvals))
+    gemm = jax.jit(lambda t: XP @ t)
+
+    def run(f, *a):
+        return lambda: jax.block_until_ready(f(*a))
+
+    fns = {
+        "reg_ours": run(reg_ours, F0),
+        "reg_svdvals": run(reg_svdvals, F0),
+        "step_ours": run(step_ours, th),
+        "step_svdvals": run(step_svdvals, th),
+        "gemm": run(gemm, th),
+    }
+    if D <= 2048:
+        fns["step_official"] = run(step_official, th)
+    t = _interleaved(fns, repeat)
+    ref = _step_reference(*(np.asarray(a, dtype=np.float64) for a in (XP, XH, th)))
+    got = np.asarray(step_ours(th)[1], dtype=np.float64)
+    t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    return t
+
+
+def _step_reference(XP: np.ndarray, XH: np.ndarray, th: np.ndarray) -> np.ndarray:
+    """The step's gradient in float64 from the engine's SVD path (``method="svd"``)."""
+    from condreg import _core
+
+    out = np.zeros_like(th)
+    for X, q in ((XP, "r_well"), (XH, "r_ill")):
+        G = _core.gradient(
+            q,
+            X @ th,
+            np,
+            rtol=None,
+            tie_rtol=None,
+            gram=True,
+            subgradient="min_norm",
+            concrete=_core.eager,
+            method="svd",
         )
-        return {
-            "baseline_s": _median_time(lambda: base(Fj).block_until_ready(), repeat),
-            "condreg_s": _median_time(lambda: ours(Fj).block_until_ready(), repeat),
-        }
+        out += X.T @ G
+    return out
 
 
-class _x64:
-    """Enable JAX float64 for the block only (older JAX without jax.enable_x64)."""
-
-    def __enter__(self):
-        import jax
-
-        self._old = jax.config.jax_enable_x64
-        jax.config.update("jax_enable_x64", True)
-
-    def __exit__(self, *exc):
-        import jax
-
-        jax.config.update("jax_enable_x64", self._old)
+# --------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=256, help="batch size N (rows of F)")
-    parser.add_argument("--d", type=int, default=1024, help="feature dimension D (columns of F)")
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    args = parser.parse_args()
+def machine() -> str:
+    import os
 
-    rng = np.random.default_rng(0)
-    # Features with a spread spectrum, as from a trained network.
-    F = rng.standard_normal((args.n, args.d)) * np.logspace(0, -2, args.d)
-    rows = {}
-    for name, bench in (("numpy", bench_numpy), ("torch", bench_torch), ("jax (jit)", bench_jax)):
-        res = bench(F, args.repeat)
-        if res is not None:
-            res["speedup"] = res["baseline_s"] / res["condreg_s"]
-            rows[name] = res
-    print(f"R_ill(FᵀF) value+gradient, F {args.n}×{args.d}, float64, median of {args.repeat}")
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(f"{n}x{d}" for n, d in SHAPES))
+    ap.add_argument("--dtypes", default="float64,float32")
+    ap.add_argument("--frameworks", default="torch,jax")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    print(machine())
     print(
-        "| backend | baseline (D×D eigendecomposition; autodiff on torch/jax) s "
-        "| condreg (SVD of F, closed form) s | speed-up |"
+        "framework dtype N D | reg: svdvals-AD/ours | step: official/ours svdvals-AD/ours "
+        "ours/GEMM | accuracy"
     )
-    print("|---|---|---|---|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['baseline_s']:.4f} | {r['condreg_s']:.4f} | {r['speedup']:.1f}× |")
+    for fw in args.frameworks.split(","):
+        for dtype in args.dtypes.split(","):
+            for N, D in shapes:
+                repeat = args.repeat if N * D <= 300_000 else max(2, args.repeat // 2)
+                bench = bench_torch if fw == "torch" else bench_jax
+                t = bench(N, D, dtype, repeat)
+                row = {"framework": fw, "dtype": dtype, "N": N, "D": D, **t}
+                rows.append(row)
+                off = t.get("step_official")
+                print(
+                    f"{fw} {dtype} {N} {D} | {t['reg_svdvals'] / t['reg_ours']:.2f} | "
+                    f"{(off / t['step_ours']) if off else float('nan'):.1f} "
+                    f"{t['step_svdvals'] / t['step_ours']:.2f} {t['step_ours'] / t['gemm']:.1f} | "
+                    f"{t['accuracy']:.1e}",
+                    flush=True,
+                )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(
-                {"n": args.n, "d": args.d, "repeat": args.repeat, "results": rows}, fh, indent=2
-            )
+            json.dump({"machine": machine(), "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -354,8 +354,10 @@ def gradient_from_spectrum(
     tie_rtol: float | None,
     subgradient: str,
     concrete: Concrete,
+    weight: Array | None = None,
 ) -> Array:
-    """Closed-form gradient from a spectrum computed with ``vectors=True``.
+    """Closed-form gradient from a spectrum computed with ``vectors=True`` (times ``weight``, of
+    shape ``S.shape[:-2]``, when given: the chain rule's incoming gradient).
 
     Computed scale-free: each quantity is homogeneous in the singular values (kappa of degree 0,
     R_well 2, R_ill −2; their gradients of degree −1, 1, −3, and 2·degree + 1 with respect to
@@ -371,7 +373,7 @@ def gradient_from_spectrum(
     unit, s1 = normalized(sp, xp)
     g = _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete)
     power = 2 * _DEGREE[quantity] + 1 if sp.gram else _DEGREE[quantity]
-    return _spectrum.assemble(unit, g, xp, s1, power)
+    return _spectrum.assemble(unit, g, xp, s1, power, weight)
 
 
 def gradient(

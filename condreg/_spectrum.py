@@ -297,13 +297,45 @@ def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array]:
     return s, _mT(xp, Vhr)  # N < D: U_F = V_R; N >= D: V_F = V_R
 
 
-def _gram_eigh(F: Array, xp: Any, vectors: bool, gdtype: Any) -> tuple[Array, Any, Array, Array]:
-    """``s``, the small side's vectors, ``mu / mu_1`` and the error bound ``err / mu_1`` from the
-    eigh of the smaller Gram matrix of the rescaled ``F`` (formed in ``gdtype``)."""
+def _gram_matrix(F: Array, xp: Any, gdtype: Any, read: Concrete) -> tuple[Array, Array]:
+    """``(M, c)``: the smaller Gram matrix of ``c·F`` in ``gdtype`` and the power-of-two scale
+    ``c`` (``(..., 1, 1)``).
+
+    ``c = 1`` (no extra pass over ``F``) when the Gram is in range: always for float32 features
+    with a float64 Gram, otherwise when its largest diagonal entry lies safely between the
+    smallest normal number (over eps²) and the largest (over 4·max(N, D)); else ``F`` is
+    rescaled so that its largest entry is near 1 (``F = 1e-170·I`` or ``1e200·I`` in float64).
+    """
     N, D = F.shape[-2], F.shape[-1]
-    c = _power_of_two_scale(F, xp)
-    Fs = xp.astype(F * c, gdtype)
-    M = Fs @ _mT(xp, Fs) if N < D else _mT(xp, Fs) @ Fs
+
+    def gram(A):
+        A = A if A.dtype == gdtype else xp.astype(A, gdtype)
+        return A @ _mT(xp, A) if N < D else _mT(xp, A) @ A
+
+    one = xp.ones(F.shape[:-2] + (1, 1), dtype=F.dtype, device=_device(F))
+    if gdtype != F.dtype:  # float32 data, float64 Gram: squares of float32 are always in range
+        return gram(F), one
+    M = gram(F)
+    fi = xp.finfo(gdtype)
+    lo = float(fi.smallest_normal) / eps(xp, gdtype) ** 2
+    hi = float(fi.max) / (4.0 * max(N, D))
+    dmax = xp.max(xp.linalg.diagonal(M), axis=-1)
+    in_range = xp.all((dmax > lo) & (dmax < hi))
+
+    def scaled():
+        c = _power_of_two_scale(F, xp)
+        return gram(F * c), c
+
+    return choose(in_range, lambda: (M, one), scaled, read)
+
+
+def _gram_eigh(
+    F: Array, xp: Any, vectors: bool, gdtype: Any, read: Concrete = eager
+) -> tuple[Array, Any, Array, Array]:
+    """``s``, the small side's vectors, ``mu / mu_1`` and the error bound ``err / mu_1`` from the
+    eigh of the smaller Gram matrix of ``F`` (formed in ``gdtype``, rescaled if out of range)."""
+    N, D = F.shape[-2], F.shape[-1]
+    M, c = _gram_matrix(F, xp, gdtype, read)
     if vectors:
         mu, W = xp.linalg.eigh(M)
         W = xp.flip(W, axis=-1)
@@ -350,7 +382,7 @@ def gram_spectrum(
         s, Q = _svd_small_side(F, xp, vectors)
         return s, Q, 0.0, tie_exact
     gdtype = gram_dtype(F, xp)
-    s, Q, mu_rel, err_rel = _gram_eigh(F, xp, vectors, gdtype)
+    s, Q, mu_rel, err_rel = _gram_eigh(F, xp, vectors, gdtype, read)
     tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
     if method == "gram":
         return s, Q, err_rel, tie_gram
@@ -424,17 +456,18 @@ def _square(s: Array, xp: Any) -> Array:
     return s * s
 
 
-def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
+def scale_by_power(x: Array, s: Array, power: int, xp: Any, weight: Array | None = None) -> Array:
     """``x · s**power`` for positive ``s`` broadcastable to ``x``, in at most three passes and
     without an over- or underflow that the result itself would not have.
 
     ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
     ``m**power`` is representable for ``|power| <= 6`` and the power of two is applied as one
     or two exact factors (the second is 1 unless the exponent leaves the dtype's range). A
-    non-positive or non-finite ``s`` gives NaN.
+    non-positive or non-finite ``s`` gives NaN. ``weight`` (broadcastable like ``s``) multiplies
+    the first factor (the chain rule's incoming gradient, without another pass over ``x``).
     """
     if power == 0:
-        return x
+        return x if weight is None else x * weight
     ok = (s > 0) & xp.isfinite(s)
     safe = xp.where(ok, s, xp.ones_like(s))
     e = xp.floor(xp.log2(safe))
@@ -443,20 +476,29 @@ def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
     lim = float(math.floor(math.log2(float(xp.finfo(s.dtype).max))))
     E1 = xp.clip(E, -(lim - 8.0), lim - 7.0)
     first = xp.where(ok, m**power * 2.0**E1, xp.full_like(s, math.nan))  # s = 0, inf, NaN: NaN
+    if weight is not None:
+        first = first * weight
     # The second factor is 1 unless the exponent leaves the range; clipped so that it is never
     # 0 or inf (0 · inf would be NaN where the result is an exact 0).
     return (x * first) * 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
 
 
-def assemble(sp: Spectrum, g: Array, xp: Any, scale: Array | None = None, power: int = 0) -> Array:
+def assemble(
+    sp: Spectrum,
+    g: Array,
+    xp: Any,
+    scale: Array | None = None,
+    power: int = 0,
+    weight: Array | None = None,
+) -> Array:
     """Gradient with respect to the argument from ``g = d value / d mu``, times ``scale**power``.
 
     Without ``gram``: ``U diag(g) Vᵀ``. With ``gram`` (mu = s²): ``U diag(2 s g) Vᵀ``, which equals
     ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H (Theorem 4.2);
     from one side's vectors: ``2 (U diag(g) Uᵀ) F`` (``N < D``) or ``2 F (V diag(g) Vᵀ)``, where
     ``F`` is ``sp.F / scale`` (the unit factor of a spectrum divided by ``s_1``).
-    ``scale**power`` (``scale`` of shape ``(..., 1)``) is applied to the result by
-    :func:`scale_by_power`.
+    ``scale**power`` (``scale`` of shape ``(..., 1)``) and ``weight`` (shape ``(...)``) are
+    applied to the result by :func:`scale_by_power`.
     """
     if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
         if sp.U is not None:
@@ -470,6 +512,7 @@ def assemble(sp: Spectrum, g: Array, xp: Any, scale: Array | None = None, power:
     else:
         d = 2.0 * sp.s * g if sp.gram else g
         G = (sp.U * d[..., None, :]) @ sp.Vh
-    if scale is None or power == 0:
-        return G
-    return scale_by_power(G, scale[..., None], power, xp)
+    w = None if weight is None else weight[..., None, None]
+    if scale is None:
+        return G if w is None else G * w
+    return scale_by_power(G, scale[..., None], power, xp, w)

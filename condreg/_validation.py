@@ -85,6 +85,16 @@ def default_float(xp: Any, S: Array) -> Any:
     return xp.float64
 
 
+def _all_finite(S: Array, xp: Any) -> Array:
+    """0-d boolean: no NaN or Inf in ``S`` (PyTorch: one read-only pass, ``max |S|`` propagates
+    NaN and Inf)."""
+    if is_torch_array(S):
+        import torch
+
+        return torch.isfinite(torch.linalg.vector_norm(S, float("inf")))
+    return xp.all(xp.isfinite(S))
+
+
 def matrix(
     S: Array, *, xp: Any = None, where: str, check_finite: bool = True
 ) -> tuple[Array, Any, _core.Concrete]:
@@ -116,7 +126,7 @@ def matrix(
     elif not xp.isdtype(dtype, "real floating"):
         raise TypeError(f"{where}: unsupported dtype {dtype}; expected a real floating dtype")
     concrete = concrete_for(S, check_finite)
-    if concrete(xp.all(xp.isfinite(S))) is False:
+    if concrete is not _core.never and concrete(_all_finite(S, xp)) is False:
         raise ValueError(
             f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
         )

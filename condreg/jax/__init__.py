@@ -111,9 +111,15 @@ def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
         sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False, 0.0, None, tie_default)
     tie = _core.check_tie_rtol(tie_rtol)
     G = _core.gradient_from_spectrum(
-        quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=_concrete_or_skip(check)
+        quantity,
+        sp,
+        jnp,
+        tie_rtol=tie,
+        subgradient="min_norm",
+        concrete=_concrete_or_skip(check),
+        weight=g,
     )
-    return (g[..., None, None] * G,)
+    return (G,)
 
 
 _spectral_value.defvjp(_fwd, _bwd)

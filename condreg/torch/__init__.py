@@ -196,7 +196,9 @@ class _SpectralValue(torch.autograd.Function):
                 tie_rtol=tie,
                 subgradient="min_norm",
                 concrete=_concrete_or_skip(check),
+                weight=grad_value,
             )
+            return G, None, None, None, None, None, None
         return grad_value[..., None, None] * G, None, None, None, None, None, None
 
     @staticmethod
