@@ -166,15 +166,18 @@ def norm_ratio_curve(F, y, n_classes: int, steps: int) -> list[float]:
 ATTACKERS: tuple[str, ...] = ("gd", "momentum", "adam", "lbfgs")
 
 
-def attacker_steps(F, y, *, steps: int, fraction: float = 0.99) -> dict[str, int | None]:
-    """Steps each attacker of :mod:`condreg.attacks` needs to reach ``fraction`` of the
-    achievable loss reduction of the least-squares probe ``‖[F, 1]w − y₀‖²`` on D_H (``y₀``:
-    one-vs-rest target of the first class), ``None`` if not within ``steps``."""
+def attacker_steps(F, y, *, steps: int, fraction: float = 0.99) -> dict[str, dict[str, Any]]:
+    """Each attacker of :mod:`condreg.attacks` on the least-squares probe ``‖[F, 1]w − y₀‖²``
+    of D_H (``y₀``: one-vs-rest target of the first class): ``steps_to`` (the first step that
+    reaches ``fraction`` of the achievable loss reduction, ``None`` if not within ``steps``) and
+    ``reduction`` (the fraction reached after ``steps``)."""
     from condreg.attacks import probe
 
     F = F.to(torch.float64)
     A = torch.cat([F, torch.ones(F.shape[0], 1, dtype=F.dtype)], 1)
     target = (y == 0).to(F.dtype)
-    return {
-        a: probe(None, A, target, attacker=a, steps=steps).steps_to(fraction) for a in ATTACKERS
-    }
+    out = {}
+    for a in ATTACKERS:
+        res = probe(None, A, target, attacker=a, steps=steps)
+        out[a] = {"steps_to": res.steps_to(fraction), "reduction": float(res.reduction()[-1])}
+    return out
