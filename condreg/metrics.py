@@ -6,8 +6,10 @@
 - :func:`probe_convergence` — the norm-ratio curve of linear probing by gradient descent with exact
   line search (Eq. 16).
 
-Condition numbers are those of :func:`condreg.condition_number` with ``gram=True``: from the SVD of
-the feature matrix, over the nonzero singular values (rank tolerance ``max(N, D)·eps`` on ``σ``).
+Condition numbers are those of :func:`condreg.condition_number` with ``gram=True``: over the nonzero
+singular values of the feature matrix, every counted one resolved (rank tolerance on ``σ``:
+``max(N_P, N_H, D)·eps`` for :func:`rir`, one number for the pair, as in :func:`condreg.immunize`;
+``max(N, D)·eps`` per matrix elsewhere).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from condreg._api import condition_number
 
 Array = Any
 
-__all__ = ["RIR", "RIRTheta0", "rir", "rir_theta0", "probe_convergence"]
+__all__ = ["RIR", "RIRTheta0", "rir", "run_rtol", "rir_theta0", "probe_convergence"]
 
 
 class RIR(NamedTuple):
@@ -63,15 +65,30 @@ def _as_matrix(X: Array, name: str, where: str) -> None:
         )
 
 
+def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
+    """The one rank tolerance of a pair of tasks: ``max(N_P, N_H, D)·eps(dtype)`` (the default of
+    :func:`rir` and of :func:`condreg.immunize`, recorded there as ``res.rtol``)."""
+    xp = array_namespace(X_p, X_h)
+    dtype = X_p.dtype if dtype is None else dtype
+    if not xp.isdtype(dtype, "real floating"):
+        dtype = xp.float64
+    return max(X_p.shape[0], X_h.shape[0], X_p.shape[1]) * float(xp.finfo(dtype).eps)
+
+
 def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> RIR:
     """Relative immunization ratio of a linear extractor (Eq. 15).
 
     ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]`` with ``H(θ) = θᵀXᵀXθ`` and ``K = XᵀX``,
-    each κ computed as ``condition_number(X @ θ, gram=True)`` (the ``D×D`` matrices are never
-    formed). ``theta`` is ``(D, D_out)``; ``X_p``, ``X_h`` are ``(N, D)`` of the same namespace.
-    ``rir(I, X_p, X_h)`` is exactly 1. Eager (returns Python floats).
+    each κ computed as ``condition_number(X @ θ, gram=True, rtol=rtol)`` (the ``D×D`` matrices
+    are never formed; every singular value the rank rule counts is resolved). One tolerance
+    serves all four κ's: a singular value counts when ``σ_i > rtol·σ₁``, default
+    :func:`run_rtol` ``= max(N_P, N_H, D)·eps`` — the rule :func:`condreg.immunize` uses, so
+    ``rir(res.theta, X_p, X_h)`` (or ``rtol=res.rtol``) reproduces ``res.metrics``. ``theta`` is
+    ``(D, D_out)``; ``X_p``, ``X_h`` are ``(N, D)`` of the same namespace. ``rir(I, X_p, X_h)`` is
+    exactly 1. Eager (returns Python floats).
 
-    Raises ``ValueError`` for mismatched shapes, empty or non-finite input and zero matrices.
+    Raises ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices and an
+    ``rtol`` outside ``[0, 1)``.
     """
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         _as_matrix(X, name, "rir")
@@ -83,8 +100,11 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
             "rir: feature dimensions disagree: X_p has "
             f"{X_p.shape[1]}, X_h has {X_h.shape[1]}, theta has {theta.shape[0]} rows"
         )
+    F_p, F_h = X_p @ theta, X_h @ theta
+    if rtol is None:
+        rtol = run_rtol(X_p, X_h, F_p.dtype)
     k_kp, k_kh = _kappa(X_p, rtol), _kappa(X_h, rtol)
-    k_hp, k_hh = _kappa(X_p @ theta, rtol), _kappa(X_h @ theta, rtol)
+    k_hp, k_hh = _kappa(F_p, rtol), _kappa(F_h, rtol)
     i_ratio, ii_ratio = k_hh / k_kh, k_hp / k_kp
     return RIR(i_ratio, ii_ratio, i_ratio / ii_ratio, k_hp, k_hh, k_kp, k_kh)
 

@@ -52,6 +52,23 @@ def test_rir_matches_its_definition_and_is_scale_invariant():
     np.testing.assert_allclose(res2.rir, res.rir, rtol=1e-8)
 
 
+def test_rir_uses_one_tolerance_for_the_pair():
+    """Default rtol = max(N_P, N_H, D)·eps for all four κ's (the rule of condreg.immunize)."""
+    X_p, X_h = _pair(5)
+    X_h = X_h[:20]  # N_P = 50, N_H = 20
+    theta = np.random.default_rng(6).standard_normal((6, 6))
+    from condreg.metrics import run_rtol
+
+    assert run_rtol(X_p, X_h) == 50 * np.finfo(np.float64).eps
+    assert rir(theta, X_p, X_h) == rir(theta, X_p, X_h, rtol=run_rtol(X_p, X_h))
+    # a coarse tolerance drops the smallest singular values of K from every κ
+    coarse = rir(np.eye(6), X_p, X_h, rtol=0.5)
+    s = np.linalg.svd(X_h, compute_uv=False)
+    assert coarse.kappa_kh == pytest.approx((s[0] / s[s > 0.5 * s[0]][-1]) ** 2, rel=1e-9)
+    with pytest.raises(ValueError, match="rtol"):
+        rir(theta, X_p, X_h, rtol=1.5)
+
+
 def test_rir_rejects_bad_shapes():
     X_p, X_h = _pair()
     with pytest.raises(ValueError, match="feature dimensions"):

@@ -15,6 +15,7 @@ from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
 from condreg.algorithm._step import PATHS, gram_was_used, spectrum
+from condreg.metrics import run_rtol
 
 Array = Any
 
@@ -173,8 +174,7 @@ def prepare(
     seed = v.seed(seed)
     d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     xp = d.xp
-    (N_p, D), N_h = d.X_p.shape, d.X_h.shape[0]
-    rtol = opts["rtol"] or max(N_p, N_h, D) * float(xp.finfo(d.X_p.dtype).eps)
+    rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
     m = REGISTRY[method]
     P, H = (build_task(X, xp, rtol, opts["ridge"]) for X in (d.X_p, d.X_h))
     if H.rank < m.min_rank_h:
