@@ -53,6 +53,22 @@ class RIRTheta0(NamedTuple):
     ratios: list[float]
 
 
+def _namespace(where: str, **arrays: Array) -> Any:
+    """The one library of ``arrays``; ``TypeError`` naming them otherwise."""
+    from array_api_compat import is_array_api_obj
+
+    for name, a in arrays.items():
+        if not is_array_api_obj(a):
+            raise TypeError(f"{where}: {name} must be an array, got {type(a).__name__}")
+    try:
+        return array_namespace(*arrays.values())
+    except TypeError:
+        kinds = ", ".join(f"{k}: {type(a).__module__.split('.')[0]}" for k, a in arrays.items())
+        raise TypeError(
+            f"{where}: all arrays must come from one Array API library ({kinds})"
+        ) from None
+
+
 def _kappa(F: Array, rtol: float | None) -> float:
     return float(condition_number(F, gram=True, rtol=rtol))
 
@@ -90,8 +106,11 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     Raises ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices and an
     ``rtol`` outside ``[0, 1)``.
     """
+    xp = _namespace("rir", theta=theta, X_p=X_p, X_h=X_h)
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         _as_matrix(X, name, "rir")
+    if not bool(xp.all(xp.isfinite(theta))):
+        raise ValueError("rir: theta contains NaN or Inf")
     if getattr(theta, "ndim", None) != 2:
         shape = tuple(getattr(theta, "shape", ()))
         raise ValueError(f"rir: theta must be a 2-D array, got shape {shape}")
@@ -153,7 +172,7 @@ def rir_theta0(
         raise TypeError("rir_theta0: f_I and f_0 must be callables returning feature arrays")
     if int(groups) < 1 or int(group_size) < 2:
         raise ValueError("rir_theta0: groups must be >= 1 and group_size >= 2")
-    xp = array_namespace(X_p, X_h)
+    xp = _namespace("rir_theta0", X_p=X_p, X_h=X_h)
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         if getattr(X, "ndim", 0) < 1 or X.shape[0] == 0:
             raise ValueError(f"rir_theta0: {name} is empty")
@@ -181,6 +200,21 @@ def rir_theta0(
     return RIRTheta0(float(np.mean(ratios)), float(np.mean(nums)), float(np.mean(dens)), ratios)
 
 
+def _pow2(amax: Array, xp: Any) -> Array:
+    """``2**-round(log2(amax))`` as an array (1 for 0): brings the largest entry near 1, exactly;
+    no host synchronisation."""
+    safe = xp.where(amax > 0, amax, xp.ones_like(amax))
+    return 2.0 ** (-xp.round(xp.log2(safe)))
+
+
+def _readable(x: Array) -> bool | None:
+    """``bool(x)``, or None where the value cannot be read (under ``jax.jit``)."""
+    try:
+        return bool(x)
+    except Exception:  # a tracer: the check is skipped, as in the core's ``concrete`` policy
+        return None
+
+
 def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean") -> Array:
     """Norm-ratio curve of linear probing with exact line search (Eq. 16).
 
@@ -193,10 +227,12 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     (Kantorovich), ``κ = κ(AᵀA)``; a larger κ gives a slower curve. No host synchronisation
     (jit-able).
 
-    Raises ``ValueError`` for shapes other than ``A (N, D)``, ``y (N,)`` or ``(N, 1)``. When
-    ``w* = 0`` the ratio is undefined (NaN).
+    ``A`` and ``y`` are first scaled by powers of two (the ratios do not change), so entries of
+    any representable size work. Raises ``ValueError`` for shapes other than ``A (N, D)``,
+    ``y (N,)`` or ``(N, 1)`` and for NaN/Inf, ``TypeError`` for arrays of different libraries.
+    When ``w* = 0`` (``y ⟂`` the range of ``A``, or ``A = 0``) the ratio is undefined (NaN).
     """
-    xp = array_namespace(A, y)
+    xp = _namespace("probe_convergence", A=A, y=y)
     _as_matrix(A, "A", "probe_convergence")
     N, D = A.shape
     if tuple(y.shape) == (N, 1):
@@ -207,7 +243,14 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
         raise ValueError(f"probe_convergence: norm must be 'euclidean' or 'hessian', got {norm!r}")
     if isinstance(steps, bool) or int(steps) != steps or steps < 0:
         raise ValueError(f"probe_convergence: steps must be an integer >= 0, got {steps!r}")
+    if not xp.isdtype(A.dtype, "real floating"):
+        A = xp.astype(A, xp.float64 if xp.isdtype(A.dtype, "integral") else A.dtype)
     y = xp.astype(y, A.dtype)
+    if _readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
+        raise ValueError("probe_convergence: A or y contains NaN or Inf")
+    # the ratios are invariant under A → aA, y → by: scale both by powers of two (exact)
+    A = A * _pow2(xp.max(xp.abs(A)), xp)
+    y = y * _pow2(xp.max(xp.abs(y)), xp)
     w_star = xp.linalg.pinv(A) @ y
     w = xp.zeros((D,), dtype=A.dtype, device=_device(A))
 

@@ -182,3 +182,26 @@ def test_probe_convergence_rejects_bad_input():
         probe_convergence(A, y, -1)
     with pytest.raises(ValueError, match="norm"):
         probe_convergence(A, y, 3, norm="l1")
+
+
+def test_metrics_give_typed_errors_for_bad_input():
+    X_p, X_h = _pair()
+    with pytest.raises(ValueError, match="NaN"):
+        rir(np.full((6, 6), np.nan), X_p, X_h)
+    with pytest.raises(TypeError, match="must be an array"):
+        rir(np.eye(6).tolist(), X_p, X_h)
+    with pytest.raises(ValueError, match="NaN"):
+        probe_convergence(X_p * np.nan, X_p[:, 0], 3)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="one Array API library"):
+        rir(torch.eye(6, dtype=torch.float64), X_p, X_h)
+    with pytest.raises(TypeError, match="one Array API library"):
+        probe_convergence(torch.from_numpy(X_p), X_p[:, 0], 3)
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e200])
+def test_probe_convergence_is_scale_free(scale):
+    """The norm ratios do not change under A → aA, y → by, even where AᵀA would overflow."""
+    A, y = _problem(100.0)
+    ref = probe_convergence(A, y, 8)
+    np.testing.assert_allclose(probe_convergence(scale * A, y / scale, 8), ref, rtol=1e-9)
