@@ -83,6 +83,11 @@ def condition_regularizer(
 ) -> optax.GradientTransformationExtraArgs:
     """An ``optax`` transformation adding Algorithm 1's preconditioned regularizer gradient.
 
+    ``update(updates, state, params, *, x_p=None, x_h=None, **extra)``: ``x_p`` (``N_P×D_in``)
+    and ``x_h`` (``N_H×D_in``) are the batches entering θ (flattened to 2-D); a batch that is
+    ``None`` leaves its term out. ``params`` is required (θ is read from it; ``ValueError``
+    otherwise). Other extra arguments are ignored, as ``optax.chain`` requires.
+
     Parameters
     ----------
     lam_p, lam_h : float
@@ -95,10 +100,15 @@ def condition_regularizer(
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹`` instead.
 
-    ``update(updates, state, params, *, x_p=None, x_h=None, **extra)``: ``x_p`` (``N_P×D_in``)
-    and ``x_h`` (``N_H×D_in``) are the batches entering θ (flattened to 2-D); a batch that is
-    ``None`` leaves its term out. ``params`` is required (θ is read from it; ``ValueError``
-    otherwise). Other extra arguments are ignored, as ``optax.chain`` requires.
+    Returns
+    -------
+    optax.GradientTransformationExtraArgs
+        Stateless (:class:`ConditionRegularizerState`); ``update`` is jit-able.
+
+    Raises
+    ------
+    ValueError
+        For negative weights or ridge.
     """
     from condreg.jax.train import preconditioned_update
 

@@ -44,11 +44,15 @@ __all__ = ["ImmunizationTrainer"]
 class ImmunizationTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` adding condreg's preconditioned regularizer to the model's loss.
 
-    Parameters (besides the ``Trainer``'s own, all passed through)
+    The model must return a ``loss`` when given ``labels`` (any ``*ForSequenceClassification``
+    model does). ``self.last_terms`` holds the detached ``(task, reg)`` of the last step. The
+    ``Trainer``'s own arguments are passed through.
+
+    Parameters
     ----------
-    harmful_dataset : torch Dataset
+    harmful_dataset : torch.utils.data.Dataset
         Examples of the harmful task (model inputs; labels are ignored).
-    immunized : str or nn.Module
+    immunized : str or torch.nn.Module
         The ``nn.Linear`` (or any module whose first positional input ``z`` and output ``F``
         satisfy ``F = zθ``) whose features are regularized: a module of the model or its name in
         ``model.named_modules()``.
@@ -59,8 +63,10 @@ class ImmunizationTrainer(transformers.Trainer):
     normalize : bool
         Scale-free terms (see :class:`condreg.torch.nn.ConditionRegularizer`).
 
-    The model must return a ``loss`` when given ``labels`` (any ``*ForSequenceClassification``
-    model does). ``self.last_terms`` holds the detached ``(task, reg)`` of the last step.
+    Raises
+    ------
+    ValueError
+        If ``immunized`` names no module of the model.
     """
 
     def __init__(
