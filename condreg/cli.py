@@ -261,12 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(cv, "convergence")
 
-    dn = exps.add_parser("deepnet", help="Table 3 / Fig. 3 at CPU scale (small CNN on MNIST)")
+    dn = exps.add_parser(
+        "deepnet", help="Table 3 / Fig. 3 at CPU scale (small networks on MNIST; needs PyTorch)"
+    )
     dn.add_argument(
         "--arch",
         default=None,
-        help="smallcnn (default, CPU study on MNIST), resnet18 or vit_b_16 (torchvision, "
-        "with --weights and image folders)",
+        help="comma-separated architectures: rescnn,vit (default: the small CPU networks on "
+        "MNIST), or resnet18, vit_b_16, vit_b_32, timm:<vit> (with --weights and image folders)",
     )
     dn.add_argument("--weights", type=pathlib.Path, default=None, help="local model weights file")
     dn.add_argument(
