@@ -93,9 +93,7 @@ def run(
     check_task_ranks(hp.X_p, hp.X_h, where=str(data_dir))
     seed_values = rp.seed_list(seeds)
     identity = spectrum_numbers(None, hp.X_p, hp.X_h, rtol=default_rtol(hp.X_p, hp.X_h))
-    store = rp.UnitStore(
-        out_dir, settings={k: v for k, v in settings.items() if k != "data_dir"}, resume=resume
-    )
+    store = rp.UnitStore(out_dir, settings=settings, resume=resume)  # data_dir included
 
     units = {s: store.load(f"seed{s}") for s in seed_values}
     jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
