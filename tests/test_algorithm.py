@@ -305,6 +305,8 @@ def no_work(monkeypatch):
         raise AssertionError("a decomposition ran before the input was validated")
 
     monkeypatch.setattr(algorithm._linalg, "hessian_spectrum", boom)
+    monkeypatch.setattr(algorithm._step._spectrum, "decompose", boom)  # the engine
+    monkeypatch.setattr(algorithm._prepare, "build_task", boom)  # the SVD of each task's data
 
 
 @pytest.mark.parametrize(
