@@ -126,3 +126,20 @@ def test_site_hook_turns_sphinx_roles_into_code_and_links():
         'see <autoref identifier="condreg.r_ill" optional><code>condreg.r_ill</code></autoref>'
         " and <code>Local</code>."
     )
+
+
+def test_site_builds_strict(tmp_path):
+    """``mkdocs build --strict`` (also run by CI): API pages resolve, nav pages exist."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "reference" / "condreg" / "index.html").is_file()

@@ -132,12 +132,15 @@ def test_one_trainer_step_is_algorithm1s_update(tmp_path):
     ref.zero_grad()
     ref(input_ids=ids_p, attention_mask=torch.ones_like(ids_p), labels=y).loss.backward()
     task_grad = _immunized(ref).weight.grad.T.numpy()
-    _, model = _train(tmp_path, 1, lr=1e-3, lam_p=0.5, lam_h=0.2, ridge=0.0, normalize=False)
+    trainer, model = _train(tmp_path, 1, lr=1e-3, lam_p=0.5, lam_h=0.2, ridge=0.0, normalize=False)
     theta1 = _theta(model)
     reg = 0.5 * preconditioned_gradient(theta0, z_p, "r_well") + 0.2 * preconditioned_gradient(
         theta0, z_h, "r_ill"
     )
     np.testing.assert_allclose(theta1, theta0 - 1e-3 * (task_grad + reg), rtol=1e-7, atol=1e-10)
+    # evaluation uses the model's own loss (no hook capture, no harmful batch)
+    metrics = trainer.evaluate(_Tokens(ids_p, y))
+    assert np.isfinite(metrics["eval_loss"])
 
 
 def test_each_term_moves_kappa_the_intended_way(tmp_path):
