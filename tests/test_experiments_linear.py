@@ -169,3 +169,12 @@ def test_worker_processes_give_the_same_numbers(tmp_path):
         b = parallel["results"]["per_pair"]["condreg"][key][0]
         assert b["rir"] == pytest.approx(a["rir"], rel=1e-9)
         assert b["success"] == a["success"]
+
+
+def test_raw_preset_runs_end_to_end(tmp_path):
+    """--inputs raw: 784 inputs, the loop's final RIR is the reported one, table says so."""
+    payload = _run(tmp_path / "raw", [(1, 7)], inputs="raw", epochs=1, n_positive=20)
+    assert payload["results"]["data"]["n_features"] == 784
+    run = payload["results"]["per_pair"]["condreg"]["1-7"][0]
+    assert run["rir_reported_by_immunize"] == run["rir"]
+    assert "784 raw pixels" in (tmp_path / "raw" / "table.md").read_text()
