@@ -185,7 +185,7 @@ def prepare(
     yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
         m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, 1.0, xp,
+        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, xp,
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)

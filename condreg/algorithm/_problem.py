@@ -58,11 +58,10 @@ class Problem:
 
     ``method`` is an entry of :data:`condreg.algorithm.REGISTRY`; ``P``/``H`` the two tasks;
     ``yp`` the scaled pre-training labels (``y/rms(y)`` for regression), ``yh`` the harmful
-    labels of IMMA (or None); ``head_scale`` converts the head to raw units; ``loss_unit``
-    converts the scaled loss to the reported one; ``rtol`` is the run's rank tolerance on
-    singular values of ``Xθ``; ``xp`` the array namespace; ``paths`` the engine's decomposition
-    path per task (``"auto"`` or ``"exact"``, chosen at ``θ_0``: ``"exact"`` where the Gram did
-    not resolve the spectrum there)."""
+    labels of IMMA (or None); ``head_scale`` converts the head to raw units; ``rtol`` is the
+    run's rank tolerance on singular values of ``Xθ``; ``xp`` the array namespace; ``paths``
+    the engine's decomposition path per task (``"auto"`` or ``"exact"``, chosen at ``θ_0``:
+    ``"exact"`` where the Gram did not resolve the spectrum there)."""
 
     method: Method
     task: str
@@ -78,7 +77,6 @@ class Problem:
     imma_lr: float
     rtol: float
     head_scale: float
-    loss_unit: float
     xp: Any
     paths: tuple[str, str] = ("auto", "auto")
 

@@ -100,7 +100,7 @@ def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) ->
             _linalg.kappa(hsH, xp),
             _linalg.r_well(hsP, xp),
             _linalg.r_ill(hsH, xp),
-            loss * problem.loss_unit,
+            loss,
             xp.astype(hsP.sp.k, loss.dtype),
             xp.astype(hsH.sp.k, loss.dtype),
             next_ok,
