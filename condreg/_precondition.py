@@ -14,6 +14,12 @@ Both act on ``∇_θ f = 2KθG`` (Theorem 4.2), so the preconditioned gradient i
 :func:`condreg.condition_number` and :func:`condreg.metrics.rir`): a singular value counts when
 ``s_i > rtol·s₁``, default ``rtol = max(N, D)·eps(dtype)``; ``f_i = 0`` for the others.
 
+The paper's "dummy layer" applies the same operator from the other side: an identity on the
+features ``F = xθ`` whose backward maps ``ḡ ↦ (xxᵀ + εI)⁻¹ḡ`` on the sample axis, so that the
+parameter gradient ``xᵀ(xxᵀ + εI)⁻¹ḡ = (xᵀx + εI)⁻¹xᵀḡ`` is left-preconditioned;
+:func:`sample_preconditioner` gives that map with the same rank rule (``U diag(1/(s² + ε·s₁²))
+Uᵀ``, 0 beyond the rank), for the framework adapters.
+
 Everything here is pure Array API code without host synchronisation (it traces under ``jax.jit``);
 :class:`LeftPreconditioner` keeps the filter as an array over all ``min(N, D)`` singular values
 (no data-dependent shapes).
@@ -27,7 +33,14 @@ from condreg import _core
 
 Array = Any
 
-__all__ = ["LeftPreconditioner", "left_preconditioner", "rank_mask", "resolve_rtol"]
+__all__ = [
+    "LeftPreconditioner",
+    "left_preconditioner",
+    "sample_preconditioner",
+    "left_filter",
+    "rank_mask",
+    "resolve_rtol",
+]
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -93,3 +106,27 @@ def left_preconditioner(
     _, s, Vh = xp.linalg.svd(X, full_matrices=False)
     f = left_filter(s, rank_mask(s, tol), None if ridge is None else float(ridge), xp)
     return LeftPreconditioner(Vh.T, s, f)
+
+
+def sample_preconditioner(
+    x: Array, *, ridge: float = 0.0, rtol: float | None = None, xp: Any = None
+) -> LeftPreconditioner:
+    """The dummy layer's backward ``ḡ ↦ (xxᵀ + ε I)⁻¹ḡ`` (``N×N``, on the sample axis) for a
+    batch ``x`` (``N×D``), ``ε = ridge·s₁²`` (``ridge=0``: the pseudo-inverse ``(xxᵀ)⁺``), with
+    the module's rank rule (``s_i > rtol·s₁``, default ``max(N, D)·eps``). ``apply(ḡ)`` computes
+    ``U diag(f) Uᵀ ḡ`` with ``f_i = 1/(s_i² + ε)`` on the rank, 0 beyond it. Pure; jit-able.
+
+    Raises ``ValueError`` for ``ridge < 0`` or an ``rtol`` outside ``[0, 1)``."""
+    if xp is None:
+        from array_api_compat import array_namespace
+
+        xp = array_namespace(x)
+    if not float(ridge) >= 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge!r}")
+    tol = resolve_rtol(rtol, x.shape, x.dtype, xp)
+    U, s, _ = xp.linalg.svd(x, full_matrices=False)
+    mask = rank_mask(s, tol)
+    s2 = s * s
+    den = xp.where(mask, s2 + float(ridge) * s2[..., :1], xp.ones_like(s2))
+    f = xp.where(mask, 1.0 / den, xp.zeros_like(s2))
+    return LeftPreconditioner(U, s, f)
