@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from array_api_compat import array_namespace
+
 from condreg import _core, _precondition
-from condreg.algorithm._validate import namespace
 
 Array = Any
 
@@ -38,7 +39,13 @@ def preconditioned_gradient(
     """
     if quantity not in _core.QUANTITIES:
         raise ValueError(f"quantity must be one of {_core.QUANTITIES}, got {quantity!r}")
-    xp = namespace({"X_p": theta, "X_h": X}, xp)
+    if xp is None:
+        try:
+            xp = array_namespace(theta, X)
+        except TypeError:
+            raise TypeError(
+                "preconditioned_gradient: theta and X must be arrays of one Array API library"
+            ) from None
     F = X @ theta
     sp = _core.decompose(F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never)
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
