@@ -242,7 +242,7 @@ def immunize(
     epochs = _validate_epochs(epochs)
     if callback is not None and not callable(callback):
         raise TypeError(f"immunize: callback must be callable, got {type(callback).__name__}")
-    if theta0 is not None and resume is not None:
+    if resume is not None and (theta0 is not None or omega0 is not None):
         raise ValueError("immunize: pass either resume or theta0/omega0, not both")
     kw = result_defaults(
         resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, imma_lr=imma_lr, rtol=rtol,

@@ -165,7 +165,9 @@ def prepare(
     to reproduce it bit for bit). Iterate :func:`condreg.algorithm.step` from the returned state
     for the epochs of ``immunize``.
     """
-    if paths is not None and (len(paths) != 2 or any(p not in PATHS for p in paths)):
+    if paths is not None and (
+        isinstance(paths, str) or len(paths) != 2 or any(p not in PATHS for p in paths)
+    ):
         raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
     opts = v.options(
         method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
@@ -189,7 +191,7 @@ def prepare(
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)
-    problem = replace(problem, paths=paths or _paths(problem, d.theta))
+    problem = replace(problem, paths=tuple(paths) if paths else _paths(problem, d.theta))
     return _weights(problem, state, opts, warn), state
 
 
