@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import math
 import pathlib
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -363,6 +364,10 @@ def _remove_empty(dirs: Sequence[pathlib.Path]) -> None:
             break
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``condreg`` console script; returns the exit status.
 
@@ -381,6 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     created = _new_dirs(out)
     start = time.perf_counter()
     ok = False
+    # SIGTERM (a killed job) unwinds like Ctrl-C: worker processes are stopped and the units
+    # finished so far stay in --out for --resume
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
     try:
         # imported here: an experiment that needs a missing package (deepnet: torch) raises
         # UsageError on import, which is reported like any other bad option
@@ -395,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"condreg reproduce {name}: error: {message}", file=sys.stderr)
         return 2
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if not ok:
             _remove_empty(created)
     elapsed = time.perf_counter() - start

@@ -37,7 +37,6 @@ thread each.
 
 from __future__ import annotations
 
-import concurrent.futures
 import multiprocessing
 import os
 import pathlib
@@ -194,6 +193,11 @@ def _limit_blas_threads() -> None:
 _BLAS_LIMIT = None
 
 
+def _run_unit_packed(args: tuple) -> dict[str, Any]:
+    """:func:`_run_unit` with its arguments in one tuple (for ``Pool.imap_unordered``)."""
+    return _run_unit(*args)
+
+
 def _run_unit(seed, pair, tp, th, methods, epochs, lr, options) -> dict[str, Any]:
     """One (seed, pair): every method on (D_P = task P, D_H = task H). Runs in a worker."""
     start = time.perf_counter()
@@ -336,16 +340,15 @@ def run(
         for seed, pair in rp.progress(todo, enabled=progress, desc="mnist-pairs", total=bar_total):
             done(_run_unit(*arguments(seed, pair)))
     else:
+        # Pool's context manager terminates the workers on any exit, an error or an interrupt
+        # included (the units finished so far are saved; --resume continues from them)
         context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=n_jobs, mp_context=context, initializer=_limit_blas_threads
-        ) as pool_exec:
-            futures = [pool_exec.submit(_run_unit, *arguments(s, p)) for s, p in todo]
-            finished = concurrent.futures.as_completed(futures)
-            for future in rp.progress(
+        with context.Pool(processes=n_jobs, initializer=_limit_blas_threads) as workers:
+            finished = workers.imap_unordered(_run_unit_packed, [arguments(*u) for u in todo])
+            for unit in rp.progress(
                 finished, enabled=progress, desc="mnist-pairs", total=bar_total
             ):
-                done(future.result())
+                done(unit)
     compute_wall = time.perf_counter() - compute_start
 
     per_pair: dict[str, dict[str, list[dict[str, Any]]]] = {}
