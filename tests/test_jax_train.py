@@ -142,3 +142,11 @@ def test_regularizer_loss_of_a_zero_batch_raises_rank_error(train):
             train.regularizer_loss(None, zero, normalize=normalize)
     with pytest.raises(ValueError, match="NaN or Inf"):
         train.regularizer_loss(jnp.full((4, 3), jnp.nan), None)
+
+
+def test_old_gradient_transformation_name_points_to_optax(train):
+    optax = pytest.importorskip("optax")
+    with pytest.warns(DeprecationWarning, match="optax"):
+        assert train.GradientTransformation is optax.GradientTransformationExtraArgs
+    with pytest.raises(AttributeError):
+        train.no_such_name  # noqa: B018
