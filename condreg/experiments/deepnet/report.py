@@ -66,8 +66,10 @@ def _fmt_steps(st: dict[str, Any], limit: int) -> str:
 
 
 def _fmt_attack(st: dict[str, Any], limit: int) -> str:
-    red = 100 * st["reduction"]["mean"]
-    return f"{_fmt_steps(st, limit)}; {red:.1f} % at {limit}"
+    red = st["reduction"]["mean"]
+    if red < 0:  # the last iterate's loss is above the start (heavy-ball transient)
+        return f"{_fmt_steps(st, limit)}; loss above the start ({red:.2g}×)"
+    return f"{_fmt_steps(st, limit)}; {100 * red:.1f} %"
 
 
 def _summary(rows: list[dict], ident: list[dict], ref: list[dict] | None) -> dict[str, Any]:
@@ -185,7 +187,7 @@ def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str
     lines += [
         f"Steps to 99 % of the achievable loss reduction, least-squares probe on D_H ({arch}; "
         f"condreg.attacks, at most {s.attack_steps} steps; median over the seeds that reach it; "
-        f"then the mean fraction of the reduction reached after {s.attack_steps} steps):",
+        f"then the mean fraction of the reduction reached at step {s.attack_steps}):",
         "",
     ]
     a_rows = [
@@ -252,6 +254,7 @@ def plots(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], per_seed: d
         for c in range(2):
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+        axes[r, 2].ticklabel_format(axis="y", useOffset=False)
         axes[r, 2].set_xlabel("steps")
         axes[r, 2].set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         for ax in axes[r]:

@@ -117,7 +117,7 @@ class Settings:
 #: ``--quick``: a small, fast version (about a minute on 2 cores).
 QUICK: dict[str, Any] = {
     "n_per_digit": 250,
-    "pretrain_epochs": 3,
+    "pretrain_epochs": 6,
     "immunize_steps": 40,
     "probe_steps": 100,
     "probe_converge_iters": 40,
