@@ -119,6 +119,9 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
             "rir: feature dimensions disagree: X_p has "
             f"{X_p.shape[1]}, X_h has {X_h.shape[1]}, theta has {theta.shape[0]} rows"
         )
+    # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact), so that any
+    # representable scale works (θ = 1e200·I, X ~ 1e-170) whatever the decomposition path
+    theta, X_p, X_h = (_unit(a, xp) for a in (theta, X_p, X_h))
     F_p, F_h = X_p @ theta, X_h @ theta
     if rtol is None:
         rtol = run_rtol(X_p, X_h, F_p.dtype)
@@ -205,6 +208,13 @@ def _pow2(amax: Array, xp: Any) -> Array:
     no host synchronisation."""
     safe = xp.where(amax > 0, amax, xp.ones_like(amax))
     return 2.0 ** (-xp.round(xp.log2(safe)))
+
+
+def _unit(a: Array, xp: Any) -> Array:
+    """``a`` times the power of two that brings its largest entry near 1 (floating ``a`` only)."""
+    if not xp.isdtype(a.dtype, "real floating"):
+        return a
+    return a * xp.astype(_pow2(xp.max(xp.abs(a)), xp), a.dtype)
 
 
 def _readable(x: Array) -> bool | None:

@@ -13,14 +13,9 @@ import numpy as np
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import evaluate, step
+from condreg.algorithm._step import evaluate, is_linalg_error, step
 
 Array = Any
-
-
-def _is_linalg_error(exc: BaseException) -> bool:
-    """A backend's "decomposition did not converge" (numpy LinAlgError, torch _LinAlgError…)."""
-    return any("LinAlgError" in c.__name__ for c in type(exc).__mro__)
 
 
 #: A loss above this multiple of the zero head's loss (or of the starting loss, if larger) is a
@@ -107,7 +102,7 @@ def run(
                     rec_array = evaluate(problem, state)
                 rec = [float(x) for x in rec_array]
         except Exception as exc:
-            if not _is_linalg_error(exc):
+            if not is_linalg_error(exc):
                 raise
             stopped = f"diverged: decomposition failed at epoch {t} ({type(exc).__name__}: {exc})"
             break

@@ -14,7 +14,7 @@ from condreg.algorithm import _validate as v
 from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import PATHS, gram_was_used, spectrum
+from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
 from condreg.metrics import run_rtol
 
 Array = Any
@@ -94,24 +94,34 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     hsH = None
     imma_lr = opts["imma_lr"]
     if method.default_inner_lr is not None and imma_lr is None:
-        with np.errstate(all="ignore"):
-            hsH = spectrum(
-                problem.H, state.theta, problem.rtol, xp, vectors=False, path=problem.paths[1]
-            )
-            imma_lr = method.default_inner_lr(problem, state.theta, hsH)
+        try:
+            with np.errstate(all="ignore"):
+                hsH = spectrum(
+                    problem.H, state.theta, problem.rtol, xp, vectors=False, path=problem.paths[1]
+                )
+                imma_lr = method.default_inner_lr(problem, state.theta, hsH)
+        except Exception as exc:
+            if not is_linalg_error(exc):
+                raise
+            imma_lr = float("nan")
         if not (imma_lr > 0 and math.isfinite(imma_lr)):
             imma_lr = 1.0  # θ_0 overflows or maps X_h to 0: the loop stops at epoch 0
     problem = problem.with_weights(problem.lam_p, problem.lam_h, imma_lr)
     lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
     if any(lam[k] is None for k in method.uses):
-        with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
-            hsP = spectrum(
-                problem.P, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[0]
-            )
-            hsH = spectrum(
-                problem.H, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[1]
-            )
-            sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
+        try:
+            with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
+                hsP = spectrum(
+                    problem.P, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[0]
+                )
+                hsH = spectrum(
+                    problem.H, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[1]
+                )
+                sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
+        except Exception as exc:
+            if not is_linalg_error(exc):
+                raise
+            sizes = (float("nan"), float("nan"))
         sizes = dict(zip("ph", sizes, strict=True))
         bad = [
             k
@@ -200,9 +210,14 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
     ``"exact"`` (the eigh would be wasted every epoch)."""
     out = []
     for task in (problem.P, problem.H):
-        with np.errstate(all="ignore"):
-            hs = spectrum(task, theta, problem.rtol, problem.xp, vectors=False, path="auto")
-            out.append("auto" if gram_was_used(hs, problem.xp) else "exact")
+        try:
+            with np.errstate(all="ignore"):
+                hs = spectrum(task, theta, problem.rtol, problem.xp, vectors=False, path="auto")
+                out.append("auto" if gram_was_used(hs, problem.xp) else "exact")
+        except Exception as exc:  # θ_0 overflows: the loop reports it at epoch 0
+            if not is_linalg_error(exc):
+                raise
+            out.append("exact")
     return out[0], out[1]
 
 

@@ -35,6 +35,11 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
     return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
 
 
+def is_linalg_error(exc: BaseException) -> bool:
+    """A backend's "decomposition did not converge" (numpy LinAlgError, torch _LinAlgError…)."""
+    return any("LinAlgError" in c.__name__ for c in type(exc).__mro__)
+
+
 def gram_was_used(hs: Any, xp: Any) -> bool:
     """Whether the engine took the Gram path (its error bound is then > 0; eager)."""
     err = hs.sp.mu_err
