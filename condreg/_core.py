@@ -224,7 +224,12 @@ def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
 
 
 def _rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
-    return _spectrum.scale_by_power(x, scale, power, xp)
+    """``x · scale**power`` one factor at a time (for values: a few operations on ``(...)``
+    arrays; each step moves monotonically toward the result, so nothing over- or underflows
+    that the result does not)."""
+    for _ in range(abs(power)):
+        x = x * scale if power > 0 else x / scale
+    return x
 
 
 #: Degree of homogeneity of each value in mu.

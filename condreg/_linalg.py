@@ -69,8 +69,9 @@ def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
     """``(s, V, W, mu_err)`` of ``F``: the smaller Gram's eigh where it resolves every value the
     rule ``s_i > tol·s_1`` counts, the thin SVD of ``F`` otherwise (both sides' vectors exact)."""
     gdtype = _spectrum.gram_dtype(F, xp)
-    s, Q, mu_rel, err_rel = _spectrum._gram_eigh(F, xp, vectors, gdtype)
-    ok = _spectrum.gram_resolves(mu_rel, err_rel, tol, _spectrum.gram_accuracy(xp, F.dtype), xp)
+    s, Q, mu_rel, err_rel, in_range = _spectrum._gram_eigh(F, xp, vectors, gdtype)
+    acc = _spectrum.gram_accuracy(xp, F.dtype)
+    ok = in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp)
 
     def from_gram():
         if not vectors:

@@ -275,82 +275,46 @@ def _rank(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
     return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
 
 
-def _power_of_two_scale(F: Array, xp: Any) -> Array:
-    """Per matrix ``2**-round(log2(max|F|))`` (shape ``(..., 1, 1)``): an exact rescaling that
-    brings the largest entry near 1, clipped to the dtype's range; 1 for a zero matrix."""
-    amax = xp.max(xp.abs(F), axis=(-2, -1), keepdims=True)
-    big = math.floor(math.log2(float(xp.finfo(F.dtype).max))) - 1
-    pos = amax > 0
-    safe = xp.where(pos, amax, xp.ones_like(amax))
-    e = xp.clip(xp.round(xp.log2(safe)), -big, big)
-    return 2.0 ** (-e)
-
-
-def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array]:
+def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None]:
     """``s`` and the singular vectors of the small side of ``F`` (``U``, ``N×N`` when ``N < D``;
-    ``V``, ``D×D`` otherwise) from a QR factorisation and the SVD of its ``R``."""
+    ``V``, ``D×D`` otherwise) from a QR factorisation and the SVD of its ``R`` (backward
+    stable: every ``s_i`` has absolute error ≈ ``c·eps·s_1``)."""
     N, D = F.shape[-2], F.shape[-1]
     R = _qr_r(xp, _mT(xp, F) if N < D else F)
     if not vectors:
         return xp.linalg.svdvals(R), None
-    Ur, s, Vhr = xp.linalg.svd(R, full_matrices=False)
-    return s, _mT(xp, Vhr)  # N < D: U_F = V_R; N >= D: V_F = V_R
-
-
-def _gram_matrix(F: Array, xp: Any, gdtype: Any, read: Concrete) -> tuple[Array, Array]:
-    """``(M, c)``: the smaller Gram matrix of ``c·F`` in ``gdtype`` and the power-of-two scale
-    ``c`` (``(..., 1, 1)``).
-
-    ``c = 1`` (no extra pass over ``F``) when the Gram is in range: always for float32 features
-    with a float64 Gram, otherwise when its largest diagonal entry lies safely between the
-    smallest normal number (over eps²) and the largest (over 4·max(N, D)); else ``F`` is
-    rescaled so that its largest entry is near 1 (``F = 1e-170·I`` or ``1e200·I`` in float64).
-    """
-    N, D = F.shape[-2], F.shape[-1]
-
-    def gram(A):
-        A = A if A.dtype == gdtype else xp.astype(A, gdtype)
-        return A @ _mT(xp, A) if N < D else _mT(xp, A) @ A
-
-    one = xp.ones(F.shape[:-2] + (1, 1), dtype=F.dtype, device=_device(F))
-    if gdtype != F.dtype:  # float32 data, float64 Gram: squares of float32 are always in range
-        return gram(F), one
-    M = gram(F)
-    fi = xp.finfo(gdtype)
-    lo = float(fi.smallest_normal) / eps(xp, gdtype) ** 2
-    hi = float(fi.max) / (4.0 * max(N, D))
-    dmax = xp.max(xp.linalg.diagonal(M), axis=-1)
-    in_range = xp.all((dmax > lo) & (dmax < hi))
-
-    def scaled():
-        c = _power_of_two_scale(F, xp)
-        return gram(F * c), c
-
-    return choose(in_range, lambda: (M, one), scaled, read)
+    _, s, Vhr = xp.linalg.svd(R, full_matrices=False)
+    return s, _mT(xp, Vhr)  # N < D: F = Rᵀ Qᵀ, U_F = V_R; N >= D: F = Q R, V_F = V_R
 
 
 def _gram_eigh(
-    F: Array, xp: Any, vectors: bool, gdtype: Any, read: Concrete = eager
-) -> tuple[Array, Any, Array, Array]:
-    """``s``, the small side's vectors, ``mu / mu_1`` and the error bound ``err / mu_1`` from the
-    eigh of the smaller Gram matrix of ``F`` (formed in ``gdtype``, rescaled if out of range)."""
+    F: Array, xp: Any, vectors: bool, gdtype: Any
+) -> tuple[Array, Any, Array, Array, Array]:
+    """``(s, W, mu / mu_1, err / mu_1, in_range)`` from the eigh of the smaller Gram matrix of
+    ``F`` formed in ``gdtype``: singular values, the small side's vectors, the eigenvalues and
+    the error bound relative to the largest one, and a 0-d boolean saying that ``mu_1`` lies
+    safely inside the dtype's range (between the smallest normal number over eps² and the
+    largest over 4·max(N, D); always true for float32 features with a float64 Gram). Out of
+    range (``F = 1e-170·I`` or ``1e200·I`` in float64) the caller takes the exact path."""
     N, D = F.shape[-2], F.shape[-1]
-    M, c = _gram_matrix(F, xp, gdtype, read)
+    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
+    M = A @ _mT(xp, A) if N < D else _mT(xp, A) @ A
     if vectors:
         mu, W = xp.linalg.eigh(M)
-        W = xp.flip(W, axis=-1)
+        W = xp.astype(xp.flip(W, axis=-1), F.dtype)
     else:
         mu, W = xp.linalg.eigvalsh(M), None
-    mu = xp.flip(mu, axis=-1)
-    mu = xp.maximum(mu, xp.zeros_like(mu))
+    mu = xp.maximum(xp.flip(mu, axis=-1), xp.zeros_like(mu))
     n, m = min(N, D), max(N, D)
     top = mu[..., :1]
     err = eps(xp, gdtype) * (n * top + math.sqrt(m) * xp.sum(mu, axis=-1, keepdims=True))
+    fi = xp.finfo(gdtype)
+    lo = float(fi.smallest_normal) / eps(xp, gdtype) ** 2
+    hi = float(fi.max) / (4.0 * m)
+    in_range = xp.all((top > lo) & (top < hi))  # False for NaN and for a zero matrix
     safe_top = xp.where(top > 0, top, xp.ones_like(top))
-    s = xp.astype(xp.sqrt(mu), F.dtype) / c[..., 0]
-    if W is not None:
-        W = xp.astype(W, F.dtype)
-    return s, W, xp.astype(mu / safe_top, F.dtype), xp.astype(err / safe_top, F.dtype)
+    s = xp.astype(xp.sqrt(mu), F.dtype)
+    return s, W, xp.astype(mu / safe_top, F.dtype), xp.astype(err / safe_top, F.dtype), in_range
 
 
 def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:
@@ -382,13 +346,13 @@ def gram_spectrum(
         s, Q = _svd_small_side(F, xp, vectors)
         return s, Q, 0.0, tie_exact
     gdtype = gram_dtype(F, xp)
-    s, Q, mu_rel, err_rel = _gram_eigh(F, xp, vectors, gdtype, read)
+    s, Q, mu_rel, err_rel, in_range = _gram_eigh(F, xp, vectors, gdtype)
     tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
     if method == "gram":
         return s, Q, err_rel, tie_gram
     if accuracy is None:
         accuracy = gram_accuracy(xp, F.dtype)
-    ok = gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
+    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
 
     def exact():
         s2, Q2 = _svd_small_side(F, xp, vectors)
