@@ -205,3 +205,13 @@ def test_probe_convergence_is_scale_free(scale):
     A, y = _problem(100.0)
     ref = probe_convergence(A, y, 8)
     np.testing.assert_allclose(probe_convergence(scale * A, y / scale, 8), ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("a, b", [(1e200, 1.0), (1e-200, 1.0), (1.0, 1e-170), (1.0, 1e170)])
+def test_rir_works_at_any_representable_scale(a, b):
+    """κ is scale-invariant; θ and the data are rescaled by powers of two before any Gram."""
+    X_p, X_h = _pair(7)
+    theta = np.eye(6) + 0.2 * np.random.default_rng(8).standard_normal((6, 6))
+    ref = rir(theta, X_p, X_h)
+    np.testing.assert_allclose(tuple(rir(a * theta, b * X_p, X_h)), tuple(ref[:3]) + (
+        ref.kappa_hp, ref.kappa_hh, ref.kappa_kp, ref.kappa_kh), rtol=1e-9)  # fmt: skip
