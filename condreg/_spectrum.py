@@ -299,9 +299,20 @@ def _gram_eigh(
     N, D = F.shape[-2], F.shape[-1]
     A = F if F.dtype == gdtype else xp.astype(F, gdtype)
     M = A @ _mT(xp, A) if N < D else _mT(xp, A) @ A
+    return eigh_gram(M, (N, D), xp, vectors, F.dtype)
+
+
+def eigh_gram(
+    M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any
+) -> tuple[Array, Any, Array, Array, Array]:
+    """:func:`_gram_eigh` from a formed Gram matrix ``M`` of a feature batch of ``shape``
+    ``(N, D)`` (also the all-reduced ``Σ_r F_rᵀF_r`` of data-parallel ranks); results in
+    ``dtype``."""
+    N, D = shape
+    gdtype = M.dtype
     if vectors:
         mu, W = xp.linalg.eigh(M)
-        W = xp.astype(xp.flip(W, axis=-1), F.dtype)
+        W = xp.astype(xp.flip(W, axis=-1), dtype)
     else:
         mu, W = xp.linalg.eigvalsh(M), None
     mu = xp.maximum(xp.flip(mu, axis=-1), xp.zeros_like(mu))
@@ -313,8 +324,8 @@ def _gram_eigh(
     hi = float(fi.max) / (4.0 * m)
     in_range = xp.all((top > lo) & (top < hi))  # False for NaN and for a zero matrix
     safe_top = xp.where(top > 0, top, xp.ones_like(top))
-    s = xp.astype(xp.sqrt(mu), F.dtype)
-    return s, W, xp.astype(mu / safe_top, F.dtype), xp.astype(err / safe_top, F.dtype), in_range
+    s = xp.astype(xp.sqrt(mu), dtype)
+    return s, W, xp.astype(mu / safe_top, dtype), xp.astype(err / safe_top, dtype), in_range
 
 
 def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:

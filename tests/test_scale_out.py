@@ -38,6 +38,24 @@ TORCH_SCRIPT = textwrap.dedent(
             )
             loss.backward()
             torch.save({"loss": loss.detach(), "grad": F.grad / world}, f"{out}/rank{rank}.pt")
+            # The quantity functions: Gram all-reduce (N_total >= D) or gather (N_total < D),
+            # uneven rows per rank for the Gram path; every strategy, every quantity.
+            from condreg.torch import distributed as cd
+            results = {}
+            for D, rows in ((10, (5, 7)), (16, (6, 6))):
+                g = torch.Generator().manual_seed(D)
+                A = torch.randn(sum(rows), D, dtype=torch.float64, generator=g)
+                start = sum(rows[:rank])
+                for strategy in ("auto", "gram", "gather"):
+                    if strategy == "gather" and rows[0] != rows[1]:
+                        continue
+                    for q in ("condition_number", "r_well", "r_ill"):
+                        X = A[start : start + rows[rank]].clone().requires_grad_(True)
+                        v = getattr(cd, q)(X, strategy=strategy)
+                        v.backward()
+                        results[(D, strategy, q)] = (v.detach(), X.grad / world)
+            results["auto_choice"] = (cd.choose_strategy(12, 10), cd.choose_strategy(12, 16))
+            torch.save(results, f"{out}/quantities{rank}.pt")
         finally:
             dist.destroy_process_group()
 
@@ -70,6 +88,15 @@ JAX_SCRIPT = textwrap.dedent(
     np.testing.assert_allclose(
         np.asarray(g), condreg.r_ill_grad(np.asarray(F), gram=True), rtol=1e-10, atol=1e-14
     )
+    # N >= D: the engine takes the D×D Gram, which XLA all-reduces over the row shards
+    # (D² numbers); the gradient 2·F·G stays sharded by rows.
+    F2 = jnp.asarray(np.random.default_rng(1).standard_normal((24, 10)))
+    F2s = jax.device_put(F2, NamedSharding(mesh, P("data", None)))
+    for q in (condreg.r_well, condreg.r_ill, condreg.condition_number):
+        h = jax.jit(jax.value_and_grad(lambda X: q(X, gram=True)))
+        (v, g2), (v0, g20) = h(F2s), h(F2)
+        np.testing.assert_allclose(float(v), float(v0), rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(g2), np.asarray(g20), rtol=1e-10, atol=1e-12)
     print("ok", g.sharding)
     """
 )
@@ -95,15 +122,24 @@ def _run(script: str, *args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
-def test_torch_distributed_all_gather_matches_single_process(tmp_path):
-    torch = pytest.importorskip("torch")
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory):
+    """One run of the 2-process gloo script (its output folder) for the torch tests."""
+    pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    import condreg
-
+    tmp_path = tmp_path_factory.mktemp("gloo")
     proc = _run(TORCH_SCRIPT, str(_free_port()), str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path
+
+
+def test_torch_distributed_all_gather_matches_single_process(torch_run):
+    torch = pytest.importorskip("torch")
+    import condreg
+
+    tmp_path = torch_run
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     g = torch.Generator().manual_seed(0)
     F = torch.randn(12, 10, dtype=torch.float64, generator=g).requires_grad_(True)
@@ -113,6 +149,45 @@ def test_torch_distributed_all_gather_matches_single_process(tmp_path):
         np.testing.assert_allclose(float(r["loss"]), loss.item(), rtol=1e-12)
     grad = torch.cat([r0["grad"], r1["grad"]]).numpy()
     np.testing.assert_allclose(grad, F.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def test_torch_distributed_gram_all_reduce_and_gather_match_single_process(torch_run):
+    """Both strategies (and the automatic choice) equal one process on the concatenated batch
+    to 1e-10 in float64 with 2 gloo processes."""
+    torch = pytest.importorskip("torch")
+    import condreg
+
+    tmp_path = torch_run
+    r0, r1 = (torch.load(tmp_path / f"quantities{r}.pt") for r in (0, 1))
+    assert r0.pop("auto_choice") == ("gram", "gather")
+    r1.pop("auto_choice")
+    seen = set()
+    for (D, strategy, q), (v0, g0) in r0.items():
+        rows = (5, 7) if D == 10 else (6, 6)
+        g = torch.Generator().manual_seed(D)
+        A = torch.randn(sum(rows), D, dtype=torch.float64, generator=g).requires_grad_(True)
+        want = getattr(condreg, q)(A, gram=True)
+        want.backward()
+        v1, g1 = r1[(D, strategy, q)]
+        for v in (v0, v1):
+            np.testing.assert_allclose(float(v), float(want.detach()), rtol=1e-10)
+        grad = torch.cat([g0, g1]).numpy()
+        atol = 1e-10 * float(A.grad.abs().max())
+        np.testing.assert_allclose(grad, A.grad.numpy(), rtol=1e-10, atol=atol)
+        seen.add((D, strategy))
+    assert {(10, "gram"), (10, "auto"), (16, "gather"), (16, "auto"), (16, "gram")} <= seen
+
+
+def test_distributed_quantities_are_single_process_without_a_group():
+    torch = pytest.importorskip("torch")
+    import condreg
+    from condreg.torch import distributed as cd
+
+    F = torch.randn(6, 4, dtype=torch.float64)
+    for q in ("condition_number", "r_well", "r_ill"):
+        assert float(getattr(cd, q)(F)) == pytest.approx(float(getattr(condreg, q)(F, gram=True)))
+    with pytest.raises(ValueError, match="strategy"):
+        cd.r_ill(F, strategy="scatter")
 
 
 def test_gather_features_is_identity_without_a_process_group():

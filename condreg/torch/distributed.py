@@ -1,31 +1,53 @@
 """Scaling condreg's regularizers out with ``torch.distributed`` (nothing home-made).
 
 The probing Hessian of a data-parallel batch is that of all ranks' features together,
-``H = Σ_r F_rᵀF_r = FᵀF`` with ``F`` the rows of every rank stacked. :func:`gather_features`
-stacks them with PyTorch's own differentiable all-gather, so
+``H = Σ_r F_rᵀF_r = FᵀF`` with ``F`` the rows of every rank stacked. Two ways to get its
+spectrum, chosen automatically by :func:`r_ill`, :func:`r_well` and :func:`condition_number`
+from the global batch size ``N_total = Σ_r N_r`` and the feature dimension ``D``:
 
-    loss_reg = lam_h * condreg.r_ill(gather_features(F_local), gram=True)
+``"gram"`` (``N_total >= D``)
+    Each rank forms its ``D×D`` Gram ``F_rᵀF_r`` (float64 for float32 features) and one
+    all-reduce sums them: ``D²`` numbers per rank, whatever the batch size. Every rank then
+    decomposes the same ``H`` (the engine's eigh, :mod:`condreg._spectrum`) and the backward is
+    local, ``∇F_r = 2 F_r G`` with ``G = ∇_H`` — no communication. If that eigh does not resolve
+    the spectrum (the engine's accuracy guard, decided identically on every rank), the call
+    falls back to ``"gather"``.
+``"gather"`` (``N_total < D``)
+    :func:`gather_features` all-gathers the rows (``N_total·D`` numbers, plus a reduce-scatter
+    of the same size in the backward) and every rank evaluates ``condreg.<quantity>(F, gram=True)``
+    on the stacked batch — the engine then takes the ``N_total×N_total`` Gram.
 
-has the same value on every rank and its backward sends each rank the gradient for its own rows.
+Communication per step and rank, in numbers: ``"gram"`` ``D² + 1``; ``"gather"``
+``2·N_total·D + 1`` (the ``+1`` is the all-reduce of the batch size that picks the strategy).
 
-Gradient scale. The all-gather's backward sums the incoming gradients of all ranks
-(reduce-scatter), and every rank holds the same replicated loss: the gradient reaching ``F_local``
-is ``world_size ×`` the gradient of that loss with respect to those rows. Under
-``DistributedDataParallel`` — which averages parameter gradients over ranks — this is exactly
-right: the averaged parameter gradient is the full gradient of the regularizer. Without DDP (a
-hand-rolled loop that sums, or no reduction at all), divide the regularizer by ``world_size``.
+Gradient scale (both strategies, so the automatic switch changes nothing): every rank holds the
+same replicated loss, and the gradient reaching ``F_local`` is ``world_size ×`` the gradient of
+that loss with respect to those rows (the all-gather's backward sums over ranks; the Gram path
+multiplies its local gradient by ``world_size`` to match). Under ``DistributedDataParallel`` —
+which averages parameter gradients over ranks — this is exactly right: the averaged parameter
+gradient is the full gradient of the regularizer. Without DDP, divide by ``world_size``.
 
-Cost: one all-gather of ``N_local × D`` features per step; the SVD then runs on the gathered
-``(world_size·N_local) × D`` matrix on every rank (``O(N²D)``, small next to the network for the
-batch sizes probing Hessians are estimated from).
+Without an initialised process group every function is the single-process one.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.distributed as dist
+from array_api_compat import array_namespace
 
-__all__ = ["gather_features"]
+import condreg
+from condreg import _core, _spectrum, _validation
+
+__all__ = ["gather_features", "condition_number", "r_well", "r_ill", "choose_strategy"]
+
+Strategy = Literal["auto", "gram", "gather"]
+
+
+def _initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -35,9 +57,10 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
 
     Uses ``torch.distributed``'s autograd-aware functional collectives
     (``all_gather_single_autograd`` on recent PyTorch, ``all_gather_tensor_autograd`` before it),
-    falling back to ``torch.distributed.nn.functional.all_gather``.
+    falling back to ``torch.distributed.nn.functional.all_gather``. Every rank must pass the same
+    number of rows (use the quantity functions below for uneven batches).
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _initialised():
         return features
     group = dist.group.WORLD if group is None else group
     from torch.distributed import _functional_collectives as fc
@@ -51,3 +74,128 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(features.contiguous(), group=group), dim=0)
+
+
+def choose_strategy(n_total: int, d: int) -> str:
+    """``"gram"`` when the global batch has at least as many rows as features (the ``D×D``
+    all-reduce is then no larger than the gather), ``"gather"`` otherwise."""
+    return "gram" if n_total >= d else "gather"
+
+
+def _global_rows(F: torch.Tensor, group) -> int:
+    n = torch.tensor([F.shape[0]], dtype=torch.int64, device=F.device)
+    dist.all_reduce(n, group=group)
+    return int(n.item())
+
+
+class _GramValue(torch.autograd.Function):
+    """value of ``quantity`` of ``H = Σ_r F_rᵀF_r``; backward ``world · 2 F_r G`` (local)."""
+
+    @staticmethod
+    def forward(ctx, F, H, n_total, quantity, rtol, tie_rtol, world):  # type: ignore[override]
+        xp = array_namespace(F)
+        N, D = n_total, F.shape[-1]
+        s, W, _, err_rel, _ = _spectrum.eigh_gram(H, (N, D), xp, True, F.dtype)
+        tol = _spectrum.resolve_rtol(rtol, (N, D), F.dtype, xp)
+        mask = s > tol * s[..., :1]
+        k = mask.to(s.dtype).sum(dim=-1)
+        tie = _spectrum.default_tie_rtol((N, D), H.dtype, xp)
+        sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
+        ctx.sp, ctx.cfg, ctx.world = sp, (quantity, tie_rtol), world
+        ctx.save_for_backward(F)
+        return _core.value_from_spectrum(quantity, sp, xp, tie_rtol=_core.check_tie_rtol(tie_rtol))
+
+    @staticmethod
+    def backward(ctx, grad_value):  # type: ignore[override]
+        (F,) = ctx.saved_tensors
+        quantity, tie_rtol = ctx.cfg
+        sp = ctx.sp._replace(F=F)
+        G = _core.gradient_from_spectrum(
+            quantity,
+            sp,
+            array_namespace(F),
+            tie_rtol=_core.check_tie_rtol(tie_rtol),
+            subgradient="min_norm",
+            concrete=_core.eager,
+            weight=grad_value * ctx.world,
+        )
+        return G, None, None, None, None, None, None
+
+
+def _value(
+    quantity: str,
+    features: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    strategy: Strategy,
+    rtol: float | None,
+    tie_rtol: float | None,
+) -> torch.Tensor:
+    if strategy not in ("auto", "gram", "gather"):
+        raise ValueError(f"strategy must be 'auto', 'gram' or 'gather', got {strategy!r}")
+    fn = getattr(condreg, quantity)
+    kw = {} if quantity == "r_well" else {"rtol": rtol}
+    if quantity == "r_ill":
+        kw["tie_rtol"] = tie_rtol
+    if not _initialised():
+        return fn(features, gram=True, **kw)
+    F = features.reshape(features.shape[0], -1)
+    group = dist.group.WORLD if group is None else group
+    n_total = _global_rows(F, group)
+    D = F.shape[-1]
+    chosen = choose_strategy(n_total, D) if strategy == "auto" else strategy
+    if chosen == "gram":
+        Fv, _ = _validation.compute_dtype(F, array_namespace(F), None, where=quantity)
+        xp = array_namespace(Fv)
+        gdtype = _spectrum.gram_dtype(Fv, xp)
+        A = Fv.detach().to(gdtype)
+        H = A.mT @ A
+        dist.all_reduce(H, group=group)
+        if not bool(torch.isfinite(H).all()):
+            raise ValueError(f"{quantity}: the features contain NaN or Inf (on some rank)")
+        _, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(H, (n_total, D), xp, False, Fv.dtype)
+        tol = _spectrum.resolve_rtol(rtol, (n_total, D), Fv.dtype, xp)
+        acc = _spectrum.gram_accuracy(xp, Fv.dtype)
+        resolved = bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp))
+        if resolved:
+            world = dist.get_world_size(group)
+            out = _GramValue.apply(Fv, H, n_total, quantity, rtol, tie_rtol, world)
+            return out.to(features.dtype)
+    return fn(gather_features(F, group), gram=True, **kw)
+
+
+def condition_number(
+    features: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    strategy: Strategy = "auto",
+    rtol: float | None = None,
+) -> torch.Tensor:
+    """κ(H) of the data-parallel probing Hessian ``H = Σ_r F_rᵀF_r`` (features flattened to
+    ``(N_r, D)``; ``N_r`` may differ between ranks for ``"gram"``), differentiable; see the module
+    documentation for ``strategy`` and the gradient scale."""
+    return _value(
+        "condition_number", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=None
+    )
+
+
+def r_well(
+    features: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    strategy: Strategy = "auto",
+) -> torch.Tensor:
+    """R_well(H) of the data-parallel probing Hessian (see :func:`condition_number`)."""
+    return _value("r_well", features, group=group, strategy=strategy, rtol=None, tie_rtol=None)
+
+
+def r_ill(
+    features: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    strategy: Strategy = "auto",
+    rtol: float | None = None,
+    tie_rtol: float | None = None,
+) -> torch.Tensor:
+    """R_ill(H) of the data-parallel probing Hessian (see :func:`condition_number`)."""
+    return _value("r_ill", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=tie_rtol)
