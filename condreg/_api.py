@@ -13,13 +13,16 @@ rtol : float, optional
     ``max(m, n) * eps(dtype)``. With ``gram=True`` it applies to the singular values of ``F``
     (rank(FᵀF) = rank(F); equivalently ``rtol**2`` on the eigenvalues of ``H``).
 tie_rtol : float, optional
-    Values of the spectrum within ``tie_rtol * mu_1`` of an extreme value are tied with it.
-    Default ``16 * max(m, n) * eps(dtype)``: equal up to the rounding of the SVD.
+    Singular values within ``tie_rtol * sigma_1`` of an extreme one are tied with it (with
+    ``gram=True``: ``|mu_i - mu_e| <= tie_rtol * sigma_1 * (sigma_i + sigma_e)`` on the eigenvalues
+    of H). Default ``32 * sqrt(max(m, n)) * eps`` of the dtype the spectrum was computed in: equal
+    up to rounding (docs/math.md §10.1).
 gram : bool
     If True, the argument is a feature matrix ``F`` of shape ``(..., N, D)`` and the quantity is
     that of the Gram matrix ``H = FᵀF`` (``D×D``, the probing Hessian); gradients are with
-    respect to ``F``. The ``D×D`` matrix is never formed: ``sigma(H) = sigma(F)**2`` from the SVD
-    of ``F`` (also more accurate than an eigendecomposition of ``H``, in float32 especially).
+    respect to ``F``. The spectral engine picks the cheapest exact path: the eigh of the smaller
+    Gram (``N×N`` when ``N < D``, ``D×D`` otherwise) where it resolves every singular value the
+    rank rule counts, a QR of ``F`` and the SVD of its small ``R`` otherwise (docs/api.md).
 subgradient : {"min_norm", "any", "raise"}
     At a tied extreme singular value: ``"min_norm"`` (default) averages the tied rank-one terms,
     the minimum-norm element of the subdifferential; ``"any"`` uses the one singular pair the
@@ -33,11 +36,15 @@ check_finite : bool
     without breaking the trace.
 xp : namespace, optional
     Array API namespace to use instead of the one inferred from ``S``.
+compute_dtype : dtype, optional
+    The dtype to compute in. Default: float32 for float16/bfloat16 input, the input's dtype
+    otherwise. Values and gradients are returned in the input dtype.
 
 Raises (all functions)
 ----------------------
 TypeError
-    Not an array, boolean or complex dtype, or a namespace without ``linalg``.
+    Not an array, boolean or complex dtype, a namespace without ``linalg``, or a
+    ``compute_dtype`` that is not a real floating dtype.
 ValueError
     ``ndim < 2``, an empty matrix, NaN/Inf entries; :class:`RankError` (a ``ValueError``) for a
     zero matrix (rank 0). Integer input is promoted to the namespace's default real floating
