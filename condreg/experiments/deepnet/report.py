@@ -68,7 +68,7 @@ def _fmt_steps(st: dict[str, Any], limit: int) -> str:
 def _fmt_attack(st: dict[str, Any], limit: int) -> str:
     red = st["reduction"]["mean"]
     if red < 0:  # the last iterate's loss is above the start (heavy-ball transient)
-        return f"{_fmt_steps(st, limit)}; loss above the start ({red:.2g}×)"
+        return f"{_fmt_steps(st, limit)}; {red:.2g} (loss above the start)"
     return f"{_fmt_steps(st, limit)}; {100 * red:.1f} %"
 
 
