@@ -2,7 +2,7 @@
 ``condreg reproduce deepnet``.
 
 By default two small networks are pre-trained on MNIST digits 0–4 (D_P) and **their own block
-weights** are immunized against digits 5–9 (D_H): a residual CNN's last two residual blocks (ten
+weights** are immunized against digits 5–9 (D_H): a residual CNN's last two residual blocks (seven
 ``nn.Conv2d`` weights, one of them grouped) and a one-layer transformer on 7×7 patch tokens (its
 qkv, proj and MLP ``nn.Linear`` weights) — the paper's ResNet18 / ViT set-ups in miniature, with
 128-d features, more than Eq. 17's groups of 100 samples. Each regularizer gradient reaches each

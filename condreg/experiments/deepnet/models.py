@@ -192,7 +192,7 @@ def build_small(arch: str, feature_dim: int, n_classes: int) -> Parts:
     """A fresh ``rescnn`` or ``vit`` (pre-trained on D_P by the study)."""
     if arch == "rescnn":
         m: nn.Module = ResCNN(feature_dim, n_classes)
-        what = "last two residual blocks (grouped basic block + bottleneck), 10 conv weights"
+        what = "last two residual blocks (grouped basic block + bottleneck), 7 conv weights"
     elif arch == "vit":
         m = TinyViT(feature_dim, n_classes)
         what = "the transformer layer (qkv, proj, fc1, fc2 Linear weights)"
