@@ -100,7 +100,7 @@ def test_identity_is_exactly_one_and_ours_moves_kappa(tiny_run):
 
 def test_resume_keeps_completed_seeds(tiny_run, monkeypatch):
     out, payload = tiny_run
-    seed_file = out / "seeds" / "rescnn-seed0.json"
+    seed_file = out / "units" / "rescnn-seed0.json"
     assert seed_file.is_file()
 
     def boom(*a, **k):
@@ -112,14 +112,14 @@ def test_resume_keeps_completed_seeds(tiny_run, monkeypatch):
     )
     a, b = again["results"]["summary"], payload["results"]["summary"]
     assert a["vit"]["condreg"]["rir_theta0"] == b["vit"]["condreg"]["rir_theta0"]
-    # other settings: the seed is not reused
-    with pytest.raises(AssertionError, match="recomputed"):
+    # a unit made with other settings: the folder belongs to another run
+    with pytest.raises(UsageError, match="other settings"):
         deepnet.run(
             out,
             seeds=1,
             progress=False,
             resume=True,
-            methods="condreg",
+            methods="condreg,opt_kappa",
             **{**TINY, "immunize_steps": 5},
         )
 

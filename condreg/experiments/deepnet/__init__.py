@@ -24,7 +24,6 @@ this package imports no torch; :func:`run` checks torch and the options first.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from typing import Any
@@ -38,35 +37,20 @@ __all__ = ["DEFAULTS", "METHODS", "QUICK", "Settings", "run"]
 DEFAULTS = Settings()
 
 
-def _seed_path(out_dir: pathlib.Path, arch: str, seed: int) -> pathlib.Path:
-    return out_dir / "seeds" / f"{arch.replace(':', '_')}-seed{seed}.json"
-
-
-def _load_done(path: pathlib.Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """A completed seed's record if it was made with the same settings, else None."""
-    if not path.is_file():
-        return None
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return stored if stored.get("settings") == settings else None
-
-
-def _run_arch(arch, s, seed_values, out_dir, *, resume, progress):
+def _run_arch(arch, s, seed_values, store: _report.UnitStore, *, progress):
+    """Every seed of one arch, the sweep seed first; each (arch, seed) is a unit of ``store``
+    (``out_dir/units/``), reused under ``resume`` when its settings are identical."""
     from condreg.experiments.deepnet import study
 
-    fingerprint = _report.to_jsonable(s.to_json())
     order = [s.sweep_seed] + [x for x in seed_values if x != s.sweep_seed]
     records, sweep_record, steps = {}, None, None
     for seed in order:
-        path = _seed_path(out_dir, arch, seed)
-        done = _load_done(path, fingerprint) if resume else None
+        key = f"{arch.replace(':', '_')}-seed{seed}"
+        done = store.load(key)
         if done is None:
             rec, sw = study.run_seed(arch, s, seed, steps, progress)
-            done = {"settings": fingerprint, "record": rec, "sweep": sw}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(_report.to_jsonable(done)), encoding="utf-8")
+            done = {"record": rec, "sweep": sw}
+            store.save(key, done)
         if seed == s.sweep_seed:
             sweep_record = done["sweep"]
             steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
@@ -85,12 +69,14 @@ def run(
     **options: Any,
 ) -> dict:
     """Run the deep-net study and write results.json, table.md, probe_curves.png and
-    kappa_history.png into ``out_dir`` (per-seed records under ``out_dir/seeds/``).
+    kappa_history.png into ``out_dir`` (one record per (arch, seed) under ``out_dir/units/``).
 
     ``options`` are fields of :class:`Settings` (``--quick`` applies :data:`QUICK` first).
-    ``seeds``: seeds 0..seeds−1 (default 5). ``resume=True`` keeps every seed already completed
-    in ``out_dir/seeds/`` with identical settings and runs only the others. Raises
-    :class:`condreg.experiments.UsageError` for a bad option before any work.
+    ``seeds``: seeds 0..seeds−1 (default 5). ``resume=True`` keeps every (arch, seed) already
+    completed in ``out_dir/units/`` and runs only the others (:class:`condreg.experiments.
+    _report.UnitStore`; a unit made with other settings raises
+    :class:`condreg.experiments.UsageError`). Raises ``UsageError`` for a bad option before any
+    work.
     """
     t_start = time.perf_counter()
     s = resolve(quick, options)
@@ -103,12 +89,11 @@ def run(
     old_threads = torch.get_num_threads()
     if s.num_threads is not None:
         torch.set_num_threads(int(s.num_threads))
+    store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
     per_arch, sweeps = {}, {}
     try:
         for arch in s.arch:
-            per_arch[arch], sweeps[arch] = _run_arch(
-                arch, s, seed_values, out_dir, resume=resume, progress=progress
-            )
+            per_arch[arch], sweeps[arch] = _run_arch(arch, s, seed_values, store, progress=progress)
     finally:
         torch.set_num_threads(old_threads)
     summaries = {a: report.summaries(per_arch[a], s.methods) for a in s.arch}
