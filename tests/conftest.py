@@ -12,6 +12,7 @@ Hypothesis profiles: ``fast`` (default) and ``deep``, chosen with ``HYPOTHESIS_P
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+import condreg
 from condreg.testing import matrix_with_spectrum, to_numpy
 
 settings.register_profile(
@@ -159,6 +161,20 @@ def enable_x64(jax=None):
         jax.config.update("jax_enable_x64", previous)
 
 
+class Library(enum.Enum):
+    """The array libraries the suite enumerates (the one backend enumeration; ``BACKENDS``
+    below pairs each with its dtypes and devices)."""
+
+    NUMPY = "numpy"
+    ARRAY_API_STRICT = "array_api_strict"
+    TORCH = "torch"
+    JAX = "jax"
+
+    @classmethod
+    def of(cls, backend_name: str) -> Library:
+        return cls(backend_name.split("-")[0])
+
+
 BACKENDS = [
     pytest.param("numpy-float64", id="numpy-float64"),
     pytest.param("numpy-float32", id="numpy-float32"),
@@ -176,21 +192,18 @@ BACKENDS = [
 @contextlib.contextmanager
 def make_backend(name: str):
     """Context manager yielding the :class:`Backend` called ``name`` (see ``BACKENDS``)."""
-    if name == "numpy-float64":
-        yield _numpy()
-    elif name == "numpy-float32":
-        yield _numpy32()
-    elif name.startswith("array_api_strict"):
+    library = Library.of(name)
+    if library is Library.NUMPY:
+        yield _numpy() if name == "numpy-float64" else _numpy32()
+    elif library is Library.ARRAY_API_STRICT:
         with _strict("strict" if name.endswith("-strict") else "default") as b:
             yield b
-    elif name.startswith("torch"):
+    elif library is Library.TORCH:
         _, device, dtype_name = name.split("-")
         yield _torch(device, dtype_name)
-    elif name.startswith("jax"):
+    else:
         with _jax(name.split("-")[1]) as b:
             yield b
-    else:  # pragma: no cover
-        raise ValueError(name)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -209,9 +222,34 @@ def backend64(request):
 
 @pytest.fixture
 def x64():
-    """JAX float64 for the duration of the test (restored afterwards)."""
+    """JAX float64 for the duration of the test (restored afterwards). The one x64 fixture of
+    the suite."""
     with enable_x64():
         yield
+
+
+@pytest.fixture
+def x32():
+    """JAX's default 32-bit mode for one test, whatever the session's setting (restored)."""
+    jax = pytest.importorskip("jax")
+    previous = bool(jax.config.read("jax_enable_x64"))
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+# --------------------------------------------------------------------------------------------
+# The public functions, once for every test module: name -> (value function, closed form)
+# --------------------------------------------------------------------------------------------
+
+FUNCTIONS = {
+    "condition_number": (condreg.condition_number, condreg.condition_number_grad),
+    "r_well": (condreg.r_well, condreg.r_well_grad),
+    "r_ill": (condreg.r_ill, condreg.r_ill_grad),
+}
+NAMES = list(FUNCTIONS)
 
 
 # --------------------------------------------------------------------------------------------

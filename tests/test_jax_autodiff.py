@@ -14,39 +14,13 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from conftest import FUNCTIONS, NAMES  # noqa: E402
+
 import condreg  # noqa: E402
 import condreg.jax as condreg_jax  # noqa: E402
 from condreg.testing import assert_close, matrix_with_spectrum  # noqa: E402
 
-FUNCTIONS = {
-    "condition_number": (condreg.condition_number, condreg.condition_number_grad),
-    "r_well": (condreg.r_well, condreg.r_well_grad),
-    "r_ill": (condreg.r_ill, condreg.r_ill_grad),
-}
-NAMES = list(FUNCTIONS)
 GRAM = pytest.mark.parametrize("gram", [False, True], ids=["S", "gram"])
-
-
-@pytest.fixture
-def x64():
-    """JAX's 64-bit mode for one test, restored afterwards."""
-    previous = bool(jax.config.read("jax_enable_x64"))
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
-
-
-@pytest.fixture
-def x32():
-    """JAX's default 32-bit mode for one test, whatever the session's setting."""
-    previous = bool(jax.config.read("jax_enable_x64"))
-    jax.config.update("jax_enable_x64", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def generic_np(m=4, n=3, *, seed=0, batch=None):

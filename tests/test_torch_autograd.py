@@ -13,16 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import FUNCTIONS, NAMES  # noqa: E402
+
 import condreg  # noqa: E402
 import condreg.torch as condreg_torch  # noqa: E402
 from condreg.testing import assert_close, matrix_with_spectrum  # noqa: E402
 
-FUNCTIONS = {
-    "condition_number": (condreg.condition_number, condreg.condition_number_grad),
-    "r_well": (condreg.r_well, condreg.r_well_grad),
-    "r_ill": (condreg.r_ill, condreg.r_ill_grad),
-}
-NAMES = list(FUNCTIONS)
 GRAM = pytest.mark.parametrize("gram", [False, True], ids=["S", "gram"])
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
