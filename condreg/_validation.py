@@ -138,13 +138,8 @@ def matrix(
 
 def _is_half(xp: Any, dtype: Any) -> bool:
     """float16 or bfloat16 (the latter where the namespace has it)."""
-    halves = [getattr(xp, "float16", None)]
-    try:  # bfloat16 is not an Array API dtype: the library's own (torch, jax.numpy, ml_dtypes)
-        import ml_dtypes  # noqa: F401  (jax's dtype library; absent without jax)
-
-        halves.append(getattr(xp, "bfloat16", None))
-    except ImportError:  # pragma: no cover
-        pass
+    # bfloat16 is not an Array API dtype: the library's own (torch.bfloat16, jax.numpy.bfloat16)
+    halves = [getattr(xp, "float16", None), getattr(xp, "bfloat16", None)]
     mod = type(dtype).__module__
     if mod.startswith("torch"):
         import torch
