@@ -82,7 +82,8 @@ def left_filter(s: Array, mask: Array, ridge: float | None, xp: Any) -> Array:
     if ridge is None:
         return keep
     s2 = s * s
-    return keep * s2 / (s2 + ridge * s2[..., :1])
+    den = xp.where(mask, s2 + ridge * s2[..., :1], xp.ones_like(s2))  # no 0/0 for X = 0
+    return keep * s2 / den
 
 
 def left_preconditioner(

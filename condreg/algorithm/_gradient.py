@@ -49,6 +49,11 @@ def preconditioned_gradient(
     F = X @ theta
     sp = _core.decompose(F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never)
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
-    d = _core._DMU[quantity](sp, tie, "min_norm", xp, _core.never)
+    # Scale-free, as the core's gradients: d f/d mu on the spectrum of F/s_1 (degree
+    # _DEGREE[quantity] in mu, i.e. twice that in s), the step rescaled by s_1 one factor at a
+    # time, so that an over- or underflowing result is ±inf or 0, never NaN.
+    unit, s1 = _core.normalized(sp, xp)
+    d = _core._DMU[quantity](unit, tie, "min_norm", xp, _core.never)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
+    step = _core._rescale(step, s1, 2 * _core._DEGREE[quantity], xp)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)

@@ -225,7 +225,8 @@ def immunize(
     -------
     ImmunizationResult — ``res.stopped`` is ``"completed"``, ``"stopped by callback at epoch t"``,
     ``"diverged: …"`` or ``"rank collapse: …"``; a run that diverges or loses rank keeps the last
-    healthy θ (finite, full rank), warns, and reports finite metrics. It never raises.
+    healthy θ (finite, full rank), warns, and reports finite metrics: diverging values never
+    raise.
 
     Raises
     ------

@@ -108,14 +108,14 @@ def condition_regularizer(
     Raises
     ------
     ValueError
-        For negative weights or ridge.
+        For negative weights or a ridge that is not ``> 0`` (``None`` is the pseudo-inverse).
     """
     from condreg.jax.train import preconditioned_update
 
     if lam_p < 0 or lam_h < 0:
         raise ValueError(f"lam_p and lam_h must be >= 0, got {lam_p}, {lam_h}")
-    if ridge is not None and ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    if ridge is not None and not ridge > 0:
+        raise ValueError(f"ridge must be > 0 (None: the pseudo-inverse), got {ridge}")
     path = _path(key)
 
     def init(params: Any) -> ConditionRegularizerState:
