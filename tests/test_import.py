@@ -1,4 +1,5 @@
-"""``import condreg`` must not import a framework (the design rule in docs/math.md, "Design"): checked in a fresh interpreter."""
+"""``import condreg`` must not import a framework (the design rule in docs/math.md, "Design"):
+checked in a fresh interpreter."""
 
 from __future__ import annotations
 

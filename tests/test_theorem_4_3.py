@@ -1,5 +1,6 @@
 """Theorem 4.3: the K⁻¹-LEFT-preconditioned regularizer steps keep H's eigenvectors, lower κ(H_P)
-under R_well and raise κ(H_H) under R_ill; the right-multiplied variant (docs/math.md §9.2) does not."""
+under R_well and raise κ(H_H) under R_ill; the right-multiplied variant (docs/math.md §9.2) does
+not."""
 
 from __future__ import annotations
 
