@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 import condreg
+from condreg import _precondition as _precondition_home
 from condreg import algorithm as _alg
 
 __all__ = [
@@ -87,14 +88,8 @@ def _precondition_fwd(features, inputs, ridge):
 
 def _precondition_bwd(ridge, inputs, g):
     x = _flat(inputs)
-    U, s, _ = jnp.linalg.svd(x, full_matrices=False)
-    rtol = max(x.shape) * jnp.finfo(x.dtype).eps
-    mask = s > rtol * s[:1]
-    s2 = s * s
-    den = jnp.where(mask, s2 + ridge * s2[:1], 1.0)
-    f = jnp.where(mask, 1.0 / den, 0.0)
-    gf = jnp.reshape(g, (g.shape[0], -1))
-    out = U @ (f[:, None] * (U.T @ gf))
+    pre = _precondition_home.sample_preconditioner(x, ridge=ridge, xp=jnp)
+    out = pre.apply(jnp.reshape(g, (g.shape[0], -1)))
     return jnp.reshape(out, g.shape).astype(g.dtype), jnp.zeros_like(inputs)
 
 

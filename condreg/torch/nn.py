@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 import condreg
+from condreg import _precondition
 
 __all__ = [
     "ConditionRegularizer",
@@ -147,16 +148,8 @@ class _Precondition(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         (x,) = ctx.saved_tensors
         x = _flat(x.detach())
-        U, s, _ = torch.linalg.svd(x, full_matrices=False)
-        s1 = s[:1]
-        rtol = ctx.rtol if ctx.rtol is not None else max(x.shape) * torch.finfo(x.dtype).eps
-        mask = s > rtol * s1
-        s2 = s * s
-        eps = ctx.ridge * s1 * s1
-        den = torch.where(mask, s2 + eps, torch.ones_like(s2))
-        f = torch.where(mask, 1.0 / den, torch.zeros_like(s2))
-        g = grad.reshape(grad.shape[0], -1).to(U.dtype)
-        out = U @ (f[:, None] * (U.mT @ g))
+        pre = _precondition.sample_preconditioner(x, ridge=ctx.ridge, rtol=ctx.rtol)
+        out = pre.apply(grad.reshape(grad.shape[0], -1).to(x.dtype))
         return out.reshape(grad.shape).to(grad.dtype), None, None, None
 
 
