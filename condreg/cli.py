@@ -118,7 +118,7 @@ def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) ->
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a small, fast version (mnist-pairs: 2 pairs, about 6 s on a 2-core CPU; "
+        help="a small, fast version (mnist-pairs: 2 pairs, about 3 s on a 2-core CPU; "
         "timings of every experiment in docs/reproduction.md)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
