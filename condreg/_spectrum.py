@@ -45,12 +45,22 @@ path's own error bound ``2·err`` when that path was taken.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
 from condreg._errors import RankError
+
+
+def loaded(name: str) -> Any:
+    """The module ``name`` as the caller's program already imported it (``sys.modules``).
+
+    The core never imports an array framework: its native fast paths run only for arrays of a
+    library that is loaded already, and reach that library through this function."""
+    return sys.modules[name]
+
 
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
@@ -181,9 +191,7 @@ def _library(x: Array) -> str:
 
 def _has_float64(x: Array, xp: Any) -> bool:
     if is_jax_array(x):
-        import jax
-
-        return bool(jax.config.read("jax_enable_x64"))
+        return bool(loaded("jax").config.read("jax_enable_x64"))
     return hasattr(xp, "float64")
 
 
@@ -199,13 +207,9 @@ def _qr_r(xp: Any, A: Array) -> Array:
     """``R`` of a reduced QR factorisation (``Q`` is never formed where the backend allows)."""
     lib = _library(A)
     if lib == "torch":
-        import torch
-
-        return torch.linalg.qr(A, mode="r").R
+        return loaded("torch").linalg.qr(A, mode="r").R
     if lib == "jax":
-        import jax.numpy as jnp
-
-        return jnp.linalg.qr(A, mode="r")
+        return loaded("jax").numpy.linalg.qr(A, mode="r")
     if lib == "numpy":
         import numpy as np
 
@@ -215,13 +219,10 @@ def _qr_r(xp: Any, A: Array) -> Array:
 
 def _untraceable(x: Array) -> bool:
     if is_torch_array(x):
-        import torch
-
-        if torch.compiler.is_compiling():
+        if loaded("torch").compiler.is_compiling():
             return True
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return isinstance(x, FakeTensor) or x.device.type == "meta"
+        fake = sys.modules.get("torch._subclasses.fake_tensor")  # not loaded: no fake tensors
+        return (fake is not None and isinstance(x, fake.FakeTensor)) or x.device.type == "meta"
     return False
 
 
@@ -239,8 +240,7 @@ def choose(
     other libraries take ``if_false`` (the safe branch).
     """
     if is_jax_array(pred):
-        import jax
-
+        jax = loaded("jax")
         try:
             value = read(pred)
         except jax.errors.ConcretizationTypeError:

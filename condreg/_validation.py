@@ -6,7 +6,7 @@ from typing import Any
 
 from array_api_compat import array_namespace, is_jax_array, is_torch_array
 
-from condreg import _core
+from condreg import _core, _spectrum
 
 Array = Any
 
@@ -89,9 +89,7 @@ def _all_finite(S: Array, xp: Any) -> Array:
     """0-d boolean: no NaN or Inf in ``S``, from the smallest and largest entry (reductions
     propagate NaN; ±Inf is an extreme), without an ``S``-sized temporary."""
     if is_torch_array(S):
-        import torch
-
-        lo, hi = torch.aminmax(S)
+        lo, hi = _spectrum.loaded("torch").aminmax(S)
     else:
         lo, hi = xp.min(S), xp.max(S)
     return xp.isfinite(lo) & xp.isfinite(hi)
@@ -142,8 +140,7 @@ def _is_half(xp: Any, dtype: Any) -> bool:
     halves = [getattr(xp, "float16", None), getattr(xp, "bfloat16", None)]
     mod = type(dtype).__module__
     if mod.startswith("torch"):
-        import torch
-
+        torch = _spectrum.loaded("torch")
         halves += [torch.float16, torch.bfloat16]
     return any(h is not None and dtype == h for h in halves) or str(dtype).endswith("bfloat16")
 
