@@ -46,23 +46,6 @@ QUANTITIES = ("condition_number", "r_well", "r_ill")
 POLES = ("raise", "zero")
 
 
-def decompose(
-    S: Array,
-    xp: Any,
-    *,
-    gram: bool,
-    vectors: bool,
-    rtol: float | None,
-    concrete: Concrete,
-    method: str = "svd",
-) -> Spectrum:
-    """:func:`condreg._spectrum.decompose`; the default ``method="svd"`` keeps the thin SVD
-    (both ``U`` and ``Vh``) also with ``gram``."""
-    return _spectrum.decompose(
-        S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method=method
-    )
-
-
 def _full(xp: Any, like: Array, value: float) -> Array:
     return xp.full(like.shape, value, dtype=like.dtype, device=_spectrum._device(like))
 

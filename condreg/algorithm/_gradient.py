@@ -6,7 +6,7 @@ from typing import Any
 
 from array_api_compat import array_namespace
 
-from condreg import _core, _precondition
+from condreg import _core, _precondition, _spectrum
 
 Array = Any
 
@@ -47,7 +47,9 @@ def preconditioned_gradient(
                 "preconditioned_gradient: theta and X must be arrays of one Array API library"
             ) from None
     F = X @ theta
-    sp = _core.decompose(F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never)
+    sp = _spectrum.decompose(
+        F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
+    )
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
     # Scale-free, as the core's gradients: d f/d mu on the spectrum of F/s_1 (degree
     # _DEGREE[quantity] in mu, i.e. twice that in s), the step rescaled by s_1 one factor at a

@@ -80,7 +80,7 @@ def _spectral_value(quantity, S, rtol, tie_rtol, gram, check):
 
 def _fwd(quantity, S, rtol, tie_rtol, gram, check):
     tie = _core.check_tie_rtol(tie_rtol)
-    sp = _core.decompose(
+    sp = _spectrum.decompose(
         S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check), method="auto"
     )
     out = _core.value_from_spectrum(quantity, sp, jnp, tie_rtol=tie)

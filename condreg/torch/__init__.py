@@ -126,7 +126,7 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     xp = array_namespace(S)
     concrete = _concrete_or_skip(check)
     tie = _core.check_tie_rtol(tie_rtol)
-    sp = _core.decompose(
+    sp = _spectrum.decompose(
         S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method="auto"
     )
     out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
