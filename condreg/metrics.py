@@ -22,11 +22,21 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from condreg import _core, _spectrum, _validation
 from condreg._api import condition_number
 
 Array = Any
 
-__all__ = ["RIR", "RIRTheta0", "rir", "run_rtol", "rir_theta0", "probe_convergence"]
+__all__ = [
+    "RIR",
+    "RIRSpectra",
+    "RIRTheta0",
+    "rir",
+    "rir_spectra",
+    "run_rtol",
+    "rir_theta0",
+    "probe_convergence",
+]
 
 
 class RIR(NamedTuple):
@@ -91,6 +101,211 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
     return max(X_p.shape[0], X_h.shape[0], X_p.shape[1]) * float(xp.finfo(dtype).eps)
 
 
+class RIRSpectra:
+    """The singular values behind Eq. 15, decomposed once: re-thresholded for any tolerance.
+
+    Built by :func:`rir_spectra`. ``s_kp``, ``s_kh``, ``s_hp``, ``s_hh`` are the singular values
+    (1-D, descending, in the input's namespace and compute dtype) of ``X_p``, ``X_h``,
+    ``X_pθ`` and ``X_hθ`` after the exact power-of-two rescaling of :func:`rir` (κ does not
+    change; the absolute scale of ``s`` is not meaningful). ``rtol`` is the tolerance they
+    were decomposed at: the spectral engine resolved every value above ``rtol·σ₁``, so the
+    values are valid for any tolerance ``>= rtol`` (a larger tolerance counts a subset of
+    them), not below it (the engine's Gram path leaves those unresolved).
+
+    :meth:`rir` evaluates Eq. 15 at a tolerance without a new decomposition;
+    ``rir_spectra(θ, X_p, X_h, rtol=r).rir()`` is ``rir(θ, X_p, X_h, rtol=r)`` exactly, and
+    ``.rir(f·r)`` for ``f >= 1`` equals ``rir(θ, X_p, X_h, rtol=f·r)`` up to the rounding of the
+    decomposition path (identical where the engine takes the same path at both tolerances).
+    """
+
+    __slots__ = ("_parts", "_fingerprint", "_xp", "rtol")
+
+    def __init__(self, parts: tuple[_Part, ...], fingerprint: tuple, xp: Any, rtol: float) -> None:
+        self._parts = parts  # K_P, K_H, H_P, H_H: the engine's spectrum and the output dtype
+        self._fingerprint = fingerprint
+        self._xp = xp
+        self.rtol = float(rtol)
+
+    @property
+    def s_kp(self) -> Array:
+        """Singular values of ``X_p`` (descending)."""
+        return self._parts[0].sp.s
+
+    @property
+    def s_kh(self) -> Array:
+        """Singular values of ``X_h`` (descending)."""
+        return self._parts[1].sp.s
+
+    @property
+    def s_hp(self) -> Array:
+        """Singular values of ``X_p θ`` (descending; ``s_kp`` itself when θ = I)."""
+        return self._parts[2].sp.s
+
+    @property
+    def s_hh(self) -> Array:
+        """Singular values of ``X_h θ`` (descending; ``s_kh`` itself when θ = I)."""
+        return self._parts[3].sp.s
+
+    def _checked(self, rtol: float | None, where: str) -> float:
+        if rtol is None:
+            return self.rtol
+        if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating, np.integer)):
+            raise TypeError(f"{where}: rtol must be a real number, got {type(rtol).__name__}")
+        rtol = float(rtol)
+        if not (0.0 <= rtol < 1.0):
+            raise ValueError(f"{where}: rtol must lie in [0, 1), got {rtol!r}")
+        if rtol < self.rtol:
+            raise ValueError(
+                f"{where}: these spectra resolve the singular values above {self.rtol:.3g}·σ₁ "
+                f"only, not rtol={rtol:.3g}; call rir_spectra again with rtol <= {rtol:.3g}"
+            )
+        return rtol
+
+    def rir(self, rtol: float | None = None) -> RIR:
+        """Eq. 15 with singular values ``σ_i > rtol·σ₁`` counted (default: :attr:`rtol`).
+
+        Raises ``ValueError`` for ``rtol`` outside ``[self.rtol, 1)``, ``TypeError`` for a
+        non-number.
+        """
+        rtol = self._checked(rtol, "RIRSpectra.rir")
+        k_kp, k_kh, k_hp, k_hh = (self._kappa(part, rtol) for part in self._parts)
+        i_ratio, ii_ratio = k_hh / k_kh, k_hp / k_kp
+        return RIR(i_ratio, ii_ratio, i_ratio / ii_ratio, k_hp, k_hh, k_kp, k_kh)
+
+    def ranks(self, rtol: float | None = None) -> tuple[int, int, int, int]:
+        """Numerical ranks ``#{σ_i > rtol·σ₁}`` of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ``."""
+        rtol = self._checked(rtol, "RIRSpectra.ranks")
+        xp = self._xp
+        a, b, c, d = (int(float(_recut(part.sp, rtol, xp).k)) for part in self._parts)
+        return a, b, c, d
+
+    def _kappa(self, part: _Part, rtol: float) -> float:
+        """κ(FᵀF) at ``rtol`` from the stored spectrum: the formula of
+        :func:`condreg.condition_number` (``gram=True``) on a re-cut rank."""
+        xp = self._xp
+        sp = part.sp if rtol == self.rtol else _recut(part.sp, rtol, xp)
+        value = _core.value_from_spectrum("condition_number", sp, xp, tie_rtol=None)
+        return float(_validation.as_output(xp.asarray(value), part.dtype, xp))
+
+    def __repr__(self) -> str:
+        r = self.rir()
+        return f"RIRSpectra(rtol={self.rtol:.3g}, rir={r.rir:.4g}, i={r.i:.4g}, ii={r.ii:.4g})"
+
+
+def rir_spectra(
+    theta: Array | None,
+    X_p: Array,
+    X_h: Array,
+    *,
+    rtol: float | None = None,
+    tasks: RIRSpectra | None = None,
+) -> RIRSpectra:
+    """Decompose the four matrices of Eq. 15 once; evaluate RIR at several tolerances from it.
+
+    Returns an :class:`RIRSpectra` holding the singular values of ``X_p``, ``X_h``, ``X_pθ``,
+    ``X_hθ`` from the spectral engine at ``rtol`` (default :func:`run_rtol`), exactly as
+    :func:`rir` computes them; ``.rir()`` is :func:`rir` at ``rtol`` and ``.rir(f·rtol)``
+    (``f >= 1``) the same metric at a coarser cut, without a new decomposition::
+
+        sp = rir_spectra(res.theta, X_p, X_h, rtol=res.rtol)
+        at = [sp.rir(f * res.rtol) for f in (1, 10, 100)]   # at[0] == res.metrics
+
+    ``theta=None`` means θ = I (``X_pθ = X_p``: two decompositions, RIR exactly 1).
+    ``tasks``: the result of an earlier call on the same ``X_p``, ``X_h`` (e.g. with
+    ``theta=None``) whose spectra of ``X_p`` and ``X_h`` are reused instead of decomposed
+    again — the saving when several θ's are scored on one pair of tasks; it must have been
+    decomposed at a tolerance ``<= rtol``. Inputs as in :func:`rir`.
+
+    Raises what :func:`rir` raises, and ``ValueError`` when ``tasks`` was computed on other
+    data (shape, dtype or entries differ) or at a tolerance above ``rtol``; ``TypeError``
+    when ``tasks`` is not an :class:`RIRSpectra`.
+    """
+    arrays = {"X_p": X_p, "X_h": X_h} if theta is None else {"theta": theta, "X_p": X_p, "X_h": X_h}
+    xp = _namespace("rir", **arrays)
+    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
+        _as_matrix(X, name, "rir")
+    if theta is not None:
+        if getattr(theta, "ndim", None) != 2:
+            shape = tuple(getattr(theta, "shape", ()))
+            raise ValueError(f"rir: theta must be a 2-D array, got shape {shape}")
+        if not bool(xp.all(xp.isfinite(theta))):
+            raise ValueError("rir: theta contains NaN or Inf")
+    if tasks is not None and not isinstance(tasks, RIRSpectra):
+        raise TypeError(f"rir_spectra: tasks must be an RIRSpectra, got {type(tasks).__name__}")
+    cols = X_p.shape[1] if theta is None else theta.shape[0]
+    if not (X_p.shape[1] == X_h.shape[1] == cols):
+        raise ValueError(
+            "rir: feature dimensions disagree: X_p has "
+            f"{X_p.shape[1]}, X_h has {X_h.shape[1]}, theta has {cols} rows"
+        )
+    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
+        if not bool(xp.all(xp.isfinite(X))):
+            raise ValueError(f"rir: {name} contains NaN or Inf")
+    # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact), so that any
+    # representable scale works (θ = 1e200·I, X ~ 1e-170) whatever the decomposition path
+    X_p, X_h = _unit(X_p, xp), _unit(X_h, xp)
+    fingerprint = _fingerprint(X_p, X_h, xp)
+    if theta is None:
+        F_p, F_h = X_p, X_h
+    else:
+        theta = _unit(theta, xp)
+        F_p, F_h = X_p @ theta, X_h @ theta
+    if rtol is None:
+        rtol = run_rtol(X_p, X_h, F_p.dtype)
+    rtol = _spectrum.resolve_rtol(rtol, F_p.shape, F_p.dtype, xp)
+    if tasks is None:
+        k_p, k_h = _decompose(X_p, rtol), _decompose(X_h, rtol)
+    else:
+        if tasks._fingerprint != fingerprint:
+            raise ValueError(
+                "rir_spectra: tasks was computed on other X_p, X_h (shape, dtype or entries "
+                "differ); pass the result of a call on these arrays"
+            )
+        if tasks.rtol > rtol:
+            raise ValueError(
+                f"rir_spectra: tasks resolves the singular values above {tasks.rtol:.3g}·σ₁ "
+                f"only, not rtol={rtol:.3g}"
+            )
+        k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in tasks._parts[:2])
+    if theta is None:
+        h_p, h_h = k_p, k_h
+    else:
+        h_p, h_h = _decompose(F_p, rtol), _decompose(F_h, rtol)
+    return RIRSpectra((k_p, k_h, h_p, h_h), fingerprint, xp, rtol)
+
+
+class _Part(NamedTuple):
+    """One matrix of Eq. 15: its spectrum (from the engine) and the dtype κ is returned in."""
+
+    sp: Any
+    dtype: Any
+
+
+def _decompose(F: Array, rtol: float) -> _Part:
+    """The spectrum :func:`condreg.condition_number` (``gram=True``) computes κ from: validated
+    as there, in the same compute dtype, on the same engine path."""
+    F, xp, concrete = _validation.matrix(F, where="rir")
+    F, dtype = _validation.compute_dtype(F, xp, None, where="rir")
+    sp = _spectrum.decompose(F, xp, gram=True, vectors=False, rtol=rtol, concrete=concrete)
+    return _Part(sp, dtype)
+
+
+def _recut(sp: Any, rtol: float, xp: Any) -> Any:
+    """``sp`` with its numerical rank re-decided at ``rtol`` (``σ_i > rtol·σ₁``)."""
+    mask = sp.s > rtol * sp.s[..., :1]
+    return sp._replace(mask=mask, k=xp.sum(xp.astype(mask, sp.s.dtype), axis=-1))
+
+
+def _fingerprint(X_p: Array, X_h: Array, xp: Any) -> tuple:
+    """Shapes, dtypes, sums and sums of squares of both (rescaled) tasks: tells ``tasks`` of
+    other data (data that differ by a power-of-two factor have the same spectra up to it)."""
+    out: list[Any] = []
+    for X in (X_p, X_h):
+        Z = X if xp.isdtype(X.dtype, "real floating") else xp.astype(X, xp.float64)
+        out += [tuple(X.shape), str(X.dtype), float(xp.sum(Z)), float(xp.sum(Z * Z))]
+    return tuple(out)
+
+
 def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> RIR:
     """Relative immunization ratio of a linear extractor (Eq. 15).
 
@@ -101,34 +316,15 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     :func:`run_rtol` ``= max(N_P, N_H, D)·eps`` — the rule :func:`condreg.immunize` uses, so
     ``rir(res.theta, X_p, X_h)`` (or ``rtol=res.rtol``) reproduces ``res.metrics``. ``theta`` is
     ``(D, D_out)``; ``X_p``, ``X_h`` are ``(N, D)`` of the same namespace. ``rir(I, X_p, X_h)`` is
-    exactly 1. Eager (returns Python floats).
+    exactly 1. Eager (returns Python floats). To evaluate several tolerances from one
+    decomposition, use :func:`rir_spectra` (``rir(...)`` is ``rir_spectra(...).rir()``).
 
     Raises ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices and an
     ``rtol`` outside ``[0, 1)``.
     """
-    xp = _namespace("rir", theta=theta, X_p=X_p, X_h=X_h)
-    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        _as_matrix(X, name, "rir")
-    if not bool(xp.all(xp.isfinite(theta))):
-        raise ValueError("rir: theta contains NaN or Inf")
-    if getattr(theta, "ndim", None) != 2:
-        shape = tuple(getattr(theta, "shape", ()))
-        raise ValueError(f"rir: theta must be a 2-D array, got shape {shape}")
-    if not (X_p.shape[1] == X_h.shape[1] == theta.shape[0]):
-        raise ValueError(
-            "rir: feature dimensions disagree: X_p has "
-            f"{X_p.shape[1]}, X_h has {X_h.shape[1]}, theta has {theta.shape[0]} rows"
-        )
-    # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact), so that any
-    # representable scale works (θ = 1e200·I, X ~ 1e-170) whatever the decomposition path
-    theta, X_p, X_h = (_unit(a, xp) for a in (theta, X_p, X_h))
-    F_p, F_h = X_p @ theta, X_h @ theta
-    if rtol is None:
-        rtol = run_rtol(X_p, X_h, F_p.dtype)
-    k_kp, k_kh = _kappa(X_p, rtol), _kappa(X_h, rtol)
-    k_hp, k_hh = _kappa(F_p, rtol), _kappa(F_h, rtol)
-    i_ratio, ii_ratio = k_hh / k_kh, k_hp / k_kp
-    return RIR(i_ratio, ii_ratio, i_ratio / ii_ratio, k_hp, k_hh, k_kp, k_kh)
+    if theta is None:
+        raise TypeError("rir: theta must be an array, got NoneType")
+    return rir_spectra(theta, X_p, X_h, rtol=rtol).rir()
 
 
 def _features(f: Callable[[Array], Array], X: Array, xp: Any) -> Array:

@@ -215,3 +215,106 @@ def test_rir_works_at_any_representable_scale(a, b):
     ref = rir(theta, X_p, X_h)
     np.testing.assert_allclose(tuple(rir(a * theta, b * X_p, X_h)), tuple(ref[:3]) + (
         ref.kappa_hp, ref.kappa_hh, ref.kappa_kp, ref.kappa_kh), rtol=1e-9)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# rir_spectra: one decomposition, several tolerances
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "numpy-float64",
+        "numpy-float32",
+        "torch-cpu-float64",
+        "jax-float64",
+        "array_api_strict-float64",
+    ],
+)
+def test_rir_spectra_at_its_own_tolerance_is_rir_exactly(name):
+    from condreg.metrics import rir_spectra
+
+    X_p, X_h = _pair(11)
+    theta = np.eye(6) + 0.3 * np.random.default_rng(12).standard_normal((6, 6))
+    with make_backend(name) as b:
+        args = (b.asarray(theta), b.asarray(X_p), b.asarray(X_h))
+        for rtol in (None, 1e-3, 0.2):
+            sp = rir_spectra(*args, rtol=rtol)
+            assert sp.rir() == rir(*args, rtol=rtol)  # every field, bit for bit
+        tasks = rir_spectra(None, *args[1:])
+        assert tasks.rir() == (1.0, 1.0, 1.0) + tuple(tasks.rir()[3:])
+        assert rir_spectra(*args, tasks=tasks).rir() == rir(*args)
+
+
+def test_rir_spectra_rethresholds_like_a_fresh_rir():
+    """A singular value between rtol and 10·rtol counts at the first, not at the second: the
+    re-cut spectrum gives the RIR and ranks that a new decomposition at 10·rtol gives."""
+    from condreg.metrics import rir_spectra
+    from condreg.testing import matrix_with_spectrum
+
+    X_p = matrix_with_spectrum([3.0, 2.0, 1.5, 1.0], 40, 4, seed=0)
+    X_h = matrix_with_spectrum([1.0, 0.9, 0.8, 5e-7], 40, 4, seed=1)
+    theta = np.eye(4) + 0.1 * np.random.default_rng(2).standard_normal((4, 4))
+    rtol = 1e-7
+    sp = rir_spectra(theta, X_p, X_h, rtol=rtol)
+    assert sp.ranks() == (4, 4, 4, 4) and sp.ranks(10 * rtol) == (4, 3, 4, 3)
+    for f in (1, 10, 100, 1e5):
+        np.testing.assert_allclose(
+            tuple(sp.rir(f * rtol)), tuple(rir(theta, X_p, X_h, rtol=f * rtol)), rtol=1e-12
+        )
+    # the cut moved κ(K_H) from ~4e12 to ~1.6: the re-thresholding did change the numbers
+    assert sp.rir(rtol).kappa_kh > 1e12 and sp.rir(10 * rtol).kappa_kh < 2
+    s = np.linalg.svd(X_h, compute_uv=False)
+    np.testing.assert_allclose(np.asarray(sp.s_kh) / float(sp.s_kh[0]), s / s[0], rtol=1e-9)
+
+
+def test_rir_spectra_refuses_what_it_did_not_resolve():
+    from condreg.metrics import RIRSpectra, rir_spectra
+
+    X_p, X_h = _pair(13)
+    theta = np.random.default_rng(14).standard_normal((6, 6))
+    sp = rir_spectra(theta, X_p, X_h, rtol=1e-6)
+    assert isinstance(sp, RIRSpectra) and sp.rtol == 1e-6
+    with pytest.raises(ValueError, match="resolve"):
+        sp.rir(1e-7)  # below the tolerance the spectra were decomposed at
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        sp.rir(1.0)
+    with pytest.raises(TypeError, match="real number"):
+        sp.rir("1e-3")
+    with pytest.raises(ValueError, match="resolve"):
+        sp.ranks(1e-9)
+    # tasks: only from the same data, at a tolerance <= this one, and of the right type
+    for other in (X_h + 1e-3, X_h[:-1], X_h.astype(np.float32)):
+        with pytest.raises(ValueError, match="other X_p"):
+            rir_spectra(theta, X_p, other, tasks=rir_spectra(None, X_p, X_h))
+    with pytest.raises(ValueError, match="resolves"):
+        rir_spectra(theta, X_p, X_h, rtol=1e-9, tasks=sp)
+    with pytest.raises(TypeError, match="RIRSpectra"):
+        rir_spectra(theta, X_p, X_h, tasks=rir(theta, X_p, X_h))
+    with pytest.raises(TypeError, match="must be an array"):
+        rir(None, X_p, X_h)
+    with pytest.raises(ValueError, match="X_h contains NaN"):
+        rir_spectra(None, X_p, X_h * np.nan)
+    # reuse at a smaller tolerance re-cuts the tasks' spectra: as a fresh call
+    coarse = rir_spectra(theta, X_p, X_h, rtol=0.3, tasks=rir_spectra(None, X_p, X_h))
+    np.testing.assert_allclose(
+        tuple(coarse.rir()), tuple(rir(theta, X_p, X_h, rtol=0.3)), rtol=1e-12
+    )
+    # data that differ by a power of two have the same spectra up to it: the same fingerprint
+    same = rir_spectra(theta, 4.0 * X_p, X_h, rtol=1e-6, tasks=sp)
+    assert same.rir() == rir(theta, X_p, X_h, rtol=1e-6)
+
+
+def test_rir_spectra_reproduces_the_metrics_of_immunize():
+    """res.metrics is condreg.metrics.rir at res.rtol, hence the spectra's own verdict."""
+    import condreg
+    from condreg.metrics import rir_spectra
+
+    X_p, X_h = _pair(15, N=40, D=5)
+    y_p = (X_p[:, 0] > 0).astype(float)
+    res = condreg.immunize(X_p, y_p, X_h, task="classification", epochs=3, lr=0.01, seed=0)
+    sp = rir_spectra(res.theta, X_p, X_h, rtol=res.rtol)
+    assert sp.rir() == res.metrics
+    tasks = rir_spectra(None, X_p, X_h, rtol=res.rtol)
+    assert rir_spectra(res.theta, X_p, X_h, rtol=res.rtol, tasks=tasks).rir() == res.metrics
