@@ -47,7 +47,7 @@ POLES = ("raise", "zero")
 
 
 def _full(xp: Any, like: Array, value: float) -> Array:
-    return xp.full(like.shape, value, dtype=like.dtype, device=_spectrum._device(like))
+    return xp.full_like(like, value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,43 +62,62 @@ def mu_top(sp: Spectrum) -> Array:
 
 def mu_bottom(sp: Spectrum, xp: Any) -> Array:
     """Smallest value of ``mu`` inside the numerical rank (shape ``(..., 1)``)."""
-    return xp.min(xp.where(sp.mask, sp.mu, _full(xp, sp.mu, math.inf)), axis=-1, keepdims=True)
+    return xp.min(xp.where(sp.mask, sp.mu, math.inf), axis=-1, keepdims=True)
 
 
 def s_bottom(sp: Spectrum, xp: Any) -> Array:
     """Smallest singular value inside the numerical rank (shape ``(..., 1)``)."""
-    return xp.min(xp.where(sp.mask, sp.s, _full(xp, sp.s, math.inf)), axis=-1, keepdims=True)
+    return xp.min(xp.where(sp.mask, sp.s, math.inf), axis=-1, keepdims=True)
 
 
-def _tied(sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any) -> Array:
+def _tied(
+    sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any, s1: Any = None
+) -> Array:
     """Boolean: the value is equal to the extreme one up to the rounding of the decomposition.
 
     Singular values have absolute error ≈ ``tie_rtol·s_1``: ``|s_i − s_e| <= tie_rtol·s_1``. On
     ``mu = s²`` (``gram``) that is ``|mu_i − mu_e| <= tie_rtol·s_1·(s_i + s_e)`` — not
     ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1`` — plus twice the
     decomposition's own error bound on ``mu`` (``mu_err·mu_1``, the Gram path's). Homogeneous.
+    ``s1``: ``s_1`` when the caller knows it (``1.0`` on a :func:`normalized` spectrum, which
+    saves the multiplications by it); else read from ``sp``.
     """
     if tie_rtol is None:
         tie_rtol = sp.tie
         if tie_rtol is None:
             raise ValueError("tie_rtol is None and the spectrum carries no default tie tolerance")
-    s1 = sp.s[..., :1]
+    if s1 is None:
+        s1 = sp.s[..., :1]
     if sp.gram:
-        tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
+        if isinstance(s1, float) and s1 == 1.0:
+            tol = tie_rtol * (sp.s + s_ext) + 2.0 * sp.mu_err  # s_1 = 1: the same values
+        else:
+            tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
         return xp.abs(sp.mu - mu_ext) <= tol
     return xp.abs(sp.s - s_ext) <= tie_rtol * s1
 
 
+def _top(sp: Spectrum, tie_rtol: float, xp: Any, s1: Any = None) -> Array:
+    tied = _tied(sp, sp.s[..., :1], mu_top(sp), tie_rtol, xp, s1)
+    return xp.astype(tied & sp.mask, sp.mu.dtype)
+
+
 def top_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     """0/1 indicator (floating) of values tied with the largest one."""
-    tied = _tied(sp, sp.s[..., :1], mu_top(sp), tie_rtol, xp)
-    return xp.astype(tied & sp.mask, sp.mu.dtype)
+    return _top(sp, tie_rtol, xp)
+
+
+def _bottom(sp: Spectrum, tie_rtol: float, xp: Any, s1: Any = None) -> tuple[Array, Array]:
+    """``(mu_k, ties)``: the smallest value inside the rank and the 0/1 indicator of the values
+    tied with it (computed together: both need ``s_k``)."""
+    mu_b = mu_bottom(sp, xp)
+    tied = _tied(sp, s_bottom(sp, xp), mu_b, tie_rtol, xp, s1)
+    return mu_b, xp.astype(tied & sp.mask, sp.mu.dtype)
 
 
 def bottom_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     """0/1 indicator (floating) of values inside the rank tied with the smallest nonzero one."""
-    tied = _tied(sp, s_bottom(sp, xp), mu_bottom(sp, xp), tie_rtol, xp)
-    return xp.astype(tied & sp.mask, sp.mu.dtype)
+    return _bottom(sp, tie_rtol, xp)[1]
 
 
 def _weights(
@@ -110,10 +129,10 @@ def _weights(
     single index the decomposition put at the extreme position; ``raise``: like ``min_norm`` after
     checking there is no tie.
     """
-    count = xp.sum(ties, axis=-1, keepdims=True)
     if policy == "any":
         positions = xp.arange(ties.shape[-1], device=_spectrum._device(ties))
         return xp.astype(positions == xp.astype(index, positions.dtype), ties.dtype)
+    count = xp.sum(ties, axis=-1, keepdims=True)
     if policy == "raise":
         tied = concrete(xp.any(count > 1))
         if tied is None:
@@ -131,16 +150,24 @@ def _weights(
     return ties / count
 
 
+def _top_w(sp: Spectrum, ties: Array, policy: str, xp: Any, concrete: Concrete) -> Array:
+    index = None if policy != "any" else xp.zeros_like(sp.k)[..., None]
+    return _weights(ties, index, policy, "largest", xp, concrete)
+
+
+def _bottom_w(sp: Spectrum, ties: Array, policy: str, xp: Any, concrete: Concrete) -> Array:
+    index = None if policy != "any" else (sp.k - 1)[..., None]
+    return _weights(ties, index, policy, "smallest nonzero", xp, concrete)
+
+
 def top_weights(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    index = xp.zeros_like(sp.k)[..., None]
-    return _weights(top_ties(sp, tie_rtol, xp), index, policy, "largest", xp, concrete)
+    return _top_w(sp, top_ties(sp, tie_rtol, xp), policy, xp, concrete)
 
 
 def bottom_weights(
     sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete
 ) -> Array:
-    index = (sp.k - 1)[..., None]
-    return _weights(bottom_ties(sp, tie_rtol, xp), index, policy, "smallest nonzero", xp, concrete)
+    return _bottom_w(sp, bottom_ties(sp, tie_rtol, xp), policy, xp, concrete)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,13 +176,17 @@ def bottom_weights(
 
 
 def _safe_k(sp: Spectrum, xp: Any) -> Array:
-    return xp.maximum(sp.k, xp.ones_like(sp.k))[..., None]
+    return xp.where(sp.k < 1.0, 1.0, sp.k)[..., None]
+
+
+def _kappa(sp: Spectrum, bottom: Array, xp: Any) -> Array:
+    kappa = (mu_top(sp) / bottom)[..., 0]
+    return xp.where(sp.k > 0, kappa, math.nan)
 
 
 def kappa_value(sp: Spectrum, xp: Any) -> Array:
     """kappa = mu_1 / mu_k over the nonzero values (Eq. 1); NaN for rank 0 (unchecked input)."""
-    kappa = (mu_top(sp) / mu_bottom(sp, xp))[..., 0]
-    return xp.where(sp.k > 0, kappa, _full(xp, kappa, math.nan))
+    return _kappa(sp, mu_bottom(sp, xp), xp)
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
@@ -173,6 +204,12 @@ def r_well_value(sp: Spectrum, xp: Any) -> Array:
     return (top[..., 0] * (total / (2.0 * sp.p))) * top[..., 0]
 
 
+def _r_ill_den(sp: Spectrum, bottom: Array, ties: Array, xp: Any) -> Array:
+    keep = xp.astype(sp.mask, sp.mu.dtype) - ties
+    terms = keep * (sp.mu - bottom) * (sp.mu + bottom)
+    return xp.sum(terms, axis=-1) / (2.0 * xp.where(sp.k < 1.0, 1.0, sp.k))
+
+
 def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     """‖M‖_F²/(2k) − ½ mu_k², computed as Σ_{i≤k, i not tied with k} (mu_i² − mu_k²) / (2k).
 
@@ -180,17 +217,13 @@ def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
     never negative; the terms of the numerically-zero values (i > k) are below rounding and are
     left out, as the rank is.
     """
-    bottom = mu_bottom(sp, xp)
-    keep = xp.astype(sp.mask, sp.mu.dtype) - bottom_ties(sp, tie_rtol, xp)
-    terms = keep * (sp.mu - bottom) * (sp.mu + bottom)
-    return xp.sum(terms, axis=-1) / (2.0 * _safe_k(sp, xp)[..., 0])
+    return _r_ill_den(sp, *_bottom(sp, tie_rtol, xp), xp)
 
 
 def r_ill_from_denominator(den: Array, xp: Any) -> Array:
     """1 / den, +inf exactly at the pole (den == 0), without a division-by-zero warning."""
     pole = den == 0
-    safe = xp.where(pole, xp.ones_like(den), den)
-    return xp.where(pole, _full(xp, den, math.inf), 1.0 / safe)  # NaN stays NaN
+    return xp.where(pole, math.inf, 1.0 / xp.where(pole, 1.0, den))  # NaN stays NaN
 
 
 def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
@@ -262,25 +295,54 @@ def value(
 # --------------------------------------------------------------------------------------------
 
 
+def _kappa_d(sp: Spectrum, bottom: Array, wt: Array, wb: Array) -> Array:
+    top = mu_top(sp)
+    return wt / bottom - ((top / bottom) / bottom) * wb
+
+
 def kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
     """d kappa / d mu = w_top / mu_k − (mu_1 / mu_k²) w_bottom."""
-    top, bottom = mu_top(sp), mu_bottom(sp, xp)
+    bottom, ties = _bottom(sp, tie_rtol, xp)
     wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    return wt / bottom - ((top / bottom) / bottom) * wb
+    return _kappa_d(sp, bottom, wt, _bottom_w(sp, ties, policy, xp, concrete))
 
 
 def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
     """d log kappa / d mu = w_top / mu_1 − w_bottom / mu_k."""
+    bottom, ties = _bottom(sp, tie_rtol, xp)
     wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    return wt / mu_top(sp) - wb / mu_bottom(sp, xp)
+    return wt / mu_top(sp) - _bottom_w(sp, ties, policy, xp, concrete) / bottom
+
+
+def _r_well_d(sp: Spectrum, wt: Array) -> Array:
+    return mu_top(sp) * wt - sp.mu / float(sp.p)
 
 
 def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
     """d R_well / d mu = mu_1 w_top − mu / p (Nenov et al., Theorem A.1)."""
-    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    return mu_top(sp) * wt - sp.mu / float(sp.p)
+    return _r_well_d(sp, top_weights(sp, tie_rtol, policy, xp, concrete))
+
+
+def check_pole(any_pole: Array, concrete: Concrete) -> None:
+    """:class:`PoleError` when the 0-d boolean ``any_pole`` (some matrix is at R_ill's pole,
+    ``den == 0``) holds and ``concrete`` can tell."""
+    if concrete(any_pole):
+        raise PoleError(
+            "R_ill is at its pole (all nonzero singular values are equal: kappa = 1, or rank 1): "
+            "its value is +inf and it has no gradient there"
+        )
+
+
+def _r_ill_d(
+    sp: Spectrum, bottom: Array, wb: Array, den: Array, at_pole: Array, pole: str, xp: Any
+) -> Array:
+    num = bottom * wb - sp.mu / _safe_k(sp, xp)
+    if pole == "zero":
+        safe = xp.where(at_pole, 1.0, den)[..., None]
+        return xp.where(at_pole[..., None], 0.0, (num / safe) / safe)
+    den = den[..., None]
+    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
+    return (num / den) / den
 
 
 def r_ill_dmu(
@@ -301,22 +363,49 @@ def r_ill_dmu(
     """
     if pole not in POLES:
         raise ValueError(f"pole must be one of {POLES}, got {pole!r}")
-    den = r_ill_denominator(sp, tie_rtol, xp)
+    bottom, ties = _bottom(sp, tie_rtol, xp)
+    den = _r_ill_den(sp, bottom, ties, xp)
     at_pole = den == 0
-    if pole == "raise" and concrete(xp.any(at_pole)):
-        raise PoleError(
-            "R_ill is at its pole (all nonzero singular values are equal: kappa = 1, or rank 1): "
-            "its value is +inf and it has no gradient there"
-        )
-    wb = bottom_weights(sp, tie_rtol, policy, xp, concrete)
-    num = mu_bottom(sp, xp) * wb - sp.mu / _safe_k(sp, xp)
-    if pole == "zero":
-        safe = xp.where(at_pole, xp.ones_like(den), den)[..., None]
-        d = (num / safe) / safe
-        return d * xp.astype(~at_pole, d.dtype)[..., None]
-    den = den[..., None]
-    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
-    return (num / den) / den
+    if pole == "raise":
+        check_pole(xp.any(at_pole), concrete)
+    wb = _bottom_w(sp, ties, policy, xp, concrete)
+    return _r_ill_d(sp, bottom, wb, den, at_pole, pole, xp)
+
+
+def value_and_dmu(
+    quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None, subgradient: str
+) -> tuple[Array, Array, Array, Array | None]:
+    """``(value, g, s_1, at_pole)`` from one pass over the extreme values: the value of
+    ``quantity`` (as :func:`value_from_spectrum`), its derivative ``g = d value / d mu`` on the
+    :func:`normalized` spectrum (as the ``*_dmu`` functions; assemble it with
+    :func:`condreg._spectrum.assemble` and the power ``2·degree + 1`` (``gram``) or ``degree`` of
+    ``s_1``, :data:`_DEGREE`), ``s_1`` (``(..., 1)``) and, for ``r_ill``, the boolean ``den == 0``
+    (shape ``(...)``; the pole check is left to the caller, :func:`check_pole`: ``g`` holds
+    inf/NaN there). For an adapter whose forward pass keeps what its backward needs.
+    ``subgradient`` must not be ``"raise"`` (that needs concrete values)."""
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
+    if subgradient not in ("min_norm", "any"):
+        raise ValueError(f'subgradient must be "min_norm" or "any" here, got {subgradient!r}')
+    unit, s1 = normalized(sp, xp)
+    at_pole = None
+    if quantity == "r_well":
+        v = r_well_value(unit, xp)
+        g = _r_well_d(unit, _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never))
+    else:
+        bottom, ties = _bottom(unit, tie_rtol, xp, 1.0)
+        wb = _bottom_w(unit, ties, subgradient, xp, never)
+        if quantity == "r_ill":
+            den = _r_ill_den(unit, bottom, ties, xp)
+            at_pole = den == 0
+            v = r_ill_from_denominator(den, xp)
+            g = _r_ill_d(unit, bottom, wb, den, at_pole, "raise", xp)
+        else:
+            v = _kappa(unit, bottom, xp)
+            wt = _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)
+            g = _kappa_d(unit, bottom, wt, wb)
+    power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
+    return _rescale(v, s1[..., 0], power, xp), g, s1, at_pole
 
 
 _DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}

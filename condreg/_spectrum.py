@@ -118,8 +118,27 @@ class Spectrum(NamedTuple):
 TIE_FACTOR = 32.0
 
 
+_FINFO: dict[tuple[type, Any], tuple[float, float, float]] = {}
+
+
+def _finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
+    """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats (cached per dtype: this is
+    on every call's path)."""
+    key = (type(dtype), dtype)  # the type first: no dtype comparison across libraries
+    try:
+        return _FINFO[key]
+    except (KeyError, TypeError):
+        fi = xp.finfo(dtype)
+        out = (float(fi.eps), float(fi.smallest_normal), float(fi.max))
+        try:
+            _FINFO[key] = out
+        except TypeError:  # pragma: no cover - an unhashable dtype object
+            pass
+        return out
+
+
 def eps(xp: Any, dtype: Any) -> float:
-    return float(xp.finfo(dtype).eps)
+    return _finfo(xp, dtype)[0]
 
 
 def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -312,28 +331,31 @@ def eigh_gram(
     gdtype = M.dtype
     if vectors:
         mu, W = xp.linalg.eigh(M)
-        W = xp.astype(xp.flip(W, axis=-1), dtype)
+        W = xp.flip(W, axis=-1)
+        if W.dtype != dtype:
+            W = xp.astype(W, dtype)
     else:
         mu, W = xp.linalg.eigvalsh(M), None
-    mu = xp.maximum(xp.flip(mu, axis=-1), xp.zeros_like(mu))
+    mu = xp.flip(mu, axis=-1)
+    mu = xp.where(mu < 0, 0.0, mu)  # NaN stays NaN
     n, m = min(N, D), max(N, D)
     top = mu[..., :1]
-    err = eps(xp, gdtype) * (n * top + math.sqrt(m) * xp.sum(mu, axis=-1, keepdims=True))
-    fi = xp.finfo(gdtype)
-    lo = float(fi.smallest_normal) / eps(xp, gdtype) ** 2
-    hi = float(fi.max) / (4.0 * m)
+    e, tiny, big = _finfo(xp, gdtype)
+    err = (e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)
+    lo = tiny / (e * e)
+    hi = big / (4.0 * m)
     in_range = xp.all((top > lo) & (top < hi))  # False for NaN and for a zero matrix
-    safe_top = xp.where(top > 0, top, xp.ones_like(top))
-    s = xp.astype(xp.sqrt(mu), dtype)
-    return s, W, xp.astype(mu / safe_top, dtype), xp.astype(err / safe_top, dtype), in_range
+    safe_top = xp.where(top > 0, top, 1.0)
+    s, mu_rel, err_rel = xp.sqrt(mu), mu / safe_top, err / safe_top
+    if gdtype != dtype:
+        s, mu_rel, err_rel = (xp.astype(a, dtype) for a in (s, mu_rel, err_rel))
+    return s, W, mu_rel, err_rel, in_range
 
 
 def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:
     """0-d boolean: every eigenvalue (``mu_rel = mu / mu_1``, error bound ``err_rel``) is resolved
     to ``accuracy`` or certainly outside the rank ``mu > rtol²·mu_1``."""
-    resolved = mu_rel * accuracy >= err_rel
-    outside = mu_rel + err_rel < rtol * rtol
-    return xp.all(resolved | outside)
+    return xp.all((mu_rel * accuracy >= err_rel) | (mu_rel + err_rel < rtol * rtol))
 
 
 def gram_spectrum(
@@ -431,31 +453,49 @@ def _square(s: Array, xp: Any) -> Array:
     return s * s
 
 
-def scale_by_power(x: Array, s: Array, power: int, xp: Any, weight: Array | None = None) -> Array:
-    """``x · s**power`` for positive ``s`` broadcastable to ``x``, in at most three passes and
-    without an over- or underflow that the result itself would not have.
+def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
+    """``(first, second)`` with ``s**power = first · second`` for positive ``s``, such that
+    ``(x · first) · second`` over- or underflows only where ``x · s**power`` itself does.
 
     ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
-    ``m**power`` is representable for ``|power| <= 6`` and the power of two is applied as one
-    or two exact factors (the second is 1 unless the exponent leaves the dtype's range). A
-    non-positive or non-finite ``s`` gives NaN. ``weight`` (broadcastable like ``s``) multiplies
-    the first factor (the chain rule's incoming gradient, without another pass over ``x``).
+    ``m**power`` is representable for ``|power| <= 6`` and the power of two is split into two
+    exact factors (the second is 1 unless the exponent leaves the dtype's range; clipped so that
+    it is never 0 or inf: 0 · inf would be NaN where the result is an exact 0). A non-positive
+    or non-finite ``s`` gives NaN. Computed once per spectrum (a few operations on ``s``'s
+    shape); :func:`scale_by_power` applies them.
     """
-    if power == 0:
-        return x if weight is None else x * weight
-    ok = (s > 0) & xp.isfinite(s)
-    safe = xp.where(ok, s, xp.ones_like(s))
+    ok = (s > 0) & (s < math.inf)  # False for NaN
+    safe = xp.where(ok, s, 1.0)
     e = xp.floor(xp.log2(safe))
     m = safe / 2.0**e
     E = e * float(power)
-    lim = float(math.floor(math.log2(float(xp.finfo(s.dtype).max))))
+    lim = float(math.floor(math.log2(_finfo(xp, s.dtype)[2])))
     E1 = xp.clip(E, -(lim - 8.0), lim - 7.0)
-    first = xp.where(ok, m**power * 2.0**E1, xp.full_like(s, math.nan))  # s = 0, inf, NaN: NaN
+    first = xp.where(ok, m**power * 2.0**E1, math.nan)  # s = 0, inf, NaN: NaN
+    return first, 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
+
+
+def scale_by_power(x: Array, s: Array, power: int, xp: Any, weight: Array | None = None) -> Array:
+    """``x · s**power`` for positive ``s`` broadcastable to ``x``, in at most three passes and
+    without an over- or underflow that the result itself would not have (the two factors of
+    :func:`power_factors`). A non-positive or non-finite ``s`` gives NaN. ``weight``
+    (broadcastable like ``s``) multiplies the first factor (the chain rule's incoming gradient,
+    without another pass over ``x``).
+    """
+    if power == 0:
+        return x if weight is None else x * weight
+    first, second = power_factors(s, power, xp)
     if weight is not None:
         first = first * weight
-    # The second factor is 1 unless the exponent leaves the range; clipped so that it is never
-    # 0 or inf (0 · inf would be NaN where the result is an exact 0).
-    return (x * first) * 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
+    return (x * first) * second
+
+
+def gram_gradient(Q: Array, g: Array, F: Array, xp: Any) -> Array:
+    """``2 (Q diag(g) Qᵀ) F`` (``N < D``, ``Q = U``) or ``2 F (Q diag(g) Qᵀ)`` (``N >= D``,
+    ``Q = V``): the gradient with respect to ``F`` from the small side's vectors and
+    ``g = d value / d mu`` (Theorem 4.2) — one GEMM with ``F``."""
+    P = (Q * (2.0 * g)[..., None, :]) @ _mT(xp, Q)
+    return P @ F if F.shape[-2] < F.shape[-1] else F @ P
 
 
 def assemble(
@@ -476,13 +516,7 @@ def assemble(
     applied to the result by :func:`scale_by_power`.
     """
     if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
-        if sp.U is not None:
-            P = (sp.U * (2.0 * g)[..., None, :]) @ _mT(xp, sp.U)
-            G = P @ sp.F
-        else:
-            V = _mT(xp, sp.Vh)
-            P = (V * (2.0 * g)[..., None, :]) @ sp.Vh
-            G = sp.F @ P
+        G = gram_gradient(sp.U if sp.U is not None else _mT(xp, sp.Vh), g, sp.F, xp)
         power -= 1  # sp.F = scale · the unit factor
     else:
         d = 2.0 * sp.s * g if sp.gram else g

@@ -116,46 +116,37 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
     )
 
 
-_EMPTY = ()
-
-
 def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
-    """``(value, s, A, B, mu_err)``: the value and, with ``vectors``, the spectrum the backward
-    needs (``A``/``B``: ``U``/``Vh``, or with ``gram`` the small side's vectors and an empty
-    tensor); empty tensors without ``vectors``."""
+    """``(value, A, B, g, first, second, pole)``: the value and, with ``vectors``, what the
+    backward needs: the vectors (``U``/``Vh``, or with ``gram`` the small side's and an empty
+    tensor), ``g = d value / d mu`` on the spectrum divided by ``s_1``, the two factors of the
+    power of ``s_1`` the gradient is scaled by (:func:`condreg._spectrum.power_factors`) and,
+    for ``r_ill``, which matrices are at the pole; empty tensors without ``vectors``."""
     xp = array_namespace(S)
-    concrete = _concrete_or_skip(check)
     tie = _core.check_tie_rtol(tie_rtol)
     sp = _spectrum.decompose(
-        S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method="auto"
+        S,
+        xp,
+        gram=gram,
+        vectors=vectors,
+        rtol=rtol,
+        concrete=_concrete_or_skip(check),
+        method="auto",
     )
-    out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
     empty = S.new_empty(0)
     if not vectors:
-        return out, empty, empty, empty, empty
+        out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
+        return out, empty, empty, empty, empty, empty, empty
+    out, g, s1, pole = _core.value_and_dmu(quantity, sp, xp, tie_rtol=tie, subgradient="min_norm")
+    degree = _core._DEGREE[quantity]
+    # With gram the gradient is assembled on F itself, which carries one power of s_1.
+    power = 2 * degree if gram else degree
+    first, second = _spectrum.power_factors(s1[..., None], power, xp)
     if gram:
-        Q = sp.U if sp.U is not None else sp.Vh
-        A, B = Q, empty
+        A, B = (sp.U if sp.U is not None else sp.Vh.mT), empty
     else:
         A, B = sp.U, sp.Vh
-    # the path's error bound on mu and its default tie tolerance, packed (..., 2)
-    one = torch.ones_like(sp.s[..., :1])
-    tols = torch.cat([one * sp.mu_err, one * sp.tie], dim=-1)
-    return out, sp.s, A, B, tols
-
-
-def _saved_spectrum(S, s, A, B, tols, rtol, gram) -> _core.Spectrum:
-    """The :class:`condreg._core.Spectrum` the forward computed, rebuilt from its tensors."""
-    xp = array_namespace(S)
-    tol = _spectrum.resolve_rtol(rtol, S.shape, S.dtype, xp)
-    mask = s > tol * s[..., :1]
-    k = mask.to(s.dtype).sum(dim=-1)
-    m, n = S.shape[-2], S.shape[-1]
-    mu_err, tie = tols[..., :1], tols[..., 1:]
-    if gram:
-        U, Vh = (A, None) if m < n else (None, A)
-        return _core.Spectrum(U, s, Vh, s * s, mask, k, n, True, mu_err, S, tie)
-    return _core.Spectrum(A, s, B, s, mask, k, min(m, n), False, 0.0, None, tie)
+    return out, A, B, g, first, second, empty if pole is None else pole
 
 
 class _SpectralValue(torch.autograd.Function):
@@ -173,33 +164,26 @@ class _SpectralValue(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
         S, quantity, rtol, tie_rtol, gram, check, vectors = inputs
-        _, s, A, B, mu_err = output
-        ctx.mark_non_differentiable(s, A, B, mu_err)
-        ctx.save_for_backward(S, s, A, B, mu_err)
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(S, *output[1:])
         ctx.config = (quantity, rtol, tie_rtol, gram, check)
         ctx.vectors = vectors
 
     @staticmethod
     def backward(ctx, grad_value, *_):  # type: ignore[override]
-        S, s, A, B, mu_err = ctx.saved_tensors
+        S, A, B, g, first, second, pole = ctx.saved_tensors
         quantity, rtol, tie_rtol, gram, check = ctx.config
         if torch.is_grad_enabled() or not ctx.vectors:
             G = _closed_form(S, ctx.config)  # higher order: differentiable recomputation
+            return grad_value[..., None, None] * G, None, None, None, None, None, None
+        if pole.numel():
+            _core.check_pole(torch.any(pole), _concrete_or_skip(check))
+        if gram:
+            G = _spectrum.gram_gradient(A, g, S, array_namespace(S))
         else:
-            xp = array_namespace(S)
-            sp = _saved_spectrum(S, s, A, B, mu_err, rtol, gram)
-            tie = _core.check_tie_rtol(tie_rtol)
-            G = _core.gradient_from_spectrum(
-                quantity,
-                sp,
-                xp,
-                tie_rtol=tie,
-                subgradient="min_norm",
-                concrete=_concrete_or_skip(check),
-                weight=grad_value,
-            )
-            return G, None, None, None, None, None, None
-        return grad_value[..., None, None] * G, None, None, None, None, None, None
+            G = (A * g[..., None, :]) @ B
+        G = (G * (first * grad_value[..., None, None])) * second
+        return G, None, None, None, None, None, None
 
     @staticmethod
     def vmap(info, in_dims, S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
@@ -235,7 +219,7 @@ class _SpectralValueWithJvp(_SpectralValue):
     def jvp(ctx, S_dot, *_):  # type: ignore[override]
         S = ctx.saved_tensors[0]
         G = _closed_form(S, ctx.config)
-        return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None
+        return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None, None, None
 
 
 def _function() -> type[torch.autograd.Function]:
