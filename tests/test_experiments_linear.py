@@ -178,3 +178,62 @@ def test_raw_preset_runs_end_to_end(tmp_path):
     run = payload["results"]["per_pair"]["condreg"]["1-7"][0]
     assert run["rir_reported_by_immunize"] == run["rir"]
     assert "784 raw pixels" in (tmp_path / "raw" / "table.md").read_text()
+
+
+def _tasks_with_a_cut():
+    from condreg.testing import matrix_with_spectrum
+
+    X_p = matrix_with_spectrum([3.0, 2.0, 1.5, 1.0], 40, 4, seed=0)
+    X_h = matrix_with_spectrum([1.0, 0.9, 0.8, 5e-7], 40, 4, seed=1)
+    return X_p, X_h, 1e-7  # σ₄/σ₁ = 5e-7 of X_h counts at rtol, not at 10·rtol
+
+
+def test_score_decomposes_each_matrix_once_and_rethresholds(monkeypatch):
+    """One pair, three θ's: NumPy decomposes X_p and X_h once and each Xθ once; the engine
+    likewise (condreg.metrics.rir_spectra with the pair's tasks); every number is as when each
+    tolerance is computed from scratch."""
+    from condreg import metrics
+
+    X_p, X_h, rtol = _tasks_with_a_cut()
+    rng = np.random.default_rng(3)
+    thetas = [np.eye(4) + 0.1 * rng.standard_normal((4, 4)) for _ in range(3)]
+    svds, engine = [], []
+    real_svd, real_spectra = lin._svdvals, metrics.rir_spectra
+    monkeypatch.setattr(lin, "_svdvals", lambda F: svds.append(F.shape) or real_svd(F))
+    monkeypatch.setattr(
+        metrics, "rir_spectra", lambda *a, **k: engine.append(a[0] is None) or real_spectra(*a, **k)
+    )
+    pair = lin.PairSpectra(X_p, X_h)
+    scores = [lin.score(theta, X_p, X_h, rtol=rtol, pair=pair) for theta in thetas]
+    assert len(svds) == 2 + 2 * len(thetas)  # X_p, X_h once; X_pθ, X_hθ once per θ
+    assert engine == [True] + [False] * len(thetas)  # the tasks' spectra once, then each θ
+    monkeypatch.undo()
+    for theta, out in zip(thetas, scores, strict=True):
+        assert out == lin.score(theta, X_p, X_h, rtol=rtol)  # sharing changes nothing
+        assert (out["i"], out["ii"], out["rir"]) == tuple(
+            metrics.rir(theta, X_p, X_h, rtol=rtol)[:3]
+        )
+        fresh = lin.spectrum_numbers(theta, X_p, X_h, rtol=rtol)
+        assert out["rank_K_H"] == fresh["rank_K_H"] == 4 and out["kappa_H_H"] == fresh["kappa_H_H"]
+        for f in lin.TOLERANCE_FACTORS:
+            entry, want = out["tolerance"][f"{f}x"], metrics.rir(theta, X_p, X_h, rtol=f * rtol)
+            np.testing.assert_allclose(
+                [entry["i"], entry["ii"], entry["rir"]], want[:3], rtol=1e-12
+            )
+            assert entry["check_rel_diff"] < 1e-9
+        assert out["tolerance"]["1x"]["rir"] == out["rir"]
+        assert out["tolerance"]["10x"]["rir"] != pytest.approx(out["rir"], rel=1e-3)  # the cut
+
+
+def test_the_cross_check_is_independent_and_live():
+    """check_rel_diff compares with NumPy's own SVD: a wrong cross-check spectrum shows."""
+    X_p, X_h, rtol = _tasks_with_a_cut()
+    theta = np.eye(4) + 0.1 * np.random.default_rng(4).standard_normal((4, 4))
+    pair = lin.PairSpectra(X_p, X_h)
+    s_p, s_h = pair.svd()
+    pair._svd = (s_p, s_h * np.array([1.0, 1.0, 1.0, 2.0]))  # κ(K_H) off by 4
+    out = lin.score(theta, X_p, X_h, rtol=rtol, pair=pair)
+    # the check sees κ(K_H)/4, so i·4: |i - 4i| / 4i = 3/4
+    assert out["check_rel_diff"] == pytest.approx(0.75, rel=1e-6)
+    with pytest.raises(ValueError, match="other arrays"):
+        lin.score(theta, X_p, X_h.copy(), rtol=rtol, pair=pair)

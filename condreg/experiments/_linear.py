@@ -2,10 +2,12 @@
 
 Runs :func:`condreg.immunize` for each method on one (D_P, D_H) pair and measures Eq. 15 with
 :func:`condreg.metrics.rir` at the run's rank tolerance ``rtol`` (one κ per run, docs/math.md
-§10.2). Independently of it, :func:`spectrum_numbers` recomputes every condition number from the
-SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above ``rtol·σ₁``), so
-the reported numbers are cross-checked. :func:`tolerance_robustness` repeats the verdict at 10×
-and 100× the run's tolerance (docs/math.md §10.3). NumPy only.
+§10.2). Independently of it, :func:`spectrum_numbers` recomputes every condition number from
+NumPy's SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above
+``rtol·σ₁``), so the reported numbers are cross-checked. :func:`tolerance_robustness` repeats the
+verdict at 10× and 100× the run's tolerance (docs/math.md §10.3). Each matrix is decomposed once
+per θ by each side (:func:`score`), the tasks' own ``X_p``, ``X_h`` once per pair
+(:class:`PairSpectra`); the other tolerances re-threshold those singular values. NumPy only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ __all__ = [
     "check_task_ranks",
     "default_rtol",
     "kappa_features",
+    "PairSpectra",
+    "score",
     "spectrum_numbers",
     "rir_numbers",
     "tolerance_robustness",
@@ -63,6 +67,21 @@ def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
             )
 
 
+def _svdvals(F: np.ndarray) -> np.ndarray:
+    """Singular values of ``F`` in float64 by NumPy's SVD (LAPACK ``gesdd``), descending."""
+    return np.linalg.svd(np.asarray(F, dtype=np.float64), compute_uv=False)
+
+
+def _kappa_of(s: np.ndarray, shape: tuple[int, ...], rtol: float | None) -> tuple[float, int]:
+    """:func:`kappa_features` from the singular values ``s`` of a matrix of ``shape``."""
+    if s.size == 0 or s[0] == 0:
+        return float("nan"), 0
+    tol = max(shape) * np.finfo(np.float64).eps if rtol is None else float(rtol)
+    keep = s > tol * s[0]
+    s = s[keep]
+    return float((s[0] / s[-1]) ** 2), int(keep.sum())
+
+
 def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int]:
     """κ(FᵀF) over the nonzero singular values and the rank, from the SVD of ``F``.
 
@@ -70,29 +89,64 @@ def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int
     ``(nan, 0)`` for an empty or zero ``F``.
     """
     F = np.asarray(F, dtype=np.float64)
-    s = np.linalg.svd(F, compute_uv=False)
-    if s.size == 0 or s[0] == 0:
-        return float("nan"), 0
-    tol = max(F.shape) * np.finfo(np.float64).eps if rtol is None else float(rtol)
-    keep = s > tol * s[0]
-    s = s[keep]
-    return float((s[0] / s[-1]) ** 2), int(keep.sum())
+    return _kappa_of(_svdvals(F), F.shape, rtol)
 
 
-def spectrum_numbers(
-    theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float | None = None
-) -> dict[str, Any]:
-    """κ(K_P), κ(K_H), κ(H_P(θ)), κ(H_H(θ)), (i), (ii), RIR and the ranks, from SVDs of Xθ.
+class PairSpectra:
+    """What scoring every method on one pair of tasks shares, computed once, on first use.
 
-    ``theta=None`` is θ = I (the reference: RIR = 1). ``rtol`` as in :func:`kappa_features`.
+    ``tasks(rtol)``: the spectral engine's spectra of ``X_p`` and ``X_h`` at ``rtol``
+    (:func:`condreg.metrics.rir_spectra` with θ = I), reused by each method's
+    :func:`condreg.metrics.rir_spectra`; ``svd()``: NumPy's singular values of ``X_p`` and
+    ``X_h``, for the independent cross-check (:func:`spectrum_numbers`). κ(K_P) and κ(K_H) do
+    not depend on the method: without this every method decomposed both tasks twice more.
     """
-    k_kp, r_kp = kappa_features(X_p, rtol)
-    k_kh, r_kh = kappa_features(X_h, rtol)
+
+    def __init__(self, X_p: np.ndarray, X_h: np.ndarray) -> None:
+        self.X_p, self.X_h = X_p, X_h
+        self._tasks: dict[float, Any] = {}
+        self._svd: tuple[np.ndarray, np.ndarray] | None = None
+
+    def tasks(self, rtol: float) -> Any:
+        """:class:`condreg.metrics.RIRSpectra` of θ = I at ``rtol`` (one per tolerance)."""
+        from condreg import metrics
+
+        rtol = float(rtol)
+        if rtol not in self._tasks:
+            self._tasks[rtol] = metrics.rir_spectra(None, self.X_p, self.X_h, rtol=rtol)
+        return self._tasks[rtol]
+
+    def svd(self) -> tuple[np.ndarray, np.ndarray]:
+        """NumPy's singular values of ``X_p`` and ``X_h`` (float64, descending)."""
+        if self._svd is None:
+            self._svd = (_svdvals(self.X_p), _svdvals(self.X_h))
+        return self._svd
+
+
+def _pair_of(pair: PairSpectra | None, X_p: np.ndarray, X_h: np.ndarray) -> PairSpectra:
+    """``pair``, checked to be of these very arrays, or a new one."""
+    if pair is None:
+        return PairSpectra(X_p, X_h)
+    if pair.X_p is not X_p or pair.X_h is not X_h:
+        raise ValueError("pair: a PairSpectra of other arrays than X_p, X_h")
+    return pair
+
+
+def _cross_check_svd(
+    theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray, pair: PairSpectra | None
+) -> tuple[np.ndarray, ...]:
+    """NumPy singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` (θ = None: I)."""
+    s_kp, s_kh = _pair_of(pair, X_p, X_h).svd()
     if theta is None:
-        k_hp, r_hp, k_hh, r_hh = k_kp, r_kp, k_kh, r_kh
-    else:
-        k_hp, r_hp = kappa_features(X_p @ theta, rtol)
-        k_hh, r_hh = kappa_features(X_h @ theta, rtol)
+        return s_kp, s_kh, s_kp, s_kh
+    theta = np.asarray(theta, dtype=np.float64)
+    return s_kp, s_kh, _svdvals(X_p @ theta), _svdvals(X_h @ theta)
+
+
+def _numbers(svals: tuple[np.ndarray, ...], shapes, rtol: float | None) -> dict[str, Any]:
+    (k_kp, r_kp), (k_kh, r_kh), (k_hp, r_hp), (k_hh, r_hh) = (
+        _kappa_of(s, shape, rtol) for s, shape in zip(svals, shapes, strict=True)
+    )
     i, ii = k_hh / k_kh, k_hp / k_kp
     return {
         "kappa_K_P": k_kp,
@@ -109,42 +163,114 @@ def spectrum_numbers(
     }
 
 
+def _shapes(theta, X_p, X_h) -> tuple[tuple[int, int], ...]:
+    d = X_p.shape[1] if theta is None else np.shape(theta)[1]
+    return X_p.shape, X_h.shape, (X_p.shape[0], d), (X_h.shape[0], d)
+
+
+def spectrum_numbers(
+    theta: np.ndarray | None,
+    X_p: np.ndarray,
+    X_h: np.ndarray,
+    *,
+    rtol: float | None = None,
+    pair: PairSpectra | None = None,
+) -> dict[str, Any]:
+    """κ(K_P), κ(K_H), κ(H_P(θ)), κ(H_H(θ)), (i), (ii), RIR and the ranks, from SVDs of Xθ.
+
+    ``theta=None`` is θ = I (the reference: RIR = 1). ``rtol`` as in :func:`kappa_features`.
+    ``pair``: the :class:`PairSpectra` of ``X_p``, ``X_h`` (their SVDs, computed once).
+    """
+    svals = _cross_check_svd(theta, X_p, X_h, pair)
+    return _numbers(svals, _shapes(theta, X_p, X_h), rtol)
+
+
+def _relative_difference(official: Mapping[str, float], check: Mapping[str, Any]) -> float:
+    keys = ("i", "ii", "rir")
+    return float(max(abs(official[k] - check[k]) / max(abs(check[k]), 1e-300) for k in keys))
+
+
+def _entry(r: Any) -> dict[str, Any]:
+    return {"i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
+
+
+def score(
+    theta: np.ndarray,
+    X_p: np.ndarray,
+    X_h: np.ndarray,
+    *,
+    rtol: float,
+    pair: PairSpectra | None = None,
+) -> dict[str, Any]:
+    """Everything :func:`immunize_method` reports about θ, from one decomposition per matrix.
+
+    Eq. 15 by :func:`condreg.metrics.rir_spectra` at ``rtol`` (``i``, ``ii``, ``rir``: exactly
+    :func:`condreg.metrics.rir` there), the numbers of :func:`spectrum_numbers` (the
+    independent NumPy SVDs, at the same ``rtol``: κ's and ranks), ``check_rel_diff`` (the
+    largest relative difference of ``i``, ``ii``, ``rir`` between the two), ``rtol``, and
+    ``"tolerance"``: :func:`tolerance_robustness`, each entry with its own ``check_rel_diff``
+    (both sets of singular values re-thresholded at that tolerance). ``pair`` shares the
+    spectra of ``X_p``, ``X_h`` between the methods of a pair (default: computed here).
+    """
+    from condreg import metrics
+
+    pair = _pair_of(pair, X_p, X_h)
+    spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
+    svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
+    tolerance = tolerance_robustness(theta, X_p, X_h, rtol=rtol, spectra=spectra)
+    for f in TOLERANCE_FACTORS:
+        entry = tolerance[f"{f}x"]
+        entry["check_rel_diff"] = _relative_difference(entry, _numbers(svals, shapes, f * rtol))
+    numbers = _numbers(svals, shapes, rtol)
+    numbers["check_rel_diff"] = _relative_difference(tolerance["1x"], numbers)
+    numbers.update({k: tolerance["1x"][k] for k in ("i", "ii", "rir")})
+    numbers["rtol"] = float(rtol)
+    numbers["tolerance"] = tolerance
+    return numbers
+
+
 def rir_numbers(
-    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float
+    theta: np.ndarray,
+    X_p: np.ndarray,
+    X_h: np.ndarray,
+    *,
+    rtol: float,
+    pair: PairSpectra | None = None,
 ) -> dict[str, Any]:
     """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus the SVD cross-check of
-    :func:`spectrum_numbers` at the same ``rtol``.
+    :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its ``"tolerance"``.
 
     The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
     largest relative difference to the independent recomputation; ``rtol`` is recorded.
     """
-    from condreg import metrics
-
-    numbers = spectrum_numbers(theta, X_p, X_h, rtol=rtol)
-    r = metrics.rir(theta, X_p, X_h, rtol=rtol)
-    official = {"i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
-    diffs = [abs(official[k] - numbers[k]) / max(abs(numbers[k]), 1e-300) for k in official]
-    numbers.update(official)
-    numbers["check_rel_diff"] = float(max(diffs))
-    numbers["rtol"] = float(rtol)
+    numbers = score(theta, X_p, X_h, rtol=rtol, pair=pair)
+    numbers.pop("tolerance")
     return numbers
 
 
 def tolerance_robustness(
-    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float
+    theta: np.ndarray,
+    X_p: np.ndarray,
+    X_h: np.ndarray,
+    *,
+    rtol: float,
+    spectra: Any = None,
 ) -> dict[str, Any]:
     """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS` (docs/math.md §10.3).
 
     Returns ``{"1x": {...}, "10x": {...}, "100x": {...}, "flips": bool}``; each entry holds
-    ``rtol``, ``i``, ``ii``, ``rir`` (:func:`condreg.metrics.rir` at that tolerance) and
-    ``success`` (:func:`success`). ``flips`` is True when the verdict differs between tolerances.
+    ``rtol``, ``i``, ``ii``, ``rir`` (:func:`condreg.metrics.rir` at that tolerance, here the
+    re-thresholding of one :class:`condreg.metrics.RIRSpectra` at ``rtol``: ``spectra``, or
+    decomposed here) and ``success`` (:func:`success`). ``flips`` is True when the verdict
+    differs between tolerances.
     """
     from condreg import metrics
 
+    if spectra is None:
+        spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol)
     out: dict[str, Any] = {}
     for f in TOLERANCE_FACTORS:
-        r = metrics.rir(theta, X_p, X_h, rtol=f * rtol)
-        entry = {"rtol": f * rtol, "i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
+        entry = {"rtol": f * rtol, **_entry(spectra.rir(f * rtol))}
         entry["success"] = success(entry)
         out[f"{f}x"] = entry
     out["flips"] = len({out[f"{f}x"]["success"] for f in TOLERANCE_FACTORS}) > 1
@@ -162,13 +288,17 @@ def immunize_method(
     lr: float,
     seed: int,
     y_h: np.ndarray | None = None,
+    pair: PairSpectra | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """One :func:`condreg.immunize` run: RIR numbers at the run's ``rtol`` (and at 10×, 100×:
-    ``"tolerance"``), history, runtime, warnings, why it stopped, the seed and :func:`success`.
+    ``"tolerance"``; :func:`score`), history, runtime (``runtime_s``: the immunization;
+    ``scoring_s``: the scoring after it), warnings, why it stopped, the seed and
+    :func:`success`.
 
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
-    the attacker's fine-tuning on D_H; the other methods never see harmful labels.
+    the attacker's fine-tuning on D_H; the other methods never see harmful labels. ``pair``: a
+    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them.
     """
     import condreg
 
@@ -183,11 +313,12 @@ def immunize_method(
     runtime = time.perf_counter() - start
     theta = np.asarray(result.theta, dtype=np.float64)
     rtol = float(result.rtol)  # the run's one rank tolerance (docs/math.md §10.2)
-    out = rir_numbers(theta, X_p, X_h, rtol=rtol)
+    start = time.perf_counter()
+    out = score(theta, X_p, X_h, rtol=rtol, pair=pair)
     # the loop's own final report must be the same number (one κ per run)
     out["rir_reported_by_immunize"] = float(result.rir)
-    out["tolerance"] = tolerance_robustness(theta, X_p, X_h, rtol=rtol)
     out["runtime_s"] = runtime
+    out["scoring_s"] = time.perf_counter() - start
     # every warning is kept; "did not succeed" is also in ``success`` and the tables' counts
     out["warnings"] = sorted({str(w.message) for w in caught})
     out["history"] = {

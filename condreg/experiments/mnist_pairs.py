@@ -48,7 +48,12 @@ import numpy as np
 from condreg.data import load_mnist, mnist_digit_task
 from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import TOLERANCE_FACTORS, immunize_method, stopped_early
+from condreg.experiments._linear import (
+    TOLERANCE_FACTORS,
+    PairSpectra,
+    immunize_method,
+    stopped_early,
+)
 
 __all__ = [
     "run",
@@ -202,6 +207,7 @@ def _run_unit(seed, pair, tp, th, methods, epochs, lr, options) -> dict[str, Any
     """One (seed, pair): every method on (D_P = task P, D_H = task H). Runs in a worker."""
     start = time.perf_counter()
     by_method = {}
+    pair_spectra = PairSpectra(tp.X, th.X)  # κ(K_P), κ(K_H) once for all methods
     for method in methods:
         res = immunize_method(
             method,
@@ -213,6 +219,7 @@ def _run_unit(seed, pair, tp, th, methods, epochs, lr, options) -> dict[str, Any
             epochs=epochs,
             lr=lr,
             seed=seed,
+            pair=pair_spectra,
             **options,
         )
         res.pop("_theta")
