@@ -164,6 +164,11 @@ def test_worker_processes_give_the_same_numbers(tmp_path):
     serial = _run(tmp_path / "a", pairs)
     parallel = _run(tmp_path / "b", pairs, jobs=2)
     assert parallel["results"]["timing"]["jobs"] == 2
+    assert serial["results"]["timing"]["workers_used"] == 1
+    # tiny units: one spawned worker may finish both before the other has started
+    assert parallel["results"]["timing"]["workers_used"] in (1, 2)
+    timing = serial["results"]["timing"]
+    assert 0 < timing["mean_scoring_s_per_pair"] < timing["mean_seconds_per_pair_all_methods"]
     for key in ("0-1", "2-3"):
         a = serial["results"]["per_pair"]["condreg"][key][0]
         b = parallel["results"]["per_pair"]["condreg"][key][0]
