@@ -44,6 +44,9 @@ class HessianSpectrum(NamedTuple):
     tie_rtol: float
     W: Array | None = None  # sample mode: F V = W diag(s) (left singular vectors of F)
     rtol: float | None = None
+    #: eager sample mode: the vectors of the extreme clusters on demand (``condreg.algorithm
+    #: ._step.Extremes``); ``V`` and ``W`` are then ``None``
+    ext: Any = None
 
 
 def rank_rtol(n: int, dtype: Any, xp: Any) -> float:
@@ -188,6 +191,21 @@ def d_r_ill(hs: HessianSpectrum, xp: Any) -> Array:
     """dR_ill/dμ (minimum-norm at a tied bottom); zero at the pole (``pole="zero"`` of
     :func:`condreg._core.r_ill_dmu`, the one home of R_ill's derivative)."""
     return _core.r_ill_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
+
+
+def r_well_frobenius(hs: HessianSpectrum, xp: Any) -> float:
+    """The coefficient ``a`` of ``mu`` in ``dR_well/dmu = a·mu + (top-tie terms)``: ``−1/D``."""
+    return -1.0 / float(hs.sp.p)
+
+
+def r_ill_frobenius(hs: HessianSpectrum, xp: Any) -> Array:
+    """The coefficient ``a`` of ``mu`` in ``dR_ill/dmu = a·mu + (bottom-tie terms)``:
+    ``−1/(k·den²)``, 0 at the pole (as :func:`d_r_ill`)."""
+    den = _core.r_ill_denominator(hs.sp, hs.tie_rtol, xp)
+    at_pole = den == 0
+    safe = xp.where(at_pole, xp.ones_like(den), den)
+    k = xp.maximum(hs.sp.k, xp.ones_like(hs.sp.k))
+    return (((-1.0 / k) / safe) / safe) * xp.astype(~at_pole, den.dtype)
 
 
 def d_log_kappa(hs: HessianSpectrum, xp: Any) -> Array:

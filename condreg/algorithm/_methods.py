@@ -57,24 +57,25 @@ class Method:
 # -- condreg and r_ill_only: K⁻¹-left-preconditioned steps θ(I − E), ‖E‖₂ ≤ max_step ----------
 
 
-def _preconditioned(problem: Problem, hs: Any, task: Any, d: Array, lam: float) -> Array:
+def _preconditioned(
+    problem: Problem, hs: Any, task: Any, d: Array, lam: float, a: Any, side: str
+) -> Array:
+    """The clipped, preconditioned step of ``d = a·mu + (terms on the ``side`` tie set)``."""
     xp = problem.xp
     rho = 2.0 * problem.lr * lam * xp.max(xp.abs(d))
-    d = (2.0 * problem.lr * lam * clip_factor(rho, problem.max_step, xp)) * d
-    return through_basis(task, hs, d, task.pinv)
+    factor = 2.0 * problem.lr * lam * clip_factor(rho, problem.max_step, xp)
+    return through_basis(task, hs, factor * d, task.pinv, factor * a, (side,))
 
 
 def _condreg_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
     xp = problem.xp
     total = xp.zeros_like(theta)
     if problem.lam_p > 0:
-        total = total + _preconditioned(
-            problem, hsP, problem.P, _linalg.d_r_well(hsP, xp), problem.lam_p
-        )
+        d, a = _linalg.d_r_well(hsP, xp), _linalg.r_well_frobenius(hsP, xp)
+        total = total + _preconditioned(problem, hsP, problem.P, d, problem.lam_p, a, "top")
     if problem.lam_h > 0:
-        total = total + _preconditioned(
-            problem, hsH, problem.H, _linalg.d_r_ill(hsH, xp), problem.lam_h
-        )
+        d, a = _linalg.d_r_ill(hsH, xp), _linalg.r_ill_frobenius(hsH, xp)
+        total = total + _preconditioned(problem, hsH, problem.H, d, problem.lam_h, a, "bottom")
     return total
 
 
@@ -96,9 +97,13 @@ def _inv_log_kappa_coef(hs: Any, xp: Any) -> Array:
     return -1.0 / (safe * safe) * xp.astype(ok, log_k.dtype)
 
 
+#: d log κ / d mu is zero outside the two extreme tie sets.
+_BOTH = ("top", "bottom")
+
+
 def _plain_step(problem: Problem, theta: Array, hs: Any, task: Any, d: Array) -> Array:
     xp = problem.xp
-    step = problem.lr * 2.0 * through_basis(task, hs, d, task.sc)
+    step = problem.lr * 2.0 * through_basis(task, hs, d, task.sc, 0.0, _BOTH)
     return clip_factor(rel_size(step, theta, xp), problem.max_step, xp) * step
 
 
@@ -116,13 +121,13 @@ def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Arr
 
 def _opt_kappa_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
     xp, lr = problem.xp, problem.lr
-    g = 2.0 * through_basis(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc)
+    g = 2.0 * through_basis(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc, 0.0, _BOTH)
     size_p = float(rel_size(lr * g, theta, xp))
     size_h = 0.0
     kappa_h = float(_linalg.kappa(hsH, xp))
     if kappa_h > 1:
         d = _linalg.d_log_kappa(hsH, xp) / math.log(kappa_h) ** 2
-        g = 2.0 * through_basis(problem.H, hsH, d, problem.H.sc)
+        g = 2.0 * through_basis(problem.H, hsH, d, problem.H.sc, 0.0, _BOTH)
         size_h = float(rel_size(lr * g, theta, xp))
     return size_p, size_h
 

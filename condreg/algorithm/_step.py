@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from condreg import _core, _linalg, _spectrum
+from array_api_compat import is_numpy_array, is_torch_array
+
+from condreg import _core, _extreme, _linalg, _spectrum
 from condreg.algorithm._problem import Problem, State, TaskData
 
 Array = Any
@@ -25,14 +27,120 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
 
     ``path="auto"``: the eigh of the ``r×r`` Gram where it resolves them, else a QR of ``Fᵀ``
     and the SVD of its ``R``; ``"exact"``: the latter directly (no wasted eigh on data whose
-    spectrum the Gram never resolves). The small side's vectors come back as ``W`` (``F = W S
-    Vᵀ``; ``V`` instead when ``r = D``)."""
+    spectrum the Gram never resolves).
+
+    Eagerly (NumPy, PyTorch outside ``torch.compile``) only the values are decomposed (``eigvalsh``
+    of the Gram, or the singular values of ``R``) and the vectors come back as an
+    :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme clusters on demand
+    (:mod:`condreg._extreme`), falling back to the full decomposition where they are not
+    certified. Traced (``jax.jit``), the engine's full decomposition is used and the small
+    side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``)."""
     F = task.A @ theta
+    if _eager(F):
+        return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
     )
     V = None if sp.Vh is None else sp.Vh.T
     return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
+
+
+def _eager(F: Array) -> bool:
+    if is_numpy_array(F):
+        return True
+    return is_torch_array(F) and not _spectrum._untraceable(F)
+
+
+def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
+    """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
+    r, D = F.shape
+    G = R = None
+    gdtype = _spectrum.gram_dtype(F, xp)
+    if path == "auto":
+        A = F if F.dtype == gdtype else xp.astype(F, gdtype)
+        G = A @ A.T
+        s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
+        accuracy = _spectrum.gram_accuracy(xp, F.dtype)
+        if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
+            mu_err: Any = err_rel
+            tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, gdtype, xp))
+        else:
+            path = "exact"
+    if path != "auto":
+        R = _spectrum._qr_r(xp, F.T)
+        s = xp.linalg.svdvals(R)
+        mu_err, tie = 0.0, _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
+    mask = s > rtol * s[..., :1]
+    k = xp.sum(xp.astype(mask, s.dtype), axis=-1)
+    mu = s * s
+    sp = _core.Spectrum(None, s, None, mu, mask, k, D, True, mu_err, F, tie)
+    ext = Extremes(F, G, R, sp, gdtype, xp) if vectors else None
+    return _linalg.HessianSpectrum(mu, None, sp, None, None, rtol, ext)
+
+
+class Extremes:
+    """The left singular vectors ``W`` of ``F`` (eigenvectors of ``G = FFᵀ``) on demand.
+
+    ``G`` is the Gram the values came from (``R is None``), or ``F`` was decomposed through
+    ``R`` (``Fᵀ = QR``, exact path) and ``G`` is formed only when needed. Clusters are found by
+    :mod:`condreg._extreme`; where it does not certify them, the full decomposition (eigh of
+    ``G``, or the SVD of ``R``) is computed once and reused."""
+
+    def __init__(self, F: Array, G: Array | None, R: Array | None, sp: Any, gdtype: Any, xp: Any):
+        self.F, self._G, self.R, self.sp, self.gdtype, self.xp = F, G, R, sp, gdtype, xp
+        self._full: Array | None = None
+        self.fallbacks = 0  # clusters that needed the full decomposition (for tests)
+
+    @property
+    def G(self) -> Array:
+        if self._G is None:
+            xp = self.xp
+            A = self.F if self.F.dtype == self.gdtype else xp.astype(self.F, self.gdtype)
+            self._G = A @ A.T
+        return self._G
+
+    def gram(self) -> Array:
+        """``G = FFᵀ`` in the dtype of ``F``."""
+        G = self.G
+        return G if G.dtype == self.F.dtype else self.xp.astype(G, self.F.dtype)
+
+    def full(self) -> Array:
+        """All of ``W`` (``r×r``, columns in the order of the spectrum)."""
+        if self._full is None:
+            xp = self.xp
+            if self.R is None:
+                _, W = xp.linalg.eigh(self.G)
+                W = xp.flip(W, axis=-1)
+            else:
+                _, _, Vh = xp.linalg.svd(self.R, full_matrices=False)
+                W = Vh.T
+            self._full = xp.astype(W, self.F.dtype)
+        return self._full
+
+    def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
+        """Index range ``[lo, hi)`` of the top or bottom tie set."""
+        xp, sp = self.xp, self.sp
+        if side == "top":
+            return 0, int(xp.sum(_core.top_ties(sp, tie_rtol, xp)))
+        k = int(sp.k)
+        return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
+
+    def cluster(self, lo: int, hi: int) -> Array:
+        """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition)."""
+        xp = self.xp
+        if self._full is None:
+            V = None
+            n = self.sp.s.shape[-1]
+            if self.R is None or lo == 0:
+                mu = xp.astype(self.sp.s, self.gdtype) ** 2
+                value_eps = _spectrum.eps(xp, self.sp.s.dtype)
+                V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
+            elif hi == n:
+                V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)
+            if V is not None:
+                return xp.astype(V, self.F.dtype)
+            self.fallbacks += 1
+        return self.full()[:, lo:hi]
 
 
 def is_linalg_error(exc: BaseException) -> bool:
@@ -82,19 +190,59 @@ def rel_size(step: Array, theta: Array, xp: Any) -> Array:
     return xp.sqrt(xp.sum(step * step)) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
 
 
-def through_basis(task: TaskData, hs: Any, d: Array, left: Array) -> Array:
+def through_basis(
+    task: TaskData,
+    hs: Any,
+    d: Array,
+    left: Array,
+    a: Any = None,
+    sides: tuple[str, ...] | None = None,
+) -> Array:
     """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor.
 
     ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
     so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
     the right ones. ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for
-    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products."""
+    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products.
+
+    With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
+    ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
+    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only."""
     F = hs.sp.F  # the engine keeps F = Aθ with the vectors
-    if hs.W is not None:
+    ext = hs.ext
+    if ext is not None and sides is not None:
+        return task.basis @ _structured(hs, d, left, a, sides)
+    if ext is not None:
+        W = ext.full()
+        FG = ((W * d[None, :]) @ W.T) @ F
+    elif hs.W is not None:
         FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
     else:
         FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
     return task.basis @ (left[:, None] * FG)
+
+
+def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
+    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides``: with ``a = 0``
+    as low-rank products ``(W_S e_S)(W_Sᵀ F)``, else as one ``r×r`` matrix
+    ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
+    ext, F, xp = hs.ext, hs.sp.F, hs.ext.xp
+    ranges = [ext.bounds(side, hs.tie_rtol) for side in sides]
+    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:  # the two tie sets overlap
+        W = ext.full()
+        return (left[:, None] * ((W * d[None, :]) @ W.T)) @ F
+    zero = isinstance(a, (int, float)) and a == 0
+    clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
+    if zero:
+        out = xp.zeros_like(F)
+        for lo, hi, W in clusters:
+            out = out + ((left[:, None] * W) * d[lo:hi][None, :]) @ (W.T @ F)
+        return out
+    M = a * ext.gram()
+    for lo, hi, W in clusters:
+        e = d[lo:hi] - a * hs.sp.mu[lo:hi]
+        M = M + (W * e[None, :]) @ W.T
+    return (left[:, None] * M) @ F
 
 
 def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) -> Array:

@@ -1,0 +1,188 @@
+"""Eigenvectors of the extreme clusters only, for eager Algorithm 1 (docs/math.md §10.1).
+
+Every regularizer step of Algorithm 1 has a derivative with respect to the eigenvalues of the
+form ``d = a·mu + e``, where ``e`` is zero outside the top and/or bottom tie sets (Theorem 4.2:
+``dR_well/dmu = mu_1 w_top − mu/D``, ``dR_ill/dmu = (mu_k w_bottom − mu/k)/den²``,
+``d log κ/dmu = w_top/mu_1 − w_bottom/mu_k``). For a factor ``F`` (``r×D``, left singular vectors
+``W``) the step's product is then
+
+    (W diag(d) Wᵀ) F = a·(F Fᵀ) F + W_S diag(e_S) W_Sᵀ F,
+
+which needs the eigenvalues of ``G = FFᵀ`` (or the singular values of ``F``) and the vectors
+``W_S`` of the tied extreme clusters only — not a full eigendecomposition. This module finds
+those vectors by block inverse iteration from the eigenvalues already computed, and accepts
+them only when an a-posteriori residual proves them as accurate as a dense solver's:
+
+- a cluster of eigenvalues of the symmetric ``G`` (:func:`gram_cluster`): shift-and-invert
+  with one LU factorisation, then Rayleigh–Ritz; accepted when every Ritz pair has residual
+  ``‖G v − θ v‖ <= RESIDUAL·n·eps·mu_1`` (a backward-stable eigh's level) and matches the
+  eigenvalues it was started from;
+- the bottom cluster of the singular values of an upper-triangular ``R`` with ``F = RᵀQᵀ``
+  (:func:`triangular_bottom`: the spectrum the Gram does not resolve, full rank only):
+  inverse iteration with two triangular solves per step and a two-sided Rayleigh–Ritz
+  (the left vectors from one more solve with ``Rᵀ``), accepted when ``‖Rᵀu − σv‖`` and
+  ``‖Rv − σu‖`` are at a backward-stable SVD's level ``RESIDUAL·n·eps·σ_1``.
+
+Both return ``None`` when the cluster is not separated enough to converge quickly, the library
+has no LU / triangular solver here, or the residual check fails: the caller then computes the
+full decomposition. Everything here reads values (Python ``float``/``int``): eager only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from array_api_compat import is_numpy_array, is_torch_array
+
+from condreg import _spectrum
+
+Array = Any
+
+#: Accepted residual, in units of ``n·eps·(largest value)``.
+RESIDUAL = 20.0
+#: Largest convergence ratio per iteration accepted for shift-and-invert on the Gram.
+MAX_RATIO_GRAM = 1e-2
+#: Largest convergence ratio per iteration accepted for the triangular inverse iteration.
+MAX_RATIO_TRIANGULAR = 0.6
+#: Target reduction of the unwanted components (the residual check decides acceptance).
+TARGET = 1e-17
+
+
+def _start(n: int, t: int, like: Array, xp: Any) -> Array:
+    """A fixed pseudo-random ``n×t`` start block (deterministic runs)."""
+    block = np.random.default_rng(12345).standard_normal((n, t))
+    return xp.asarray(block, dtype=like.dtype, device=_spectrum._device(like))
+
+
+def _orthonormal(X: Array, xp: Any) -> Array:
+    Q, _ = xp.linalg.qr(X)
+    return Q
+
+
+def _lu_solver(M: Array):
+    """``b ↦ M⁻¹ b`` from one LU factorisation, or ``None`` where none is at hand."""
+    if is_numpy_array(M):
+        try:
+            import scipy.linalg as sl
+        except ImportError:  # pragma: no cover - scipy is optional
+            return None
+        lu = sl.lu_factor(M, check_finite=False)
+        return lambda b: sl.lu_solve(lu, b, check_finite=False)
+    if is_torch_array(M):
+        torch = _spectrum.loaded("torch")
+        LU, piv = torch.linalg.lu_factor(M)
+        return lambda b: torch.linalg.lu_solve(LU, piv, b)
+    return None
+
+
+def _triangular_solvers(R: Array):
+    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``, or ``None``."""
+    if is_numpy_array(R):
+        try:
+            import scipy.linalg as sl
+        except ImportError:  # pragma: no cover - scipy is optional
+            return None
+        return (
+            lambda b: sl.solve_triangular(R, b, lower=False, check_finite=False),
+            lambda b: sl.solve_triangular(R, b, trans="T", lower=False, check_finite=False),
+        )
+    if is_torch_array(R):
+        torch = _spectrum.loaded("torch")
+        Rt = R.mT
+        return (
+            lambda b: torch.linalg.solve_triangular(R, b, upper=True),
+            lambda b: torch.linalg.solve_triangular(Rt, b, upper=False),
+        )
+    return None
+
+
+def _host(x: Array) -> list[float]:
+    """The values of a 1-d array as Python floats (one transfer)."""
+    return [float(v) for v in (x.tolist() if hasattr(x, "tolist") else x)]
+
+
+def _iterations(ratio: float) -> int:
+    return int(math.ceil(math.log(TARGET) / math.log(max(ratio, 1e-300)))) + 1
+
+
+def _column_norms(X: Array, xp: Any) -> Array:
+    return xp.sqrt(xp.sum(X * X, axis=0))
+
+
+def gram_cluster(
+    G: Array, mu: Array, lo: int, hi: int, xp: Any, *, value_eps: float | None = None
+) -> Array | None:
+    """Orthonormal eigenvectors (``n×(hi−lo)``, columns in the order of ``mu``) of the symmetric
+    ``G`` for its eigenvalues ``mu[lo:hi]`` (``mu`` descending, as computed by an eigh of ``G``),
+    or ``None`` (see the module docstring). ``value_eps``: the rounding unit of ``mu`` when it
+    was computed in a lower precision than ``G`` (for the check that the Ritz values match)."""
+    n = G.shape[-1]
+    t = hi - lo
+    values = _host(mu)
+    top = max(values[0], 0.0)
+    e = _spectrum.eps(xp, G.dtype)
+    if not (top > 0 and math.isfinite(top)) or t < 1 or t >= n:
+        return None
+    inside = values[lo:hi]
+    outside = values[:lo] + values[hi:]
+    delta = 10.0 * n * e * top  # keeps G − σI away from exact singularity
+    sigma = 0.5 * (inside[0] + inside[-1]) + (delta if lo == 0 else -delta)
+    near = max(abs(v - sigma) for v in inside)
+    far = min(abs(v - sigma) for v in outside)
+    if not far > 0 or near / far > MAX_RATIO_GRAM:
+        return None
+    solve = _lu_solver(G - sigma * xp.eye(n, dtype=G.dtype, device=_spectrum._device(G)))
+    if solve is None:
+        return None
+    X = _start(n, t, G, xp)
+    for _ in range(_iterations(near / far)):
+        X = _orthonormal(solve(X), xp)
+    T = X.T @ (G @ X)
+    theta, Z = xp.linalg.eigh(0.5 * (T + T.T))
+    V = X @ xp.flip(Z, axis=-1)
+    theta = xp.flip(theta, axis=-1)
+    tol = RESIDUAL * n * e * top
+    residual = _column_norms(G @ V - V * theta[None, :], xp)
+    target = xp.asarray(inside, dtype=G.dtype, device=_spectrum._device(G))
+    value_tol = RESIDUAL * n * max(e, value_eps or 0.0) * top
+    ok = bool(xp.all(residual <= tol)) and bool(xp.all(xp.abs(theta - target) <= value_tol))
+    return V if ok else None
+
+
+def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
+    """Right singular vectors of the upper-triangular ``R`` (``n×n``, full rank) for its
+    smallest singular values ``s[lo:]`` (``s`` descending, computed from ``R``): columns in the
+    order of ``s``; ``None`` when not accepted (module docstring)."""
+    n = R.shape[-1]
+    t = n - lo
+    values = _host(s)
+    if t < 1 or lo < 1 or not (values[-1] > 0 and math.isfinite(values[0])):
+        return None
+    ratio = (values[lo] / values[lo - 1]) ** 2
+    if ratio > MAX_RATIO_TRIANGULAR:
+        return None
+    solvers = _triangular_solvers(R)
+    if solvers is None:
+        return None
+    inv, inv_t = solvers
+    X = _start(n, t, R, xp)
+    for _ in range(_iterations(ratio)):
+        X = _orthonormal(inv(inv_t(X)), xp)
+    # Two-sided Rayleigh–Ritz: the left block from one more half-step (R⁻ᵀ amplifies the
+    # wanted directions, so Y is as accurate as X), then the SVD of the small YᵀRX.
+    Y = _orthonormal(inv_t(X), xp)
+    P, sb, Qt = xp.linalg.svd(Y.T @ (R @ X), full_matrices=False)
+    U, V = Y @ P, X @ Qt.T
+    e = _spectrum.eps(xp, R.dtype)
+    tol = RESIDUAL * n * e * values[0]
+    r1 = _column_norms(R @ V - U * sb[None, :], xp)
+    r2 = _column_norms(R.T @ U - V * sb[None, :], xp)
+    target = xp.asarray(values[lo:], dtype=R.dtype, device=_spectrum._device(R))
+    ok = (
+        bool(xp.all(r1 <= tol))
+        and bool(xp.all(r2 <= tol))
+        and bool(xp.all(xp.abs(sb - target) <= tol))
+    )
+    return V if ok else None
