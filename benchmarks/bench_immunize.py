@@ -51,15 +51,39 @@ def reference_epoch(X_p: np.ndarray, X_h: np.ndarray, theta: np.ndarray) -> np.n
     return theta - 1e-3 * theta @ (V @ W.T)
 
 
-def epoch_cost(X_p, y_p, X_h, method: str, task: str, repeat: int) -> tuple[float, tuple]:
-    """Median seconds of one :func:`condreg.algorithm.step` (after one warm-up step)."""
+def full_decomposition(enabled: bool):
+    """Context: while ``enabled``, the eager epoch decomposes fully (eigh with vectors, or the SVD
+    of ``R``) as a traced one does, instead of values plus the extreme clusters' vectors."""
+    import contextlib
+
+    from condreg.algorithm import _step
+
+    @contextlib.contextmanager
+    def switch():
+        saved = _step._eager
+        if enabled:
+            _step._eager = lambda F: False
+        try:
+            yield
+        finally:
+            _step._eager = saved
+
+    return switch()
+
+
+def epoch_cost(
+    X_p, y_p, X_h, method: str, task: str, repeat: int, full: bool = False
+) -> tuple[float, tuple]:
+    """Median seconds of one :func:`condreg.algorithm.step` (after one warm-up step);
+    ``full``: with the full decomposition (:func:`full_decomposition`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", condreg.ImmunizationWarning)
         problem, state = algorithm.prepare(X_p, y_p, X_h, method=method, task=task)
     box = [algorithm.step(problem, state)[0]]
 
     def one() -> None:
-        box[0] = algorithm.step(problem, box[0])[0]
+        with full_decomposition(full):
+            box[0] = algorithm.step(problem, box[0])[0]
 
     one()
     return _median(one, repeat), problem.paths
@@ -72,6 +96,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all)")
     parser.add_argument("--methods", default=",".join(algorithm.METHODS))
     parser.add_argument("--reference", action="store_true", help="also time the D×D approach")
+    parser.add_argument(
+        "--compare-full",
+        action="store_true",
+        help="also time each epoch with the full decomposition (eigh / SVD of R with all vectors)",
+    )
     args = parser.parse_args()
     from condreg.data import load_mnist
 
@@ -90,7 +119,10 @@ def main() -> None:
     rows = []
     for method in args.methods.split(","):
         seconds, paths = epoch_cost(X_p, y_p, X_h, method, "classification", args.repeat)
-        rows.append((method, seconds, paths))
+        full = None
+        if args.compare_full:
+            full, _ = epoch_cost(X_p, y_p, X_h, method, "classification", args.repeat, True)
+        rows.append((method, seconds, paths, full))
     gemm = min(gemm, _median(lambda: A @ B, 3 * args.repeat))  # the unit, before and after
     if args.reference:
         theta = np.eye(X_p.shape[1])
@@ -102,10 +134,13 @@ def main() -> None:
         f"BLAS threads: {threads}; unit: one ({X_p.shape[0]}x{X_p.shape[1]})·"
         f"({X_p.shape[1]}x{X_p.shape[1]}) GEMM = {gemm * 1e3:.2f} ms"
     )
-    print("| method | s / epoch | GEMMs / epoch | decomposition (P, H) |")
-    print("|---|---|---|---|")
-    for method, seconds, paths in rows:
-        print(f"| {method} | {seconds:.4f} | {seconds / gemm:.1f} | {', '.join(paths)} |")
+    print(
+        "| method | s / epoch | GEMMs / epoch | decomposition (P, H) | full decomposition, GEMMs |"
+    )  # noqa: E501
+    print("|---|---|---|---|---|")
+    for method, seconds, paths, full in rows:
+        other = "—" if full is None else f"{full / gemm:.1f}"
+        print(f"| {method} | {seconds:.4f} | {seconds / gemm:.1f} | {', '.join(paths)} | {other} |")
     if args.reference:
         print(f"| D×D eigh of both Hessians (reference) | {ref:.4f} | {ref / gemm:.1f} | eigh |")
     if limits is not None:
