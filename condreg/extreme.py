@@ -144,8 +144,19 @@ def _inverse(L: Any) -> Any:
     return solve
 
 
-def _eye(n: int, like: Array, xp: Any) -> Array:
-    return xp.eye(n, dtype=like.dtype, device=_spectrum._device(like))
+def _shifted(sign: float, H: Array, c: float, xp: Any, X: Array | None = None, beta: float = 0.0):
+    """``sign·H + beta·X Xᵀ − c·I`` as a new array (the diagonal shifted in place where the
+    library allows: no ``D×D`` identity is formed)."""
+    A = sign * H
+    if X is not None:
+        A = A + X @ (beta * X.T)
+    if is_numpy_array(A):
+        A.reshape(-1)[:: A.shape[0] + 1] -= c
+        return A
+    if is_torch_array(A):
+        A.diagonal().sub_(c)
+        return A
+    return A - c * xp.eye(A.shape[0], dtype=A.dtype, device=_spectrum._device(A))
 
 
 def _start(n: int, b: int, like: Array, xp: Any, seed: int) -> Array:
@@ -264,7 +275,7 @@ def _top(H: Array, xp: Any, *, target: float, slack: float, mu1_hi: float) -> _E
         c = end.theta[0] + step + slack
         if c > mu1_hi + slack:
             break
-        L = _cholesky(c * _eye(D, H, xp) - H, xp)
+        L = _cholesky(_shifted(-1.0, H, -c, xp), xp)
         if L is not None:
             more = _lanczos(_inverse(L), H, xp, top=True, target=target, need=2, start=end.X)
             return more._replace(restarts=more.restarts + end.restarts)
@@ -344,12 +355,10 @@ def _cluster(end: _End, H: Array, xp: Any, *, top: bool, bounds: _Bounds) -> _Cl
     if not abs(c - e0) - r_cluster - m > bounds.window(math.sqrt(max(c, 0.0)), s0, high=True):
         raise _Fallback(f"the gap after the {side} cluster is too small")
     X = end.X[:, :t]
-    D = H.shape[-1]
-    deflate = bounds.beta * (X @ X.T)
-    if top:
-        A = (c - bounds.slack) * _eye(D, H, xp) - H + deflate
-    else:
-        A = H + deflate - (c + bounds.slack) * _eye(D, H, xp)
+    if top:  # (c − slack)·I − H + beta·X Xᵀ
+        A = _shifted(-1.0, H, -(c - bounds.slack), xp, X, bounds.beta)
+    else:  # H + beta·X Xᵀ − (c + slack)·I
+        A = _shifted(1.0, H, c + bounds.slack, xp, X, bounds.beta)
     if _cholesky(A, xp) is None:
         raise _Fallback(f"the {side} cluster could not be proven")
     value = max(theta[:t]) if top else min(theta[:t])
@@ -399,8 +408,7 @@ def _extreme(
     Fs = _times_pow2(F, -e)
     A = Fs if Fs.dtype == gdtype else xp.astype(Fs, gdtype)
     H = A.T @ A
-    H = 0.5 * (H + H.T)
-    frob2 = float(xp.sum(H * H))
+    frob2 = float(xp.linalg.vector_norm(xp.reshape(H, (-1,)))) ** 2
     trace = float(xp.sum(xp.linalg.diagonal(H)))
     diag_max = float(xp.max(xp.linalg.diagonal(H)))
     frob = math.sqrt(frob2)
@@ -455,7 +463,7 @@ def _extreme(
             )
             lo = max(mu1_lo, est.theta[0])
             b = bounds(lo, max(lo, min(mu1_hi, est.theta[0] + est.res[0])))
-        L = _cholesky(H - tau * _eye(D, H, xp), xp)
+        L = _cholesky(_shifted(1.0, H, tau, xp), xp)
         if L is None:
             raise _Fallback(
                 "rank or resolution not proven: some eigenvalue of H is below "
@@ -556,20 +564,18 @@ def _assemble(
 
 
 def _gradient(Fs: Array, P: Array | None, coef: list, xp: Any) -> Array:
-    """``Fs @ P + Σ c (Fs X) Xᵀ`` in the dtype of ``Fs`` (like the dense engine's assembly)."""
+    """``Fs @ P + Σ c (Fs X) Xᵀ`` in the dtype of ``Fs`` (like the dense engine's assembly): with
+    ``P`` one ``N×D×D`` GEMM; without, one ``N×D×t`` and one ``N×t×D`` product."""
     dtype = Fs.dtype
-    G = None
     if P is not None:
-        Pd = P
         for c, X in coef:
-            Pd = Pd + c * (X @ X.T)
-        G = Fs @ (Pd if Pd.dtype == dtype else xp.astype(Pd, dtype))
-        return G
-    for c, X in coef:
-        Xd = X if X.dtype == dtype else xp.astype(X, dtype)
-        term = (Fs @ Xd) @ (c * Xd.T)
-        G = term if G is None else G + term
-    return G
+            P = P + X @ (c * X.T)
+        return Fs @ (P if P.dtype == dtype else xp.astype(P, dtype))
+    X = xp.concat([X for _, X in coef], axis=1)
+    C = xp.concat([c * X.T for c, X in coef], axis=0)
+    X = X if X.dtype == dtype else xp.astype(X, dtype)
+    C = C if C.dtype == dtype else xp.astype(C, dtype)
+    return (Fs @ X) @ C
 
 
 # --------------------------------------------------------------------------------------------
