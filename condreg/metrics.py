@@ -266,7 +266,9 @@ def rir_spectra(
                 f"rir_spectra: tasks resolves the singular values above {tasks.rtol:.3g}·σ₁ "
                 f"only, not rtol={rtol:.3g}"
             )
-        k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in tasks._parts[:2])
+        k_p, k_h = tasks._parts[:2]
+        if tasks.rtol != rtol:
+            k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in (k_p, k_h))
     if theta is None:
         h_p, h_h = k_p, k_h
     else:

@@ -242,3 +242,16 @@ def test_the_cross_check_is_independent_and_live():
     assert out["check_rel_diff"] == pytest.approx(0.75, rel=1e-6)
     with pytest.raises(ValueError, match="other arrays"):
         lin.score(theta, X_p, X_h.copy(), rtol=rtol, pair=pair)
+
+
+def test_score_from_given_spectra_decomposes_only_the_cross_check(monkeypatch):
+    from condreg import metrics
+
+    X_p, X_h, rtol = _tasks_with_a_cut()
+    theta = np.eye(4) + 0.1 * np.random.default_rng(5).standard_normal((4, 4))
+    spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol)
+    want = lin.score(theta, X_p, X_h, rtol=rtol)
+    monkeypatch.setattr(metrics, "rir_spectra", lambda *a, **k: pytest.fail("decomposed again"))
+    assert lin.score(theta, X_p, X_h, rtol=rtol, spectra=spectra) == want
+    with pytest.raises(ValueError, match="at this rtol"):
+        lin.score(theta, X_p, X_h, rtol=10 * rtol, spectra=spectra)

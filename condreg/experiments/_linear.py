@@ -201,6 +201,7 @@ def score(
     *,
     rtol: float,
     pair: PairSpectra | None = None,
+    spectra: Any = None,
 ) -> dict[str, Any]:
     """Everything :func:`immunize_method` reports about θ, from one decomposition per matrix.
 
@@ -210,12 +211,17 @@ def score(
     largest relative difference of ``i``, ``ii``, ``rir`` between the two), ``rtol``, and
     ``"tolerance"``: :func:`tolerance_robustness`, each entry with its own ``check_rel_diff``
     (both sets of singular values re-thresholded at that tolerance). ``pair`` shares the
-    spectra of ``X_p``, ``X_h`` between the methods of a pair (default: computed here).
+    spectra of ``X_p``, ``X_h`` between the methods of a pair (default: computed here);
+    ``spectra``: the :class:`condreg.metrics.RIRSpectra` of θ at ``rtol`` where the caller has
+    it already (then only the cross-check decomposes anything).
     """
     from condreg import metrics
 
     pair = _pair_of(pair, X_p, X_h)
-    spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
+    if spectra is None:
+        spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
+    elif not isinstance(spectra, metrics.RIRSpectra) or spectra.rtol != float(rtol):
+        raise ValueError("score: spectra must be the RIRSpectra of theta at this rtol")
     svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
     tolerance = tolerance_robustness(theta, X_p, X_h, rtol=rtol, spectra=spectra)
     for f in TOLERANCE_FACTORS:
@@ -301,6 +307,7 @@ def immunize_method(
     :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them.
     """
     import condreg
+    from condreg import metrics
 
     if method == "imma" and y_h is not None:
         kwargs = {**kwargs, "y_h": y_h}
@@ -314,7 +321,11 @@ def immunize_method(
     theta = np.asarray(result.theta, dtype=np.float64)
     rtol = float(result.rtol)  # the run's one rank tolerance (docs/math.md §10.2)
     start = time.perf_counter()
-    out = score(theta, X_p, X_h, rtol=rtol, pair=pair)
+    # where the result keeps the decomposition its metrics came from, score from it
+    spectra = getattr(result, "spectra", None)
+    if not (isinstance(spectra, metrics.RIRSpectra) and spectra.rtol == rtol):
+        spectra = None
+    out = score(theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra)
     # the loop's own final report must be the same number (one κ per run)
     out["rir_reported_by_immunize"] = float(result.rir)
     out["runtime_s"] = runtime
