@@ -70,8 +70,7 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
         R = _spectrum._qr_r(xp, F.T)
         s = xp.linalg.svdvals(R)
         mu_err, tie = 0.0, _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
-    mask = s > rtol * s[..., :1]
-    k = xp.sum(xp.astype(mask, s.dtype), axis=-1)
+    mask, k = _linalg._mask_from_s(s, rtol, xp)
     mu = s * s
     sp = _core.Spectrum(None, s, None, mu, mask, k, D, True, mu_err, F, tie)
     ext = Extremes(F, G, R, sp, gdtype, xp) if vectors else None
