@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from condreg import _spectrum
 from condreg._errors import PoleError, TiedExtremeError
@@ -315,7 +315,7 @@ def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete:
 
 
 def _r_well_d(sp: Spectrum, wt: Array) -> Array:
-    return mu_top(sp) * wt - sp.mu / float(sp.p)
+    return mu_top(sp) * wt + (-1.0 / sp.p) * sp.mu  # a·mu + h, a = −1/p, h = mu_1 w_top
 
 
 def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
@@ -333,16 +333,25 @@ def check_pole(any_pole: Array, concrete: Concrete) -> None:
         )
 
 
+def _r_ill_parts(
+    sp: Spectrum, bottom: Array, wb: Array, den: Array, xp: Any
+) -> tuple[Array, Array]:
+    """``(a, h)`` with d R_ill / d mu = a·mu + h: ``a = −1 / (k·den²)`` (shape ``(..., 1)``) and
+    ``h = mu_k w_bottom / den²`` (nonzero on the bottom tie set only). Divided twice: den * den
+    underflows to 0 (and 0/0 = NaN) long before the gradient overflows."""
+    den = den[..., None]
+    return ((-1.0 / _safe_k(sp, xp)) / den) / den, ((bottom * wb) / den) / den
+
+
 def _r_ill_d(
     sp: Spectrum, bottom: Array, wb: Array, den: Array, at_pole: Array, pole: str, xp: Any
 ) -> Array:
-    num = bottom * wb - sp.mu / _safe_k(sp, xp)
     if pole == "zero":
-        safe = xp.where(at_pole, 1.0, den)[..., None]
-        return xp.where(at_pole[..., None], 0.0, (num / safe) / safe)
-    den = den[..., None]
-    # Divide twice: den * den underflows to 0 (and 0/0 = NaN) long before the gradient overflows.
-    return (num / den) / den
+        safe = xp.where(at_pole, 1.0, den)
+        a, h = _r_ill_parts(sp, bottom, wb, safe, xp)
+        return xp.where(at_pole[..., None], 0.0, a * sp.mu + h)
+    a, h = _r_ill_parts(sp, bottom, wb, den, xp)
+    return a * sp.mu + h
 
 
 def r_ill_dmu(
@@ -372,17 +381,31 @@ def r_ill_dmu(
     return _r_ill_d(sp, bottom, wb, den, at_pole, pole, xp)
 
 
+class Rule(NamedTuple):
+    """What :func:`value_and_dmu` returns. ``g = d value / d mu`` on the :func:`normalized`
+    spectrum equals ``a·mu + h`` with ``a`` of shape ``(..., 1)`` (or a float) and ``h`` nonzero
+    only on the tie sets of the extreme values (so ``Σ g_i q_i q_iᵀ = a·M/mu_1 + Σ h_i q_i q_iᵀ``
+    needs only the extreme eigenvectors). ``pole``: for ``r_ill``, the boolean ``den == 0`` of
+    shape ``(...)`` (``g`` holds inf/NaN there; the check is the caller's,
+    :func:`check_pole`), else ``None``."""
+
+    value: Array
+    g: Array
+    s1: Array
+    pole: Array | None
+    a: Any
+    h: Array
+
+
 def value_and_dmu(
     quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None, subgradient: str
-) -> tuple[Array, Array, Array, Array | None]:
-    """``(value, g, s_1, at_pole)`` from one pass over the extreme values: the value of
-    ``quantity`` (as :func:`value_from_spectrum`), its derivative ``g = d value / d mu`` on the
-    :func:`normalized` spectrum (as the ``*_dmu`` functions; assemble it with
-    :func:`condreg._spectrum.assemble` and the power ``2·degree + 1`` (``gram``) or ``degree`` of
-    ``s_1``, :data:`_DEGREE`), ``s_1`` (``(..., 1)``) and, for ``r_ill``, the boolean ``den == 0``
-    (shape ``(...)``; the pole check is left to the caller, :func:`check_pole`: ``g`` holds
-    inf/NaN there). For an adapter whose forward pass keeps what its backward needs.
-    ``subgradient`` must not be ``"raise"`` (that needs concrete values)."""
+) -> Rule:
+    """The value of ``quantity`` (as :func:`value_from_spectrum`) and its derivative
+    ``g = d value / d mu`` on the :func:`normalized` spectrum (as the ``*_dmu`` functions), from
+    one pass over the extreme values; ``s_1`` (``(..., 1)``). Assemble ``g`` with
+    :func:`condreg._spectrum.assemble` and the power ``2·degree + 1`` (``gram``) or ``degree``
+    of ``s_1`` (:data:`_DEGREE`). For an adapter whose forward pass keeps what its backward
+    needs. ``subgradient`` must not be ``"raise"`` (that needs concrete values)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     if subgradient not in ("min_norm", "any"):
@@ -391,7 +414,8 @@ def value_and_dmu(
     at_pole = None
     if quantity == "r_well":
         v = r_well_value(unit, xp)
-        g = _r_well_d(unit, _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never))
+        a, h = -1.0 / sp.p, _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)
+        g = _r_well_d(unit, h)  # mu_1 = 1
     else:
         bottom, ties = _bottom(unit, tie_rtol, xp, 1.0)
         wb = _bottom_w(unit, ties, subgradient, xp, never)
@@ -399,13 +423,15 @@ def value_and_dmu(
             den = _r_ill_den(unit, bottom, ties, xp)
             at_pole = den == 0
             v = r_ill_from_denominator(den, xp)
-            g = _r_ill_d(unit, bottom, wb, den, at_pole, "raise", xp)
+            a, h = _r_ill_parts(unit, bottom, wb, den, xp)
+            g = a * unit.mu + h
         else:
             v = _kappa(unit, bottom, xp)
             wt = _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)
-            g = _kappa_d(unit, bottom, wt, wb)
+            a, h = 0.0, _kappa_d(unit, bottom, wt, wb)
+            g = h
     power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
-    return _rescale(v, s1[..., 0], power, xp), g, s1, at_pole
+    return Rule(_rescale(v, s1[..., 0], power, xp), g, s1, at_pole, a, h)
 
 
 _DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}

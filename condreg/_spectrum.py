@@ -306,6 +306,12 @@ def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array | No
     return s, _mT(xp, Vhr)  # N < D: F = Rᵀ Qᵀ, U_F = V_R; N >= D: F = Q R, V_F = V_R
 
 
+def _gram_matrix(F: Array, xp: Any, gdtype: Any) -> Array:
+    """The smaller Gram matrix of ``F`` in ``gdtype``: ``FFᵀ`` when ``N < D``, else ``FᵀF``."""
+    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
+    return A @ _mT(xp, A) if F.shape[-2] < F.shape[-1] else _mT(xp, A) @ A
+
+
 def _gram_eigh(
     F: Array, xp: Any, vectors: bool, gdtype: Any
 ) -> tuple[Array, Any, Array, Array, Array]:
@@ -315,10 +321,8 @@ def _gram_eigh(
     safely inside the dtype's range (between the smallest normal number over eps² and the
     largest over 4·max(N, D); always true for float32 features with a float64 Gram). Out of
     range (``F = 1e-170·I`` or ``1e200·I`` in float64) the caller takes the exact path."""
-    N, D = F.shape[-2], F.shape[-1]
-    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
-    M = A @ _mT(xp, A) if N < D else _mT(xp, A) @ A
-    return eigh_gram(M, (N, D), xp, vectors, F.dtype)
+    M = _gram_matrix(F, xp, gdtype)
+    return eigh_gram(M, (F.shape[-2], F.shape[-1]), xp, vectors, F.dtype)
 
 
 def eigh_gram(
@@ -372,26 +376,58 @@ def gram_spectrum(
     (descending), the small side's singular vectors ``Q`` (``U`` when ``N < D``, ``V``
     otherwise; ``None`` without ``vectors``), the path's error bound on ``mu`` relative to
     ``mu_1`` and its default tie tolerance on ``s`` (both ``(..., 1)``)."""
+    return _gram_spectrum(F, xp, vectors, rtol, method, accuracy, read, False)[:4]
+
+
+class UnitGram(NamedTuple):
+    """The Gram matrix divided by its largest eigenvalue (``M / mu_1``, in the Gram dtype) and
+    its eigenvalues (descending, the same dtype): what the extreme-cluster assembly needs."""
+
+    M: Array
+    mu: Array
+
+
+def _gram_spectrum(
+    F: Array,
+    xp: Any,
+    vectors: bool,
+    rtol: float,
+    method: str,
+    accuracy: float | None,
+    read: Concrete,
+    extreme: bool,
+) -> tuple[Array, Array | None, Any, Any, UnitGram | None]:
+    """:func:`gram_spectrum` plus, with ``extreme`` (``vectors`` must be true), the Gram path
+    without vectors: ``eigvalsh`` only, and the :class:`UnitGram` (``None`` when the exact path
+    was taken, which returns its vectors as usual)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     tie_exact = default_tie_rtol(F.shape, F.dtype, xp)
     if method in ("exact", "svd"):
         s, Q = _svd_small_side(F, xp, vectors)
-        return s, Q, 0.0, tie_exact
+        return s, Q, 0.0, tie_exact, None
     gdtype = gram_dtype(F, xp)
-    s, Q, mu_rel, err_rel, in_range = _gram_eigh(F, xp, vectors, gdtype)
+    unit = None
+    if extreme:  # eigenvalues only, in the Gram dtype; M / mu_1 kept for the assembly
+        M = _gram_matrix(F, xp, gdtype)
+        s, Q, mu_g, err_rel, in_range = eigh_gram(M, F.shape[-2:], xp, False, gdtype)
+        top = s[..., :1, None] * s[..., :1, None]
+        unit = UnitGram(M / xp.where(top > 0, top, 1.0), mu_g)
+        s, mu_rel, err_rel = (xp.astype(a, F.dtype) for a in (s, mu_g, err_rel))
+    else:
+        s, Q, mu_rel, err_rel, in_range = _gram_eigh(F, xp, vectors, gdtype)
     tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
     if method == "gram":
-        return s, Q, err_rel, tie_gram
+        return s, Q, err_rel, tie_gram, unit
     if accuracy is None:
         accuracy = gram_accuracy(xp, F.dtype)
     ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
 
     def exact():
         s2, Q2 = _svd_small_side(F, xp, vectors)
-        return s2, Q2, xp.zeros_like(err_rel), xp.full_like(err_rel, tie_exact)
+        return s2, Q2, xp.zeros_like(err_rel), xp.full_like(err_rel, tie_exact), None
 
-    return choose(ok, lambda: (s, Q, err_rel, tie_gram), exact, read)
+    return choose(ok, lambda: (s, Q, err_rel, tie_gram, unit), exact, read)
 
 
 def decompose(
@@ -414,14 +450,38 @@ def decompose(
     higher order). Raises :class:`RankError` when any matrix of the batch has rank 0 (if
     ``concrete`` can tell).
     """
+    return _decompose(S, xp, gram, vectors, rtol, concrete, method, False)[0]
+
+
+def decompose_extreme(
+    F: Array, xp: Any, *, rtol: float | None, concrete: Concrete
+) -> tuple[Spectrum, UnitGram | None]:
+    """:func:`decompose` of a feature batch (``gram=True``, ``method="auto"``, with vectors)
+    for :func:`extreme_gram_product`: where the Gram path is taken it runs ``eigvalsh`` only and
+    returns the :class:`UnitGram` instead of the vectors (the spectrum then has ``U = Vh =
+    None``); the exact path returns its vectors and ``None``."""
+    return _decompose(F, xp, True, True, rtol, concrete, "auto", True)
+
+
+def _decompose(
+    S: Array,
+    xp: Any,
+    gram: bool,
+    vectors: bool,
+    rtol: float | None,
+    concrete: Concrete,
+    method: str,
+    extreme: bool,
+) -> tuple[Spectrum, UnitGram | None]:
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
     m, n = S.shape[-2], S.shape[-1]
     mu_err: Any = 0.0
     tie: Any = default_tie_rtol(S.shape, S.dtype, xp)
     F = None
+    unit = None
     if gram and method != "svd":
-        s, Q, mu_err, tie = gram_spectrum(
-            S, xp, vectors=vectors, rtol=rtol, method=method, read=reader(S, concrete)
+        s, Q, mu_err, tie, unit = _gram_spectrum(
+            S, xp, vectors, rtol, method, None, reader(S, concrete), extreme
         )
         U, Vh, F = (Q, None, S) if m < n else (None, None if Q is None else _mT(xp, Q), S)
         if not vectors:
@@ -439,7 +499,7 @@ def decompose(
         )
     mu = _square(s, xp) if gram else s
     p = n if gram else min(m, n)
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie)
+    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie), unit
 
 
 def _square(s: Array, xp: Any) -> Array:
@@ -525,3 +585,128 @@ def assemble(
     if scale is None:
         return G if w is None else G * w
     return scale_by_power(G, scale[..., None], power, xp, w)
+
+
+# --------------------------------------------------------------------------------------------
+# The extreme-cluster assembly (eigvalsh + the extreme eigenvectors, single matrices, eager)
+# --------------------------------------------------------------------------------------------
+
+#: Smallest Gram size ``min(N, D)`` from which :func:`extreme_gram_product` pays for its
+#: inverse iteration (below it the full ``eigh`` is cheaper than the extra small operations).
+EXTREME_MIN = 128
+
+#: Most inverse-iteration steps; a cluster that needs more is not separated well enough.
+EXTREME_STEPS = 6
+
+#: Most extreme vectors (all clusters together) before the full ``eigh`` is cheaper.
+EXTREME_MAX_FRACTION = 8
+
+
+def _shift_solver(torch: Any, A: Array, definite: bool) -> Callable[[Array], Array] | None:
+    """``X -> A⁻¹X`` for the symmetric shifted matrix ``A`` (Cholesky when it is positive
+    definite, else LU); ``None`` when the factorisation fails."""
+    if definite:
+        L, info = torch.linalg.cholesky_ex(A)
+        if int(info) == 0:
+            return lambda X: torch.cholesky_solve(X, L)
+    LU, piv, info = torch.linalg.lu_factor_ex(A)
+    if int(info) != 0:
+        return None
+    return lambda X: torch.linalg.lu_solve(LU, piv, X)
+
+
+def _cluster_basis(M: Array, mus: list[float], lo: int, hi: int, floor: float) -> Array | None:
+    """Orthonormal basis (``n×(hi−lo)``) of the invariant subspace of the symmetric unit Gram
+    matrix ``M`` (largest eigenvalue 1) for its eigenvalues ``mus[lo:hi]`` (``mus``: all of
+    them, descending), by inverse iteration with a shift ``delta = width + floor`` beside the
+    cluster, on the side of the wider gap.
+
+    The convergence factor per step is ``rho = (width + delta + floor) / dist`` (``dist``: from
+    the shift to the nearest eigenvalue outside the cluster); the number of steps is chosen so
+    that ``rho**steps <= floor / 64``. Returns ``None`` (the caller takes the full ``eigh``)
+    when more than :data:`EXTREME_STEPS` steps would be needed, when the factorisation fails,
+    or when the result does not pass the checks: residual ``‖MQ − Q(QᵀMQ)‖_F <= floor`` (then
+    the subspace is as accurate as eigh's, ``~floor / gap``, Davis–Kahan) and the trace of
+    ``QᵀMQ`` inside the cluster's range."""
+    torch = loaded("torch")
+    n, t = len(mus), hi - lo
+    width = mus[lo] - mus[hi - 1]
+    above = mus[lo - 1] - mus[lo] if lo > 0 else math.inf
+    below = mus[hi - 1] - mus[hi] if hi < n else math.inf
+    delta = width + floor
+    if below >= above:  # shift below the cluster
+        sigma, dist = mus[hi - 1] - delta, min(below - delta, above + width + delta)
+        definite, sign = below == math.inf, 1.0
+    else:
+        sigma, dist = mus[lo] + delta, min(above - delta, below + width + delta)
+        definite, sign = above == math.inf, -1.0
+    if not dist > 0:
+        return None
+    rho = (width + delta + floor) / dist
+    if not rho < 1.0:
+        return None
+    steps = max(1, math.ceil(math.log(floor / 64.0) / math.log(rho))) if rho > 0 else 1
+    if steps > EXTREME_STEPS:
+        return None
+    eye = torch.eye(n, dtype=M.dtype, device=M.device)
+    solve = _shift_solver(torch, sign * (M - sigma * eye), definite)
+    if solve is None:
+        return None
+    i = torch.arange(1, n + 1, dtype=M.dtype, device=M.device)[:, None]
+    j = torch.arange(1, t + 1, dtype=M.dtype, device=M.device)[None, :]
+    X = torch.cos(0.7548776662466927 * i * j + 0.5698402909980532 * j)  # deterministic start
+    for _ in range(steps + 1):  # one step more than the bound: the start is not ideal
+        X = solve(X)
+        X = torch.linalg.qr(X).Q if t > 1 else X / torch.linalg.vector_norm(X)
+    MQ = M @ X
+    H = X.mT @ MQ
+    res = float(torch.linalg.matrix_norm(MQ - X @ H))
+    tr = float(torch.trace(H))
+    if not (res <= floor and t * mus[hi - 1] - floor <= tr <= t * mus[lo] + floor):
+        return None
+    return X
+
+
+def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | None:
+    """``2 (a·M/mu_1 + Σ_c h_c Q_c Q_cᵀ)`` — the matrix ``P`` of the gradient ``P F``
+    (``N < D``) or ``F P`` (``N >= D``) of a quantity whose derivative is
+    ``g = a·mu + h`` (:class:`condreg._core.Rule`), from the unit Gram matrix and the
+    eigenvectors ``Q_c`` of the clusters ``c`` where ``h`` is nonzero (runs of equal ``h``:
+    the tie sets of the extreme values; :func:`_cluster_basis`). Equals
+    ``2 W diag(g) Wᵀ`` from the full eigh (``W diag(mu) Wᵀ = M / mu_1``) at the cost of
+    ``eigvalsh`` and one factorisation per cluster instead of all eigenvectors.
+
+    PyTorch, a single matrix, values readable (it reads ``h``, the eigenvalues and its checks:
+    host synchronisations on a GPU). Returns ``None`` — the caller then takes the full eigh —
+    when ``h`` or ``a`` is not finite (R_ill's pole), the clusters hold more than
+    ``n / EXTREME_MAX_FRACTION`` (at least 8) values, or a cluster is not separated well enough
+    (see :func:`_cluster_basis`)."""
+    M = unit.M
+    n = M.shape[-1]
+    if M.ndim != 2 or not is_torch_array(M):
+        return None
+    hs = h.tolist()
+    av = a if isinstance(a, float) else float(a.reshape(()))
+    if not (math.isfinite(av) and all(math.isfinite(v) for v in hs)):
+        return None
+    runs, i = [], 0
+    while i < n:
+        if hs[i] == 0.0:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and hs[j] == hs[i]:
+            j += 1
+        runs.append((i, j, hs[i]))
+        i = j
+    if sum(hi - lo for lo, hi, _ in runs) > max(8, n // EXTREME_MAX_FRACTION):
+        return None
+    mus = unit.mu.tolist()
+    floor = 64.0 * n * eps(xp, M.dtype)
+    P = M * av
+    for lo, hi, c in runs:
+        Q = _cluster_basis(M, mus, lo, hi, floor)
+        if Q is None:
+            return None
+        P = P + (Q * c) @ Q.mT
+    return 2.0 * P

@@ -116,37 +116,64 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
     )
 
 
+def _extreme_eligible(S: torch.Tensor, gram: bool, check: bool) -> bool:
+    """Whether the forward may take the extreme-cluster assembly: ``gram``, a single matrix of
+    small side at least :data:`condreg._spectrum.EXTREME_MIN`, values readable (``check``,
+    not traced)."""
+    return (
+        gram
+        and check
+        and S.ndim == 2
+        and min(S.shape) >= _spectrum.EXTREME_MIN
+        and not _untraceable(S)
+    )
+
+
 def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     """``(value, A, B, g, first, second, pole)``: the value and, with ``vectors``, what the
-    backward needs: the vectors (``U``/``Vh``, or with ``gram`` the small side's and an empty
-    tensor), ``g = d value / d mu`` on the spectrum divided by ``s_1``, the two factors of the
-    power of ``s_1`` the gradient is scaled by (:func:`condreg._spectrum.power_factors`) and,
-    for ``r_ill``, which matrices are at the pole; empty tensors without ``vectors``."""
+    backward needs: with ``gram`` the small side's matrix ``P = 2 Q diag(g) Qᵀ`` (the gradient
+    is ``P F`` or ``F P``) and empty ``B``, ``g``; otherwise ``U``, ``Vh`` and
+    ``g = d value / d mu`` on the spectrum divided by ``s_1``; the two factors of the power of
+    ``s_1`` the gradient is scaled by (:func:`condreg._spectrum.power_factors`) and, for
+    ``r_ill``, which matrices are at the pole. Empty tensors without ``vectors``.
+
+    With ``gram``, a single large enough matrix and readable values, the Gram path runs
+    ``eigvalsh`` and forms ``P`` from the Gram matrix and the eigenvectors of the extreme tie
+    sets only (:func:`condreg._spectrum.extreme_gram_product`), falling back to the full eigh
+    of the same Gram matrix where a tie set is not well separated."""
     xp = array_namespace(S)
     tie = _core.check_tie_rtol(tie_rtol)
-    sp = _spectrum.decompose(
-        S,
-        xp,
-        gram=gram,
-        vectors=vectors,
-        rtol=rtol,
-        concrete=_concrete_or_skip(check),
-        method="auto",
-    )
+    concrete = _concrete_or_skip(check)
     empty = S.new_empty(0)
+    unit = None
+    if vectors and _extreme_eligible(S, gram, check):
+        sp, unit = _spectrum.decompose_extreme(S, xp, rtol=rtol, concrete=concrete)
+    else:
+        sp = _spectrum.decompose(
+            S, xp, gram=gram, vectors=vectors, rtol=rtol, concrete=concrete, method="auto"
+        )
     if not vectors:
         out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
         return out, empty, empty, empty, empty, empty, empty
-    out, g, s1, pole = _core.value_and_dmu(quantity, sp, xp, tie_rtol=tie, subgradient="min_norm")
+    r = _core.value_and_dmu(quantity, sp, xp, tie_rtol=tie, subgradient="min_norm")
     degree = _core._DEGREE[quantity]
     # With gram the gradient is assembled on F itself, which carries one power of s_1.
-    power = 2 * degree if gram else degree
-    first, second = _spectrum.power_factors(s1[..., None], power, xp)
-    if gram:
-        A, B = (sp.U if sp.U is not None else sp.Vh.mT), empty
+    first, second = _spectrum.power_factors(r.s1[..., None], 2 * degree if gram else degree, xp)
+    pole = empty if r.pole is None else r.pole
+    if not gram:
+        return r.value, sp.U, sp.Vh, r.g, first, second, pole
+    P = None
+    if unit is not None:
+        P = _spectrum.extreme_gram_product(unit, r.a, r.h, xp)
+        if P is None:  # a tie set not well separated: all the vectors of the same Gram matrix
+            Q = torch.linalg.eigh(unit.M)[1].flip(-1).to(S.dtype)
+        else:
+            P = P.to(S.dtype)
     else:
-        A, B = sp.U, sp.Vh
-    return out, A, B, g, first, second, empty if pole is None else pole
+        Q = sp.U if sp.U is not None else sp.Vh.mT
+    if P is None:
+        P = (Q * (2.0 * r.g)[..., None, :]) @ Q.mT
+    return r.value, P, empty, S.new_empty(0), first, second, pole
 
 
 class _SpectralValue(torch.autograd.Function):
@@ -178,8 +205,8 @@ class _SpectralValue(torch.autograd.Function):
             return grad_value[..., None, None] * G, None, None, None, None, None, None
         if pole.numel():
             _core.check_pole(torch.any(pole), _concrete_or_skip(check))
-        if gram:
-            G = _spectrum.gram_gradient(A, g, S, array_namespace(S))
+        if gram:  # A = P = 2 Q diag(g) Qᵀ
+            G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
         else:
             G = (A * g[..., None, :]) @ B
         G = (G * (first * grad_value[..., None, None])) * second
