@@ -179,3 +179,23 @@ def test_torch_eager_step_matches_numpy():
     t = torch.asarray
     res_t = condreg.immunize(t(X_p), t(y), t(X_h), epochs=5)
     np.testing.assert_allclose(res_t.theta.numpy(), res_np.theta, rtol=1e-10, atol=1e-12)
+
+
+def test_result_spectra_are_the_reported_metrics():
+    """``res.spectra`` re-thresholds the reported metrics; the first history row (θ_0 = I, taken
+    from prepare's spectra of the data) is what condreg.metrics.rir says at θ = I."""
+    from condreg import metrics
+
+    rng = np.random.default_rng(7)
+    X_p, X_h = rng.standard_normal((60, 12)), rng.standard_normal((50, 12))
+    X_h[:, 0] *= 1e-4
+    res = condreg.immunize(X_p, rng.standard_normal(60), X_h, epochs=4)
+    assert res.spectra.rir() == res.metrics
+    assert res.spectra.rir(10 * res.rtol) == metrics.rir(res.theta, X_p, X_h, rtol=10 * res.rtol)
+    first = metrics.rir(np.eye(12), X_p, X_h, rtol=res.rtol)
+    assert res.history["rir"][0] == first.rir == 1.0
+    assert res.history["kappa_hh"][0] == first.kappa_hh
+    # θ_0 ≠ I: decomposed (not taken from the data's spectra)
+    theta0 = np.eye(12) + 0.1 * rng.standard_normal((12, 12))
+    res2 = condreg.immunize(X_p, rng.standard_normal(60), X_h, epochs=2, theta0=theta0)
+    assert res2.history["rir"][0] == metrics.rir(theta0, X_p, X_h, rtol=res2.rtol).rir

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from array_api_compat import device as _device
 
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
@@ -258,6 +259,21 @@ def immunize(
     return _result(problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn)
 
 
+def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
+    """``problem.tasks`` (prepare's spectra of the data) when it is of these arrays."""
+    from condreg.metrics import rir_spectra
+
+    tasks = problem.tasks
+    if tasks is not None and X_p.dtype == tasks.s_kp.dtype:
+        return tasks
+    return rir_spectra(None, X_p, X_h, rtol=problem.rtol)
+
+
+def _is_identity(theta: Any, xp: Any) -> bool:
+    n = theta.shape[0]
+    return bool(xp.all(theta == xp.eye(n, dtype=theta.dtype, device=_device(theta))))
+
+
 def _validate_epochs(epochs: Any) -> int:
     from condreg.algorithm._validate import integer
 
@@ -267,14 +283,23 @@ def _validate_epochs(epochs: Any) -> int:
 def _result(
     problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn
 ) -> ImmunizationResult:
-    from condreg.metrics import rir
+    from condreg.metrics import rir_spectra
 
     xp = problem.xp
     dtype = state.theta.dtype
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
     with np.errstate(all="ignore"):
-        metrics = rir(state.theta, X_p, X_h, rtol=problem.rtol)
-        first = metrics if epochs_run == 0 else rir(theta0, X_p, X_h, rtol=problem.rtol)
+        # the tasks' spectra from prepare (the same arrays), θ's decomposed once: exactly
+        # condreg.metrics.rir(θ, X_p, X_h, rtol=res.rtol)
+        tasks = _tasks(problem, X_p, X_h)
+        spectra = rir_spectra(state.theta, X_p, X_h, rtol=problem.rtol, tasks=tasks)
+        metrics = spectra.rir()
+        if epochs_run == 0:
+            first = metrics
+        elif _is_identity(theta0, xp):  # X·I = X exactly: rir(I) is the tasks' own
+            first = tasks.rir()
+        else:
+            first = rir_spectra(theta0, X_p, X_h, rtol=problem.rtol, tasks=tasks).rir()
     history.finish(first, metrics)
     uses_inner = problem.method.default_inner_lr is not None
     result = ImmunizationResult(
@@ -294,6 +319,7 @@ def _result(
         imma_lr=problem.imma_lr if uses_inner else None,
         paths=problem.paths,
         resume_state=(state.omega, problem.head_scale),
+        spectra=spectra,
     )
     if warn:
         _warn(result)

@@ -15,7 +15,7 @@ from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
 from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
-from condreg.metrics import run_rtol
+from condreg.metrics import rir_spectra, run_rtol
 
 Array = Any
 
@@ -188,7 +188,10 @@ def prepare(
     xp = d.xp
     rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
     m = REGISTRY[method]
-    P, H = (build_task(X, xp, rtol, opts["ridge"]) for X in (d.X_p, d.X_h))
+    tasks = rir_spectra(None, d.X_p, d.X_h, rtol=rtol)  # κ(K_P), κ(K_H) exactly as metrics.rir
+    kappas = tasks.rir()
+    P = build_task(d.X_p, xp, rtol, opts["ridge"], kappas.kappa_kp)
+    H = build_task(d.X_h, xp, rtol, opts["ridge"], kappas.kappa_kh)
     if H.rank < m.min_rank_h:
         raise ValueError(
             f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
@@ -197,7 +200,7 @@ def prepare(
     yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
         m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, xp,
+        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, xp, tasks=tasks,
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)

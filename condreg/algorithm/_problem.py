@@ -79,6 +79,8 @@ class Problem:
     head_scale: float
     xp: Any
     paths: tuple[str, str] = ("auto", "auto")
+    #: :func:`condreg.metrics.rir_spectra` of the data at ``rtol`` (θ = I), reused by the result
+    tasks: Any = None
 
     def state(self, theta: Array, omega_raw: Array) -> State:
         """The :class:`State` of ``θ`` and a head in raw units."""
@@ -105,8 +107,11 @@ def robust_rms(y: Array, xp: Any) -> float:
     return m * math.sqrt(float(xp.mean(z * z)))
 
 
-def build_task(X: Array, xp: Any, rtol: float, ridge: float | None) -> TaskData:
-    """One SVD of ``X``; raises ``ValueError`` when ``X`` has rank 0."""
+def build_task(
+    X: Array, xp: Any, rtol: float, ridge: float | None, kappa_K: float | None = None
+) -> TaskData:
+    """One SVD of ``X``; raises ``ValueError`` when ``X`` has rank 0. ``kappa_K``: κ(K) at
+    ``rtol`` as :func:`condreg.metrics.rir` computes it, when the caller has it."""
     N, D = X.shape
     _, s, Vh = xp.linalg.svd(X, full_matrices=False)
     s1 = float(s[0])
@@ -119,5 +124,6 @@ def build_task(X: Array, xp: Any, rtol: float, ridge: float | None) -> TaskData:
     A = sc[:, None] * Vr
     f = _precondition.left_filter(sc, sc > 0, ridge, xp)
     scale = math.sqrt(N) / s1
-    kappa_K = float(condition_number(X, gram=True, rtol=rtol))  # exactly metrics.rir's κ(K)
+    if kappa_K is None:
+        kappa_K = float(condition_number(X, gram=True, rtol=rtol))  # exactly metrics.rir's κ(K)
     return TaskData(A, Vr.T, sc, f / sc, X * scale, scale, c, rank, kappa_K)

@@ -63,7 +63,9 @@ class ImmunizationResult:
 
     To continue a run: ``immunize(X_p, y_p, X_h, ..., resume=res)`` (it reuses ``theta``,
     ``omega``, ``lam_p``, ``lam_h``, ``imma_lr`` and ``rtol``); ten epochs and ten more give the
-    same θ as twenty.
+    same θ as twenty. ``spectra`` holds the singular values behind ``metrics``
+    (:class:`condreg.metrics.RIRSpectra`): ``res.spectra.rir(f * res.rtol)`` is the verdict at a
+    coarser tolerance ``f >= 1``.
     """
 
     theta: Array
@@ -84,6 +86,10 @@ class ImmunizationResult:
     #: ``(ω̂, head_scale)``: the head in the algorithm's units, so that ``resume=`` continues
     #: from the exact iterate (``omega`` in raw units round-trips only up to rounding).
     resume_state: tuple[Array, float] | None = field(default=None, repr=False)
+    #: the :class:`condreg.metrics.RIRSpectra` behind ``metrics`` (singular values of ``X_p``,
+    #: ``X_h``, ``X_pθ``, ``X_hθ`` at ``rtol``): ``res.spectra.rir(10 * res.rtol)`` re-thresholds
+    #: the verdict at a coarser tolerance without a new decomposition
+    spectra: Any = field(default=None, repr=False)
 
     @property
     def rir(self) -> float:
