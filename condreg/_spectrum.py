@@ -331,8 +331,6 @@ def eigh_gram(
     """:func:`_gram_eigh` from a formed Gram matrix ``M`` of a feature batch of ``shape``
     ``(N, D)`` (also the all-reduced ``Σ_r F_rᵀF_r`` of data-parallel ranks); results in
     ``dtype``."""
-    N, D = shape
-    gdtype = M.dtype
     if vectors:
         mu, W = xp.linalg.eigh(M)
         W = xp.flip(W, axis=-1)
@@ -340,6 +338,16 @@ def eigh_gram(
             W = xp.astype(W, dtype)
     else:
         mu, W = xp.linalg.eigvalsh(M), None
+    s, mu_rel, err_rel, in_range = _eigh_tail(mu, shape, xp, dtype)
+    return s, W, mu_rel, err_rel, in_range
+
+
+def _eigh_tail(
+    mu: Array, shape: tuple[int, int], xp: Any, dtype: Any
+) -> tuple[Array, Array, Array, Array]:
+    """:func:`eigh_gram` from the ascending eigenvalues ``mu`` (in the Gram dtype)."""
+    N, D = shape
+    gdtype = mu.dtype
     mu = xp.flip(mu, axis=-1)
     mu = xp.where(mu < 0, 0.0, mu)  # NaN stays NaN
     n, m = min(N, D), max(N, D)
@@ -353,7 +361,7 @@ def eigh_gram(
     s, mu_rel, err_rel = xp.sqrt(mu), mu / safe_top, err / safe_top
     if gdtype != dtype:
         s, mu_rel, err_rel = (xp.astype(a, dtype) for a in (s, mu_rel, err_rel))
-    return s, W, mu_rel, err_rel, in_range
+    return s, mu_rel, err_rel, in_range
 
 
 def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:
@@ -492,14 +500,65 @@ def _decompose(
         U, Vh = None, None
         s = xp.linalg.svdvals(S)
     mask, k = _rank(s, rtol, xp)
+    _check_rank(k, xp, concrete)
+    mu = _square(s, xp) if gram else s
+    p = n if gram else min(m, n)
+    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie), unit
+
+
+def _check_rank(k: Array, xp: Any, concrete: Concrete) -> None:
     if concrete(xp.any(k == 0)):
         raise RankError(
             "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
             "undefined"
         )
-    mu = _square(s, xp) if gram else s
-    p = n if gram else min(m, n)
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, F, tie), unit
+
+
+def host_eligible(F: Array, concrete: Concrete) -> bool:
+    """Whether :func:`decompose_host` applies: a single PyTorch float32/float64 matrix on the
+    CPU, values readable (``concrete`` is not :func:`never`), not traced or wrapped by a
+    ``torch.func`` transform, small side below :data:`EXTREME_MIN`."""
+    if concrete is never or not is_torch_array(F) or F.ndim != 2:
+        return False
+    torch = loaded("torch")
+    return (
+        F.device.type == "cpu"
+        and F.dtype in (torch.float32, torch.float64)
+        and min(F.shape) < EXTREME_MIN
+        and not _untraceable(F)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(F)
+    )
+
+
+def decompose_host(F: Array, xp: Any, *, rtol: float | None) -> Spectrum:
+    """:func:`decompose` of a small feature batch (``gram=True``, ``method="auto"``, with
+    vectors; :func:`host_eligible`) whose spectrum lives in NumPy: the Gram matrix, its
+    ``eigh`` (or the exact path's QR/SVD) and the vectors are computed by PyTorch, the values
+    (``s``, ``mu``, rank, error bounds, tie tolerances) are NumPy arrays, on which the core's
+    formulas run a few times faster than as small tensors (a CPU array is read without a
+    synchronisation). ``U``/``Vh``/``F`` stay tensors."""
+    import numpy as np
+
+    rtol = resolve_rtol(rtol, F.shape, F.dtype, xp)
+    N, D = F.shape
+    gdtype = gram_dtype(F, xp)
+    mu, W = xp.linalg.eigh(_gram_matrix(F, xp, gdtype))
+    W = xp.flip(W, axis=-1)
+    if W.dtype != F.dtype:
+        W = xp.astype(W, F.dtype)
+    hdtype = np.float32 if F.dtype == loaded("torch").float32 else np.float64
+    s, mu_rel, err_rel, in_range = _eigh_tail(mu.numpy(), (N, D), np, hdtype)
+    tie = np.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
+    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(xp, F.dtype), np)
+    if not bool(ok):
+        s_t, W = _svd_small_side(F, xp, True)
+        s = s_t.numpy()
+        err_rel = np.zeros_like(err_rel)
+        tie = np.full_like(err_rel, default_tie_rtol(F.shape, F.dtype, xp))
+    mask, k = _rank(s, rtol, np)
+    _check_rank(k, np, eager)
+    U, Vh = (W, None) if N < D else (None, W.mT)
+    return Spectrum(U, s, Vh, _square(s, np), mask, k, D, True, err_rel, F, tie)
 
 
 def _square(s: Array, xp: Any) -> Array:

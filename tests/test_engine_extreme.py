@@ -150,3 +150,37 @@ def test_cluster_basis_spans_the_cluster_and_refuses_unseparated_ones():
     mu2[-4] = 0.1 + 1e-12  # the neighbour too close: cannot converge in EXTREME_STEPS
     M2 = torch.tensor((Q * mu2) @ Q.T)
     assert _spectrum._cluster_basis(M2, mu2.tolist(), 147, 150, floor) is None
+
+
+@pytest.mark.parametrize("quantity", QUANTITIES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(("N", "D"), [pytest.param(8, 30, id="N<D"), pytest.param(30, 8, id="N>D")])
+def test_host_spectrum_matches_tensor_spectrum(monkeypatch, quantity, dtype, N, D):
+    """Small CPU batches keep the spectrum's values in NumPy (decompose_host): the same value and
+    gradient as the all-tensor path, also at ties and on the exact (QR/SVD) path."""
+    calls = []
+    original = _spectrum.decompose_host
+    monkeypatch.setattr(
+        _spectrum, "decompose_host", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    s = np.array([3.0, 3.0, 2.0, 1.5, 1.0, 1.0, 1.0, 0.5])
+    cases = [
+        matrix_with_spectrum(s, N, D, seed=1),
+        matrix_with_spectrum(np.geomspace(1e6, 1, 8), N, D, seed=2),
+    ]
+    for X in cases:
+        F = torch.tensor(X, dtype=getattr(torch, dtype))
+        A = F.clone().requires_grad_()
+        va = getattr(condreg, quantity)(A, gram=True)
+        va.backward()
+        with monkeypatch.context() as m:
+            m.setattr(_spectrum, "host_eligible", lambda *a: False)
+            B = F.clone().requires_grad_()
+            vb = getattr(condreg, quantity)(B, gram=True)
+            vb.backward()
+        assert va.dtype == vb.dtype == F.dtype and A.grad.dtype == F.dtype
+        tol = 1e-12 if dtype == "float64" else 1e-5
+        va, vb = float(va.detach()), float(vb.detach())
+        assert abs(va - vb) <= tol * abs(vb)
+        assert _rel(A.grad.double().numpy(), B.grad.double().numpy()) < tol
+    assert len(calls) == len(cases)

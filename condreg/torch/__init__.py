@@ -116,6 +116,12 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
     )
 
 
+def _numpy():
+    import numpy
+
+    return numpy
+
+
 def _extreme_eligible(S: torch.Tensor, gram: bool, check: bool) -> bool:
     """Whether the forward may take the extreme-cluster assembly: ``gram``, a single matrix of
     small side at least :data:`condreg._spectrum.EXTREME_MIN`, values readable (``check``,
@@ -146,7 +152,11 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     concrete = _concrete_or_skip(check)
     empty = S.new_empty(0)
     unit = None
-    if vectors and _extreme_eligible(S, gram, check):
+    hp = xp  # the namespace of the spectrum's values
+    if vectors and gram and _spectrum.host_eligible(S, concrete):
+        sp = _spectrum.decompose_host(S, xp, rtol=rtol)
+        hp = _numpy()
+    elif vectors and _extreme_eligible(S, gram, check):
         sp, unit = _spectrum.decompose_extreme(S, xp, rtol=rtol, concrete=concrete)
     else:
         sp = _spectrum.decompose(
@@ -155,11 +165,16 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     if not vectors:
         out = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
         return out, empty, empty, empty, empty, empty, empty
-    r = _core.value_and_dmu(quantity, sp, xp, tie_rtol=tie, subgradient="min_norm")
+    r = _core.value_and_dmu(quantity, sp, hp, tie_rtol=tie, subgradient="min_norm")
     degree = _core._DEGREE[quantity]
     # With gram the gradient is assembled on F itself, which carries one power of s_1.
-    first, second = _spectrum.power_factors(r.s1[..., None], 2 * degree if gram else degree, xp)
+    first, second = _spectrum.power_factors(r.s1[..., None], 2 * degree if gram else degree, hp)
     pole = empty if r.pole is None else r.pole
+    if hp is not xp:  # NumPy values of a CPU spectrum: zero-copy tensors
+        value, g, first, second, pole = (
+            torch.as_tensor(a) for a in (r.value, r.g, first, second, pole)
+        )
+        r = r._replace(value=value, g=g)
     if not gram:
         return r.value, sp.U, sp.Vh, r.g, first, second, pole
     P = None
