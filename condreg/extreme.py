@@ -70,8 +70,6 @@ BLOCK = 8
 BASIS_BLOCKS = 8
 #: Restarts before giving up.
 RESTARTS = 12
-#: Restarts of plain Lanczos on H at the top before switching to shift-and-invert.
-TOP_RESTARTS = 2
 #: Smallest ``D`` for which ``method="auto"`` tries the extreme path.
 MIN_D = 64
 
@@ -259,28 +257,81 @@ def _lanczos(
     return end
 
 
-def _top(H: Array, xp: Any, *, target: float, slack: float, mu1_hi: float) -> _End:
-    """The top eigenpairs: block Lanczos on ``H`` for a few restarts; if that has not converged,
-    shift-and-invert with the Cholesky factor of ``cI − H``, ``c`` just above the estimate of
-    ``mu_1`` (a factorisation that fails means ``c`` is not above ``mu_1``: ``c`` is raised)."""
+def _rough(H: Array, xp: Any) -> tuple[_End, _End]:
+    """``(top, bottom)``: the ``BLOCK`` Ritz pairs at each end of one block Krylov space of ``H``
+    (``BASIS_BLOCKS`` blocks): estimates to place the shifts (Rayleigh quotients: the top ones
+    are lower bounds of ``mu_1``, the bottom ones upper bounds of ``mu_D``)."""
     D = H.shape[-1]
-    start = _start(D, min(BLOCK, D), H, xp, 2)
-    end = _lanczos(
-        lambda X: H @ X, H, xp, top=True, target=target, need=2, start=start, restarts=TOP_RESTARTS
-    )
-    if max(end.res[:2]) <= target:
-        return end
-    step = max(end.res[0], 8.0 * slack)
-    for _ in range(4):
-        c = end.theta[0] + step + slack
-        if c > mu1_hi + slack:
+    b = min(BLOCK, D)
+    Qs, Ws = [_orth(_start(D, b, H, xp, 2), xp)], []
+    for j in range(min(BASIS_BLOCKS, max(1, D // b))):
+        W = H @ Qs[-1]
+        Ws.append(W)
+        if j == BASIS_BLOCKS - 1 or (j + 2) * b > D:
             break
-        L = _cholesky(_shifted(-1.0, H, -c, xp), xp)
-        if L is not None:
-            more = _lanczos(_inverse(L), H, xp, top=True, target=target, need=2, start=end.X)
-            return more._replace(restarts=more.restarts + end.restarts)
+        Q = xp.concat(Qs, axis=1)
+        Z = W - Q @ (Q.T @ W)
+        Z = Z - Q @ (Q.T @ Z)
+        Qs.append(_orth(Z, xp))
+    Q, W = xp.concat(Qs, axis=1), xp.concat(Ws, axis=1)
+    T = Q.T @ W
+    theta, Y = xp.linalg.eigh(0.5 * (T + T.T))
+    ends = []
+    for top in (True, False):
+        Yb = xp.flip(Y[:, -b:], axis=-1) if top else Y[:, :b]
+        th = xp.flip(theta[-b:]) if top else theta[:b]
+        X, HX = Q @ Yb, W @ Yb
+        ends.append(_End(_floats(th), _norms(HX - X * th[None, :], xp), X, 1))
+    return ends[0], ends[1]
+
+
+def _refine(
+    rough: _End, H: Array, xp: Any, *, top: bool, target: float, slack: float, limit: float
+) -> _End | None:
+    """Shift-and-invert block Lanczos from ``rough``: ``(cI − H)⁻¹`` with ``c`` just above the
+    estimate of ``mu_1`` (top), ``(H − cI)⁻¹`` with ``c`` just below that of ``mu_D`` (bottom).
+    A Cholesky factorisation that fails means ``c`` is not beyond the extreme eigenvalue, and
+    ``c`` is moved out (at most to ``limit``: the proven upper bound of ``mu_1``, or the rank
+    threshold ``tau``, tried last). At the bottom, success proves every eigenvalue exceeds ``c``.
+    ``None``: no factorisation succeeded."""
+    step = max(rough.res[0], 8.0 * slack)
+    shifts = []
+    for _ in range(4):
+        c = rough.theta[0] + step + slack if top else rough.theta[0] - step - slack
+        if (top and c >= limit) or (not top and c <= limit):
+            break
+        shifts.append(c)
         step *= 8.0
-    return end
+    shifts.append(limit)
+
+    def factor(c: float):
+        return _cholesky(_shifted(-1.0, H, -c, xp) if top else _shifted(1.0, H, c, xp), xp)
+
+    for c in shifts:
+        L = factor(c)
+        if L is not None:
+            break
+    else:
+        return None
+    end = _lanczos(_inverse(L), H, xp, top=top, target=target, need=2, start=rough.X, restarts=1)
+    count = rough.restarts + end.restarts
+    if max(end.res[:2]) > target:
+        # Converging slowly (the first shift is typically far out: a rough Krylov estimate has
+        # residuals of the order of the gaps): one re-shift next to the improved estimate.
+        c2 = (
+            end.theta[0] + 2.0 * end.res[0] + slack
+            if top
+            else end.theta[0] - 2.0 * end.res[0] - slack
+        )
+        closer = c2 < c if top else c2 > c
+        slow = end.res[0] > 1e-3 * rough.res[0]
+        if slow and closer and ((top and c2 < limit) or (not top and c2 > limit)):
+            L2 = factor(c2)
+            if L2 is not None:
+                L = L2
+        end = _lanczos(_inverse(L), H, xp, top=top, target=target, need=2, start=end.X)
+        count += end.restarts
+    return end._replace(restarts=count)
 
 
 class _Cluster(NamedTuple):
@@ -431,8 +482,12 @@ def _extreme(
     restarts = 0
     residual = 0.0
     top = bottom = None
+    rough_top, rough_bottom = _rough(H, xp)
+    mu1_lo = max(mu1_lo, rough_top.theta[0])  # a Rayleigh quotient: <= mu_1
     if need_top:
-        end = _top(H, xp, target=target, slack=slack, mu1_hi=mu1_hi)
+        end = _refine(rough_top, H, xp, top=True, target=target, slack=slack, limit=mu1_hi + slack)
+        if end is None:
+            raise _Fallback("no shift above mu_1 could be factorised")
         restarts += end.restarts
         # The Rayleigh quotient theta_0 <= mu_1; mu_1 <= theta_0 + r_0 once the cluster is proven.
         lo, hi = max(mu1_lo, end.theta[0]), min(mu1_hi, end.theta[0] + end.res[0])
@@ -442,35 +497,26 @@ def _extreme(
         mu1_lo, mu1_hi = lo, max(lo, top.value + top.residual)
     if need_bottom:
         proven = bounds(mu1_lo, mu1_hi)
-        # The rank and resolution proof; its factor is the shift-and-invert operator.
+        # The rank and resolution threshold: every eigenvalue must provably exceed it.
         tau = max(
             rtol * rtol * (mu1_hi + proven.err_hi) + 2.0 * proven.err_hi + slack,
             proven.err_hi / accuracy,
         )
         b = proven
-        if top is None:
-            # The tie window's scale s_1 (not a proof): a short Lanczos run on H estimates mu_1.
-            est = _lanczos(
-                lambda X: H @ X,
-                H,
-                xp,
-                top=True,
-                target=target,
-                need=1,
-                start=_start(D, min(BLOCK, D), H, xp, 2),
-                restarts=1,
-                blocks=4,
-            )
-            lo = max(mu1_lo, est.theta[0])
-            b = bounds(lo, max(lo, min(mu1_hi, est.theta[0] + est.res[0])))
-        L = _cholesky(_shifted(1.0, H, tau, xp), xp)
-        if L is None:
-            raise _Fallback(
-                "rank or resolution not proven: some eigenvalue of H is below "
-                f"{tau / mu1_hi:.3g}·mu_1 (rank deficient, or not resolved by the Gram)"
-            )
-        start = _start(D, min(BLOCK, D), H, xp, 1)
-        end = _lanczos(_inverse(L), H, xp, top=False, target=target, need=2, start=start)
+        if top is None:  # the tie window's scale s_1 from the rough estimate (not a proof)
+            hi = max(mu1_lo, min(mu1_hi, rough_top.theta[0] + rough_top.res[0]))
+            b = bounds(mu1_lo, hi)
+        not_proven = _Fallback(
+            "rank or resolution not proven: some eigenvalue of H is below "
+            f"{tau / mu1_hi:.3g}·mu_1 (rank deficient, or not resolved by the Gram)"
+        )
+        if rough_bottom.theta[0] <= tau:  # a Rayleigh quotient: mu_D <= theta_0 <= tau
+            raise not_proven
+        # Every shift tried is >= tau: a Cholesky of H − cI that succeeds proves the rank and the
+        # resolution (Sylvester's law of inertia), and its factor is the shift-and-invert operator.
+        end = _refine(rough_bottom, H, xp, top=False, target=target, slack=slack, limit=tau)
+        if end is None:
+            raise not_proven
         restarts += end.restarts
         bottom = _cluster(end, H, xp, top=False, bounds=b)
     err = bounds(mu1_lo, mu1_hi).err_hi
