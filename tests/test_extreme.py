@@ -198,3 +198,24 @@ def test_jit_falls_back(x64):
     F = jax.numpy.asarray(batch())
     out = jax.jit(lambda x: extreme.r_ill(x))(F)
     assert abs(float(out) / float(condreg.r_ill(batch(), gram=True)) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("scale", [1.1e-18, 1e-6, 1e6, 1.5e15])
+def test_scale_free(scale):
+    """Values and gradients are homogeneous in F (degrees 0 / 4 / −4, gradients −1 / 3 / −5):
+    an exact power-of-two scaling inside keeps mu in range, equal to the dense engine's."""
+    F = batch() * scale
+    for quantity in QUANTITIES:
+        value, G = getattr(extreme, quantity + "_grad")(F, method="extreme")
+        value_ref, grad_ref = dense(quantity, F)
+        assert abs(float(value) / value_ref - 1) < 1e-10
+        assert rel(G, grad_ref) < 1e-10
+
+
+def test_torch_tensor_that_requires_grad():
+    torch = pytest.importorskip("torch")
+    F = torch.asarray(batch(), requires_grad=True)
+    value, G = extreme.r_ill_grad(F, method="extreme")
+    assert not G.requires_grad and G.shape == F.shape
+    ref = condreg.r_ill_grad(F.detach(), gram=True)
+    assert rel(G.numpy(), ref.numpy()) < 1e-10
