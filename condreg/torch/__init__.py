@@ -224,7 +224,8 @@ class _SpectralValue(torch.autograd.Function):
             G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
         else:
             G = (A * g[..., None, :]) @ B
-        G = (G * (first * grad_value[..., None, None])) * second
+        # G is a fresh tensor and nothing differentiates this branch: scale it in place.
+        G = G.mul_(first * grad_value[..., None, None]).mul_(second)
         return G, None, None, None, None, None, None
 
     @staticmethod
