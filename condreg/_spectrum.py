@@ -609,12 +609,15 @@ def scale_by_power(x: Array, s: Array, power: int, xp: Any, weight: Array | None
     return (x * first) * second
 
 
-def gram_gradient(Q: Array, g: Array, F: Array, xp: Any) -> Array:
-    """``2 (Q diag(g) Qᵀ) F`` (``N < D``, ``Q = U``) or ``2 F (Q diag(g) Qᵀ)`` (``N >= D``,
-    ``Q = V``): the gradient with respect to ``F`` from the small side's vectors and
-    ``g = d value / d mu`` (Theorem 4.2) — one GEMM with ``F``."""
+def gram_gradient(Q: Array, g: Array, F: Array, xp: Any, left: bool | None = None) -> Array:
+    """``2 (Q diag(g) Qᵀ) F`` (``left``, ``Q = U``) or ``2 F (Q diag(g) Qᵀ)`` (``Q = V``): the
+    gradient with respect to ``F`` from one side's vectors and ``g = d value / d mu``
+    (Theorem 4.2) — one GEMM with ``F``. ``left`` defaults to ``N < D`` (the small side; a
+    data-parallel rank's ``F_r`` may have ``N_r < D`` with the ``V`` of the global Gram)."""
+    if left is None:
+        left = F.shape[-2] < F.shape[-1]
     P = (Q * (2.0 * g)[..., None, :]) @ _mT(xp, Q)
-    return P @ F if F.shape[-2] < F.shape[-1] else F @ P
+    return P @ F if left else F @ P
 
 
 def assemble(
@@ -635,7 +638,8 @@ def assemble(
     applied to the result by :func:`scale_by_power`.
     """
     if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
-        G = gram_gradient(sp.U if sp.U is not None else _mT(xp, sp.Vh), g, sp.F, xp)
+        left = sp.U is not None
+        G = gram_gradient(sp.U if left else _mT(xp, sp.Vh), g, sp.F, xp, left)
         power -= 1  # sp.F = scale · the unit factor
     else:
         d = 2.0 * sp.s * g if sp.gram else g
