@@ -18,7 +18,9 @@ hard case for Krylov methods) it times, in one process and one thread:
     One ``FᵀF`` GEMM in the same dtype: the floor of any method that forms the Gram.
 
 ``value`` rows time the value alone (``condreg.extreme.<q>`` against ``condreg.<q>(gram=True)``).
-Each figure is the best of ``--repeat`` interleaved calls after a warm-up.
+Each figure is the best of ``--repeat`` interleaved calls after a warm-up. ``--kappa K`` uses F
+with geometric singular values from 1 to 1/K instead (``--accuracy`` is then passed to the extreme
+path: at ``K = 100`` in float64 the dense engine takes its QR/SVD path).
 
 Usage: ``python benchmarks/bench_extreme.py [--shapes 2048x1024,4096x2048] [--dtypes float64]
 [--frameworks numpy,torch] [--repeat 3] [--markdown out.md]``
@@ -72,7 +74,15 @@ def _torch_svdvals(quantity: str, torch):
     return f
 
 
-def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048):
+def _batch(N: int, D: int, kappa: float | None) -> np.ndarray:
+    if kappa is None:
+        return np.random.default_rng(0).standard_normal((N, D))
+    from condreg.testing import matrix_with_spectrum
+
+    return matrix_with_spectrum(np.geomspace(1.0, 1.0 / kappa, D), N, D, seed=0)
+
+
+def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy=None):
     rows = []
     torch = None
     if "torch" in frameworks:
@@ -83,7 +93,7 @@ def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048):
 
     with threadpool_limits(1):
         for N, D in shapes:
-            base = np.random.default_rng(0).standard_normal((N, D))
+            base = _batch(N, D, kappa)
             for dtype in dtypes:
                 for fw in frameworks:
                     if fw == "numpy":
@@ -94,14 +104,14 @@ def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048):
                     for q in QUANTITIES:
                         fns = {
                             "extreme": lambda q=q, F=F: getattr(extreme, q + "_grad")(
-                                F, method="extreme"
+                                F, method="extreme", accuracy=accuracy
                             ),
                             "dense": lambda q=q, F=F: getattr(condreg, q + "_grad")(F, gram=True),
                         }
                         if fw == "torch" and D <= svd_max_d:
                             fns["svdvals"] = lambda q=q, F=F: _torch_svdvals(q, torch)(F)
                         t = _best(fns, repeat)
-                        _, G = getattr(extreme, q + "_grad")(F, method="extreme")
+                        _, G = getattr(extreme, q + "_grad")(F, method="extreme", accuracy=accuracy)
                         Gd = getattr(condreg, q + "_grad")(F, gram=True)
                         err = float(np.linalg.norm(np.asarray(G) - np.asarray(Gd)))
                         err /= float(np.linalg.norm(np.asarray(Gd)))
@@ -147,13 +157,20 @@ def main() -> None:
     ap.add_argument("--frameworks", default="numpy,torch")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--svd-max-d", type=int, default=2048, help="no svdvals timing above this D")
+    ap.add_argument("--kappa", type=float, default=None,
+                    help="F with geometric singular values of condition number KAPPA "
+                    "(default: Gaussian F)")  # fmt: skip
+    ap.add_argument("--accuracy", type=float, default=None, help="accuracy= of the extreme path")
     ap.add_argument("--markdown", default=None, help="append the table to this file")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}, 1 thread")  # fmt: skip
     print(HEADER)
-    rows = run(shapes, a.dtypes.split(","), a.frameworks.split(","), a.repeat, a.svd_max_d)
+    rows = run(
+        shapes, a.dtypes.split(","), a.frameworks.split(","), a.repeat, a.svd_max_d,
+        a.kappa, a.accuracy,
+    )  # fmt: skip
     if a.markdown:
         with open(a.markdown, "a", encoding="utf-8") as fh:
             fh.write(HEADER + "\n" + "\n".join(_line(r) for r in rows) + "\n")

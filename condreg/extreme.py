@@ -496,12 +496,21 @@ def _extreme(
         top = _cluster(end, H, xp, top=True, bounds=bounds(lo, hi))
         mu1_lo, mu1_hi = lo, max(lo, top.value + top.residual)
     if need_bottom:
+
+        def threshold(hi: float) -> float:
+            """The rank and resolution threshold: every eigenvalue must provably exceed it."""
+            err_hi = bounds(mu1_lo, hi).err_hi
+            return max(rtol * rtol * (hi + err_hi) + 2.0 * err_hi + slack, err_hi / accuracy)
+
+        tau = threshold(mu1_hi)
+        if top is None and tau >= 0.25 * rough_bottom.theta[0]:
+            # ‖H‖_F overestimates mu_1 by up to √D, and so tau: prove a tighter bound with one
+            # Cholesky factorisation of cI − H (it succeeds only if mu_1 < c).
+            c = rough_top.theta[0] + rough_top.res[0] + slack
+            if c < mu1_hi and _cholesky(_shifted(-1.0, H, -c, xp), xp) is not None:
+                mu1_hi = c
+                tau = threshold(mu1_hi)
         proven = bounds(mu1_lo, mu1_hi)
-        # The rank and resolution threshold: every eigenvalue must provably exceed it.
-        tau = max(
-            rtol * rtol * (mu1_hi + proven.err_hi) + 2.0 * proven.err_hi + slack,
-            proven.err_hi / accuracy,
-        )
         b = proven
         if top is None:  # the tie window's scale s_1 from the rough estimate (not a proof)
             hi = max(mu1_lo, min(mu1_hi, rough_top.theta[0] + rough_top.res[0]))
