@@ -123,13 +123,15 @@ def _numpy():
 
 
 def _extreme_eligible(S: torch.Tensor, gram: bool, check: bool) -> bool:
-    """Whether the forward may take the extreme-cluster assembly: ``gram``, a single matrix of
-    small side at least :data:`condreg._spectrum.EXTREME_MIN`, values readable (``check``,
-    not traced)."""
+    """Whether the forward may take the extreme-cluster assembly: ``gram``, a single CPU matrix
+    of small side at least :data:`condreg._spectrum.EXTREME_MIN`, values readable (``check``,
+    not traced). (On a GPU its reads of the eigenvalues and checks would be host
+    synchronisations: there the all-vectors path is kept.)"""
     return (
         gram
         and check
         and S.ndim == 2
+        and S.device.type == "cpu"
         and min(S.shape) >= _spectrum.EXTREME_MIN
         and not _untraceable(S)
     )
