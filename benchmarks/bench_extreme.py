@@ -82,7 +82,10 @@ def _batch(N: int, D: int, kappa: float | None) -> np.ndarray:
     return matrix_with_spectrum(np.geomspace(1.0, 1.0 / kappa, D), N, D, seed=0)
 
 
-def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy=None):
+def run(
+    shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy=None,
+    quantities=QUANTITIES,
+):  # fmt: skip
     rows = []
     torch = None
     if "torch" in frameworks:
@@ -101,7 +104,7 @@ def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy
                     else:
                         F = torch.asarray(base, dtype=getattr(torch, dtype))
                     gemm = _best({"g": lambda F=F: F.T @ F}, repeat)["g"]
-                    for q in QUANTITIES:
+                    for q in quantities:
                         fns = {
                             "extreme": lambda q=q, F=F: getattr(extreme, q + "_grad")(
                                 F, method="extreme", accuracy=accuracy
@@ -118,7 +121,7 @@ def run(shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy
                         tv = _best(
                             {
                                 "extreme": lambda q=q, F=F: getattr(extreme, q)(
-                                    F, method="extreme"
+                                    F, method="extreme", accuracy=accuracy
                                 ),
                                 "dense": lambda q=q, F=F: getattr(condreg, q)(F, gram=True),
                             },
@@ -161,6 +164,7 @@ def main() -> None:
                     help="F with geometric singular values of condition number KAPPA "
                     "(default: Gaussian F)")  # fmt: skip
     ap.add_argument("--accuracy", type=float, default=None, help="accuracy= of the extreme path")
+    ap.add_argument("--quantities", default=",".join(QUANTITIES))
     ap.add_argument("--markdown", default=None, help="append the table to this file")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -169,7 +173,7 @@ def main() -> None:
     print(HEADER)
     rows = run(
         shapes, a.dtypes.split(","), a.frameworks.split(","), a.repeat, a.svd_max_d,
-        a.kappa, a.accuracy,
+        a.kappa, a.accuracy, tuple(a.quantities.split(",")),
     )  # fmt: skip
     if a.markdown:
         with open(a.markdown, "a", encoding="utf-8") as fh:
