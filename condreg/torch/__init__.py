@@ -17,9 +17,16 @@ One decomposition per step
 The forward decomposes ``S`` once with the engine's cheapest exact path (:mod:`condreg._spectrum`:
 with ``gram=True`` the eigh of the smaller Gram matrix where it resolves the spectrum, a QR/SVD of
 ``F`` otherwise) and, when a gradient may be asked for (grad mode on and ``S.requires_grad``),
-keeps the singular values and the vectors the closed form needs; the backward assembles ``G``
-from them (one GEMM with ``F`` for ``gram=True``) without decomposing again. Without a gradient
-the forward computes values only.
+computes ``d value / d mu`` and keeps what the closed form needs (with ``gram=True`` the small
+side's matrix ``P = 2 Q diag(g) Qᵀ``); the backward is then one GEMM with ``F`` (``P F`` or
+``F P``) and the scaling, without decomposing again. Without a gradient the forward computes
+values only. For a single CPU matrix with readable values two shortcuts apply
+(:mod:`condreg._spectrum`): below ``min(N, D) = 128`` the spectrum's small per-value arithmetic
+runs in NumPy on zero-copy arrays (``decompose_host``); from 128 on, ``eigvalsh`` plus the
+eigenvectors of the extreme tie sets only (``extreme_gram_product``: every quantity's
+derivative is ``a·mu + h`` with ``h`` on those sets), with the full ``eigh`` of the same Gram
+matrix as the fallback where a tie set is not well separated (the one case with a second
+decomposition).
 
 Second order
 ------------
