@@ -42,6 +42,7 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
+from array_api_compat import device as _device
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
 import condreg
@@ -142,6 +143,24 @@ def _inverse(L: Any) -> Any:
     return solve
 
 
+def _checked(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _tracing(F: Array) -> bool:
+    """A torch tensor under ``torch.compile`` (or a fake/meta tensor): values cannot be read."""
+    if not is_torch_array(F):
+        return False
+    torch = _spectrum.loaded("torch")
+    return (
+        bool(torch.compiler.is_compiling())
+        or F.device.type == "meta"
+        or (type(F).__name__ == "FakeTensor")
+    )
+
+
 def _shifted(sign: float, H: Array, c: float, xp: Any, X: Array | None = None, beta: float = 0.0):
     """``sign·H + beta·X Xᵀ − c·I`` as a new array (the diagonal shifted in place where the
     library allows: no ``D×D`` identity is formed)."""
@@ -154,13 +173,13 @@ def _shifted(sign: float, H: Array, c: float, xp: Any, X: Array | None = None, b
     if is_torch_array(A):
         A.diagonal().sub_(c)
         return A
-    return A - c * xp.eye(A.shape[0], dtype=A.dtype, device=_spectrum._device(A))
+    return A - c * xp.eye(A.shape[0], dtype=A.dtype, device=_device(A))
 
 
 def _start(n: int, b: int, like: Array, xp: Any, seed: int) -> Array:
     """A fixed pseudo-random ``n×b`` start block (deterministic runs)."""
     block = np.random.default_rng(seed).standard_normal((n, b))
-    return xp.asarray(block, dtype=like.dtype, device=_spectrum._device(like))
+    return xp.asarray(block, dtype=like.dtype, device=_device(like))
 
 
 def _orth(X: Array, xp: Any) -> Array:
@@ -449,7 +468,11 @@ def _extreme(
     eg = _spectrum.eps(xp, gdtype)
     if accuracy is None:
         accuracy = _spectrum.gram_accuracy(xp, F.dtype)
-    tie = _spectrum.resolve_tie_rtol(tie_rtol, F.shape, gdtype, xp)
+    tie = (
+        _spectrum.default_tie_rtol(F.shape, gdtype, xp)
+        if tie_rtol is None
+        else _checked(tie_rtol, "tie_rtol")
+    )
 
     # Exact power-of-two scaling: mu never over- or underflows; results are rescaled at the end.
     big = float(xp.max(xp.abs(F)))
@@ -547,7 +570,7 @@ def _extreme(
     value, P, coef = _assemble(quantity, H, xp, frob2, trace, top, bottom, eg, err, accuracy, grad)
     # Degrees of homogeneity in F: value 0 / 4 / −4, gradient −1 / 3 / −5.
     vdeg, gdeg = {"condition_number": (0, -1), "r_well": (4, 3), "r_ill": (-4, -5)}[quantity]
-    value = _times_pow2(xp.asarray(value, dtype=gdtype, device=_spectrum._device(F)), vdeg * e)
+    value = _times_pow2(xp.asarray(value, dtype=gdtype, device=_device(F)), vdeg * e)
     G = None
     if grad:
         G = _gradient(Fs, P, coef, xp)
@@ -700,10 +723,7 @@ def _run(
         reason = "a batch of matrices (the extreme path takes one N×D matrix)"
     elif not (is_numpy_array(F) or is_torch_array(F) or is_jax_array(F)):
         reason = "not a NumPy, PyTorch or JAX array"
-    elif (
-        _spectrum._untraceable(F)
-        or _validation.concrete_for(F, True)(xp.all(F[:1, :1] == F[:1, :1])) is None
-    ):
+    elif _tracing(F) or _validation.concrete_for(F, True)(xp.all(F[:1, :1] == F[:1, :1])) is None:
         reason = "values cannot be read (tracing)"
     elif method == "auto" and F.shape[-1] < MIN_D:
         reason = f"D < {MIN_D}: the dense engine is faster"
