@@ -14,6 +14,9 @@ hard case for Krylov methods) it times, in one process and one thread:
 ``svdvals``
     PyTorch only: autodiff through ``torch.linalg.svdvals(F)`` (value and gradient, the formula
     written on the singular values), what a user writes by hand.
+``adapter``
+    PyTorch only: condreg's own autograd path, ``condreg.<q>(F, gram=True)`` and its backward
+    (the engine's one-decomposition forward with the closed form as the backward).
 ``gemm``
     One ``FᵀF`` GEMM in the same dtype: the floor of any method that forms the Gram.
 
@@ -82,6 +85,19 @@ def _batch(N: int, D: int, kappa: float | None) -> np.ndarray:
     return matrix_with_spectrum(np.geomspace(1.0, 1.0 / kappa, D), N, D, seed=0)
 
 
+def _torch_adapter(quantity: str, torch):
+    """condreg's own PyTorch autograd path: the value and ``backward`` (one decomposition, the
+    engine's closed form as the backward)."""
+
+    def f(F):
+        F = F.detach().requires_grad_(True)
+        v = getattr(condreg, quantity)(F, gram=True)
+        (g,) = torch.autograd.grad(v, F)
+        return v, g
+
+    return f
+
+
 def run(
     shapes, dtypes, frameworks, repeat, svd_max_d=2048, kappa=None, accuracy=None,
     quantities=QUANTITIES,
@@ -111,6 +127,8 @@ def run(
                             ),
                             "dense": lambda q=q, F=F: getattr(condreg, q + "_grad")(F, gram=True),
                         }
+                        if fw == "torch":
+                            fns["adapter"] = lambda q=q, F=F: _torch_adapter(q, torch)(F)
                         if fw == "torch" and D <= svd_max_d:
                             fns["svdvals"] = lambda q=q, F=F: _torch_svdvals(q, torch)(F)
                         t = _best(fns, repeat)
@@ -130,6 +148,7 @@ def run(
                         row = dict(
                             shape=f"{N}x{D}", dtype=dtype, fw=fw, q=SHORT[q], gemm=gemm, err=err,
                             t_ext=t["extreme"], t_dense=t["dense"], t_svd=t.get("svdvals"),
+                            t_adapter=t.get("adapter"),
                             v_ext=tv["extreme"], v_dense=tv["dense"],
                         )  # fmt: skip
                         rows.append(row)
@@ -139,17 +158,19 @@ def run(
 
 def _line(r) -> str:
     svd = "—" if r["t_svd"] is None else f"{r['t_svd'] / r['t_ext']:.1f}×"
+    ad = "—" if r.get("t_adapter") is None else f"{r['t_adapter'] / r['t_ext']:.2f}×"
     return (
         f"| {r['shape']} | {r['dtype']} | {r['fw']} | {r['q']} | "
-        f"{r['t_dense'] / r['t_ext']:.2f}× | {svd} | {r['t_ext'] / r['gemm']:.1f} | "
+        f"{r['t_dense'] / r['t_ext']:.2f}× | {ad} | {svd} | {r['t_ext'] / r['gemm']:.1f} | "
         f"{r['t_dense'] / r['gemm']:.1f} | {r['v_dense'] / r['v_ext']:.2f}× | {r['err']:.1e} |"
     )
 
 
 HEADER = (
-    "| N×D | dtype | library | quantity | value+grad: dense / extreme | svdvals autodiff / "
-    "extreme | extreme (GEMMs) | dense grad (GEMMs) | value: dense / extreme | grad rel. diff |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    "| N×D | dtype | library | quantity | value+grad: dense / extreme | torch adapter / extreme | "
+    "svdvals autodiff / extreme | extreme (GEMMs) | dense grad (GEMMs) | value: dense / extreme "
+    "| grad rel. diff |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
