@@ -658,76 +658,8 @@ def assemble(
 #: inverse iteration (below it the full ``eigh`` is cheaper than the extra small operations).
 EXTREME_MIN = 128
 
-#: Most inverse-iteration steps; a cluster that needs more is not separated well enough.
-EXTREME_STEPS = 6
-
 #: Most extreme vectors (all clusters together) before the full ``eigh`` is cheaper.
 EXTREME_MAX_FRACTION = 8
-
-
-def _shift_solver(torch: Any, A: Array, definite: bool) -> Callable[[Array], Array] | None:
-    """``X -> A⁻¹X`` for the symmetric shifted matrix ``A`` (Cholesky when it is positive
-    definite, else LU); ``None`` when the factorisation fails."""
-    if definite:
-        L, info = torch.linalg.cholesky_ex(A)
-        if int(info) == 0:
-            return lambda X: torch.cholesky_solve(X, L)
-    LU, piv, info = torch.linalg.lu_factor_ex(A)
-    if int(info) != 0:
-        return None
-    return lambda X: torch.linalg.lu_solve(LU, piv, X)
-
-
-def _cluster_basis(M: Array, mus: list[float], lo: int, hi: int, floor: float) -> Array | None:
-    """Orthonormal basis (``n×(hi−lo)``) of the invariant subspace of the symmetric unit Gram
-    matrix ``M`` (largest eigenvalue 1) for its eigenvalues ``mus[lo:hi]`` (``mus``: all of
-    them, descending), by inverse iteration with a shift ``delta = width + floor`` beside the
-    cluster, on the side of the wider gap.
-
-    The convergence factor per step is ``rho = (width + delta + floor) / dist`` (``dist``: from
-    the shift to the nearest eigenvalue outside the cluster); the number of steps is chosen so
-    that ``rho**steps <= floor / 64``. Returns ``None`` (the caller takes the full ``eigh``)
-    when more than :data:`EXTREME_STEPS` steps would be needed, when the factorisation fails,
-    or when the result does not pass the checks: residual ``‖MQ − Q(QᵀMQ)‖_F <= floor`` (then
-    the subspace is as accurate as eigh's, ``~floor / gap``, Davis–Kahan) and the trace of
-    ``QᵀMQ`` inside the cluster's range."""
-    torch = loaded("torch")
-    n, t = len(mus), hi - lo
-    width = mus[lo] - mus[hi - 1]
-    above = mus[lo - 1] - mus[lo] if lo > 0 else math.inf
-    below = mus[hi - 1] - mus[hi] if hi < n else math.inf
-    delta = width + floor
-    if below >= above:  # shift below the cluster
-        sigma, dist = mus[hi - 1] - delta, min(below - delta, above + width + delta)
-        definite, sign = below == math.inf, 1.0
-    else:
-        sigma, dist = mus[lo] + delta, min(above - delta, below + width + delta)
-        definite, sign = above == math.inf, -1.0
-    if not dist > 0:
-        return None
-    rho = (width + delta + floor) / dist
-    if not rho < 1.0:
-        return None
-    steps = max(1, math.ceil(math.log(floor / 64.0) / math.log(rho))) if rho > 0 else 1
-    if steps > EXTREME_STEPS:
-        return None
-    eye = torch.eye(n, dtype=M.dtype, device=M.device)
-    solve = _shift_solver(torch, sign * (M - sigma * eye), definite)
-    if solve is None:
-        return None
-    i = torch.arange(1, n + 1, dtype=M.dtype, device=M.device)[:, None]
-    j = torch.arange(1, t + 1, dtype=M.dtype, device=M.device)[None, :]
-    X = torch.cos(0.7548776662466927 * i * j + 0.5698402909980532 * j)  # deterministic start
-    for _ in range(steps + 1):  # one step more than the bound: the start is not ideal
-        X = solve(X)
-        X = torch.linalg.qr(X).Q if t > 1 else X / torch.linalg.vector_norm(X)
-    MQ = M @ X
-    H = X.mT @ MQ
-    res = float(torch.linalg.matrix_norm(MQ - X @ H))
-    tr = float(torch.trace(H))
-    if not (res <= floor and t * mus[hi - 1] - floor <= tr <= t * mus[lo] + floor):
-        return None
-    return X
 
 
 def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | None:
@@ -735,7 +667,7 @@ def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | N
     (``N < D``) or ``F P`` (``N >= D``) of a quantity whose derivative is
     ``g = a·mu + h`` (:class:`condreg._core.Rule`), from the unit Gram matrix and the
     eigenvectors ``Q_c`` of the clusters ``c`` where ``h`` is nonzero (runs of equal ``h``:
-    the tie sets of the extreme values; :func:`_cluster_basis`). Equals
+    the tie sets of the extreme values; :func:`condreg._extreme.gram_cluster`). Equals
     ``2 W diag(g) Wᵀ`` from the full eigh (``W diag(mu) Wᵀ = M / mu_1``) at the cost of
     ``eigvalsh`` and one factorisation per cluster instead of all eigenvectors.
 
@@ -743,7 +675,7 @@ def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | N
     host synchronisations on a GPU). Returns ``None`` — the caller then takes the full eigh —
     when ``h`` or ``a`` is not finite (R_ill's pole), the clusters hold more than
     ``n / EXTREME_MAX_FRACTION`` (at least 8) values, or a cluster is not separated well enough
-    (see :func:`_cluster_basis`)."""
+    (see :func:`condreg._extreme.gram_cluster`)."""
     M = unit.M
     n = M.shape[-1]
     if M.ndim != 2 or not is_torch_array(M):
@@ -764,11 +696,11 @@ def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | N
         i = j
     if sum(hi - lo for lo, hi, _ in runs) > max(8, n // EXTREME_MAX_FRACTION):
         return None
-    mus = unit.mu.tolist()
-    floor = 64.0 * n * eps(xp, M.dtype)
+    from condreg import _extreme  # the one home of the clusters' inverse iteration
+
     P = M * av
     for lo, hi, c in runs:
-        Q = _cluster_basis(M, mus, lo, hi, floor)
+        Q = _extreme.gram_cluster(M, unit.mu, lo, hi, xp)
         if Q is None:
             return None
         P = P + (Q * c) @ Q.mT
