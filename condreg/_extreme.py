@@ -1,4 +1,6 @@
-"""Eigenvectors of the extreme clusters only, for eager Algorithm 1 (docs/math.md §10.1).
+"""Eigenvectors of the extreme clusters only (docs/math.md §10.1): the one home of this inverse
+iteration, used by eager Algorithm 1 (:mod:`condreg.algorithm._step`) and by the PyTorch
+forward of large single feature batches (:func:`condreg._spectrum.extreme_gram_product`).
 
 Every regularizer step of Algorithm 1 has a derivative with respect to the eigenvalues of the
 form ``d = a·mu + e``, where ``e`` is zero outside the top and/or bottom tie sets (Theorem 4.2:
