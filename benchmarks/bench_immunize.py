@@ -109,6 +109,7 @@ def main() -> None:
     X_h, _ = _task(X, y, args.pair[1])
     limits = None
     if args.threads is not None:
+        import scipy.linalg  # noqa: F401  (its own OpenBLAS: load it before limiting threads)
         from threadpoolctl import threadpool_limits
 
         limits = threadpool_limits(args.threads)
