@@ -5,7 +5,7 @@ Gaussian feature batch F (the Marchenko–Pastur spectrum: small relative gaps a
 hard case for Krylov methods) it times, in one process and one thread:
 
 ``extreme``
-    ``condreg.extreme.<q>_grad(F, method="extreme")``: value and gradient from the proven
+    ``condreg.extreme.<q>_value_and_grad(F, method="extreme")``: value and gradient from the proven
     extreme eigenpairs (raises if the path would fall back, so the figure is the path's own).
 ``dense``
     ``condreg.<q>_grad(F, gram=True)``: the dense engine's gradient alone (one D×D ``eigh`` of
@@ -122,7 +122,7 @@ def run(
                     gemm = _best({"g": lambda F=F: F.T @ F}, repeat)["g"]
                     for q in quantities:
                         fns = {
-                            "extreme": lambda q=q, F=F: getattr(extreme, q + "_grad")(
+                            "extreme": lambda q=q, F=F: getattr(extreme, q + "_value_and_grad")(
                                 F, method="extreme", accuracy=accuracy
                             ),
                             "dense": lambda q=q, F=F: getattr(condreg, q + "_grad")(F, gram=True),
@@ -132,7 +132,9 @@ def run(
                         if fw == "torch" and D <= svd_max_d:
                             fns["svdvals"] = lambda q=q, F=F: _torch_svdvals(q, torch)(F)
                         t = _best(fns, repeat)
-                        _, G = getattr(extreme, q + "_grad")(F, method="extreme", accuracy=accuracy)
+                        _, G = getattr(extreme, q + "_value_and_grad")(
+                            F, method="extreme", accuracy=accuracy
+                        )
                         Gd = getattr(condreg, q + "_grad")(F, gram=True)
                         err = float(np.linalg.norm(np.asarray(G) - np.asarray(Gd)))
                         err /= float(np.linalg.norm(np.asarray(Gd)))

@@ -56,10 +56,13 @@ __all__ = [
     "ExtremePathError",
     "condition_number",
     "condition_number_grad",
+    "condition_number_value_and_grad",
     "r_ill",
     "r_ill_grad",
+    "r_ill_value_and_grad",
     "r_well",
     "r_well_grad",
+    "r_well_value_and_grad",
 ]
 
 METHODS = ("auto", "extreme", "dense")
@@ -856,7 +859,7 @@ def r_ill(
     )
 
 
-def condition_number_grad(
+def condition_number_value_and_grad(
     F: Array,
     *,
     rtol: float | None = None,
@@ -886,7 +889,7 @@ def condition_number_grad(
     )
 
 
-def r_well_grad(
+def r_well_value_and_grad(
     F: Array,
     *,
     subgradient: str = "min_norm",
@@ -914,7 +917,7 @@ def r_well_grad(
     )
 
 
-def r_ill_grad(
+def r_ill_value_and_grad(
     F: Array,
     *,
     rtol: float | None = None,
@@ -943,7 +946,41 @@ def r_ill_grad(
     )
 
 
-for _f in (condition_number, r_well, r_ill, condition_number_grad, r_well_grad, r_ill_grad):
-    _name = _f.__name__.removesuffix("_grad")
+def condition_number_grad(F: Array, **kwargs: Any):
+    """``∇_F kappa`` alone (:func:`condition_number_value_and_grad` without the value), like
+    ``condreg.condition_number_grad(F, gram=True)``; with ``return_info=True`` also the
+    :class:`ExtremeInfo`."""
+    return _grad_only("condition_number", condition_number_value_and_grad, F, kwargs)
+
+
+def r_well_grad(F: Array, **kwargs: Any):
+    """``∇_F R_well`` alone (:func:`r_well_value_and_grad` without the value), like
+    ``condreg.r_well_grad(F, gram=True)``; with ``return_info=True`` also the
+    :class:`ExtremeInfo`."""
+    return _grad_only("r_well", r_well_value_and_grad, F, kwargs)
+
+
+def r_ill_grad(F: Array, **kwargs: Any):
+    """``∇_F R_ill`` alone (:func:`r_ill_value_and_grad` without the value), like
+    ``condreg.r_ill_grad(F, gram=True)``; with ``return_info=True`` also the
+    :class:`ExtremeInfo`. Keywords as :func:`r_ill_value_and_grad`."""
+    return _grad_only("r_ill", r_ill_value_and_grad, F, kwargs)
+
+
+def _grad_only(quantity: str, both: Any, F: Array, kwargs: dict) -> Any:
+    """The gradient (and info) of ``both(F, **kwargs)``, without the value."""
+    out = both(F, **kwargs)
+    return out[1:] if kwargs.get("return_info") else out[1]
+
+
+for _f in (
+    condition_number,
+    r_well,
+    r_ill,
+    condition_number_value_and_grad,
+    r_well_value_and_grad,
+    r_ill_value_and_grad,
+):
+    _name = _f.__name__.removesuffix("_value_and_grad")
     _f.__doc__ = (_f.__doc__ or "") + "\n" + _COMMON_DOC.format(name=_name)
 del _f, _name

@@ -64,7 +64,9 @@ def test_matches_dense_engine(library, quantity):
     F = batch()
     value_ref, grad_ref = dense(quantity, F)
     X = _convert(library, F)
-    value, grad, info = getattr(extreme, quantity + "_grad")(X, method="extreme", return_info=True)
+    value, grad, info = getattr(extreme, quantity + "_value_and_grad")(
+        X, method="extreme", return_info=True
+    )
     assert info.path == "extreme" and info.reason == ""
     assert grad.shape == X.shape and grad.dtype == X.dtype and type(grad) is type(X)
     tol_value, tol_grad = (1e-10, 1e-10) if library.endswith("64") else (1e-5, 1e-4)
@@ -77,7 +79,7 @@ def test_matches_dense_engine(library, quantity):
 @pytest.mark.parametrize("quantity", QUANTITIES)
 def test_gradient_matches_finite_differences(quantity):
     F = batch(spectrum(lo=1.0, hi=1.6))
-    _, G = getattr(extreme, quantity + "_grad")(F, method="extreme")
+    _, G = getattr(extreme, quantity + "_value_and_grad")(F, method="extreme")
     E = np.random.default_rng(7).standard_normal(F.shape)
     E /= np.linalg.norm(E)
     h = 1e-5  # the spectrum's gaps are ~1e-2: the O(h²) error is ~1e-8 relative
@@ -97,7 +99,9 @@ def test_clear_tie_uses_the_whole_tied_eigenspace():
     s[1] = s[0]
     F = batch(s)
     for quantity in QUANTITIES:
-        value, G, info = getattr(extreme, quantity + "_grad")(F, method="extreme", return_info=True)
+        value, G, info = getattr(extreme, quantity + "_value_and_grad")(
+            F, method="extreme", return_info=True
+        )
         if quantity != "r_ill":
             assert info.top == 2
         if quantity != "r_well":
@@ -129,11 +133,11 @@ def test_falls_back_where_it_cannot_prove(case):
         s[-12:] = s[-1]  # a tied cluster wider than the Krylov block
     F = batch(s)
     for quantity in ("condition_number",) if case == "pole" else ("condition_number", "r_ill"):
-        value, G, info = getattr(extreme, quantity + "_grad")(F, return_info=True)
+        value, G, info = getattr(extreme, quantity + "_value_and_grad")(F, return_info=True)
         assert info.path == "dense", info
         assert info.reason
         with pytest.raises(extreme.ExtremePathError):
-            getattr(extreme, quantity + "_grad")(F, method="extreme")
+            getattr(extreme, quantity + "_value_and_grad")(F, method="extreme")
         value_ref, grad_ref = dense(quantity, F)
         assert float(value) == value_ref
         np.testing.assert_array_equal(G, grad_ref)
@@ -206,7 +210,7 @@ def test_scale_free(scale):
     an exact power-of-two scaling inside keeps mu in range, equal to the dense engine's."""
     F = batch() * scale
     for quantity in QUANTITIES:
-        value, G = getattr(extreme, quantity + "_grad")(F, method="extreme")
+        value, G = getattr(extreme, quantity + "_value_and_grad")(F, method="extreme")
         value_ref, grad_ref = dense(quantity, F)
         assert abs(float(value) / value_ref - 1) < 1e-10
         assert rel(G, grad_ref) < 1e-10
@@ -215,7 +219,18 @@ def test_scale_free(scale):
 def test_torch_tensor_that_requires_grad():
     torch = pytest.importorskip("torch")
     F = torch.asarray(batch(), requires_grad=True)
-    value, G = extreme.r_ill_grad(F, method="extreme")
+    value, G = extreme.r_ill_value_and_grad(F, method="extreme")
     assert not G.requires_grad and G.shape == F.shape
     ref = condreg.r_ill_grad(F.detach(), gram=True)
     assert rel(G.numpy(), ref.numpy()) < 1e-10
+
+
+@pytest.mark.parametrize("quantity", QUANTITIES)
+def test_grad_alone_is_the_gradient_of_value_and_grad(quantity):
+    """``condreg.extreme.<q>_grad`` returns the gradient alone, like ``condreg.<q>_grad``."""
+    F = batch()
+    value, G = getattr(extreme, quantity + "_value_and_grad")(F, method="extreme")
+    np.testing.assert_array_equal(getattr(extreme, quantity + "_grad")(F, method="extreme"), G)
+    G2, info = getattr(extreme, quantity + "_grad")(F, return_info=True)
+    np.testing.assert_array_equal(G2, G)
+    assert info.path == "extreme"
