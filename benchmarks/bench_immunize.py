@@ -109,8 +109,11 @@ def main() -> None:
     X_h, _ = _task(X, y, args.pair[1])
     limits = None
     if args.threads is not None:
-        import scipy.linalg  # noqa: F401  (its own OpenBLAS: load it before limiting threads)
         from threadpoolctl import threadpool_limits
+
+        from condreg.experiments._report import load_blas_libraries
+
+        load_blas_libraries()  # SciPy's own OpenBLAS too
 
         limits = threadpool_limits(args.threads)
     rng = np.random.default_rng(0)

@@ -188,3 +188,13 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
         and bool(xp.all(xp.abs(sb - target) <= tol))
     )
     return V if ok else None
+
+
+def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) -> Array:
+    """``a·G + Σ_c W_c diag(e_c) W_cᵀ`` (``clusters = [(W_c, e_c), ...]``, ``e_c`` of shape
+    ``(t_c,)`` or a scalar): the matrix of ``Σ_i g_i w_i w_iᵀ`` for ``g = a·mu + e`` with ``e``
+    nonzero on the clusters only — the gradient's matrix from the extreme vectors alone."""
+    M = a * G
+    for W, e in clusters:
+        M = M + (W * e) @ W.T
+    return M

@@ -54,8 +54,7 @@ def rank_rtol(n: int, dtype: Any, xp: Any) -> float:
 
 
 def _mask_from_s(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
-    mask = s > rtol * s[..., :1]
-    return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
+    return _spectrum._rank(s, rtol, xp)  # the engine's rank rule s_i > rtol·s_1
 
 
 def _both_sides(F: Array, s: Array, Q: Array, mask: Array, xp: Any) -> tuple[Array, Array]:
@@ -193,19 +192,22 @@ def d_r_ill(hs: HessianSpectrum, xp: Any) -> Array:
     return _core.r_ill_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
 
 
-def r_well_frobenius(hs: HessianSpectrum, xp: Any) -> float:
-    """The coefficient ``a`` of ``mu`` in ``dR_well/dmu = a·mu + (top-tie terms)``: ``−1/D``."""
+def r_well_mu_coefficient(hs: HessianSpectrum, xp: Any) -> float:
+    """The coefficient ``a`` of ``mu`` in ``dR_well/dmu = a·mu + (top-tie terms)``: ``−1/D``
+    (:func:`condreg._core.r_well_dmu`)."""
     return -1.0 / float(hs.sp.p)
 
 
-def r_ill_frobenius(hs: HessianSpectrum, xp: Any) -> Array:
+def r_ill_mu_coefficient(hs: HessianSpectrum, xp: Any) -> Array:
     """The coefficient ``a`` of ``mu`` in ``dR_ill/dmu = a·mu + (bottom-tie terms)``:
-    ``−1/(k·den²)``, 0 at the pole (as :func:`d_r_ill`)."""
-    den = _core.r_ill_denominator(hs.sp, hs.tie_rtol, xp)
+    ``−1/(k·den²)`` from :func:`condreg._core._r_ill_parts`, 0 at the pole (as :func:`d_r_ill`)."""
+    sp = hs.sp
+    den = _core.r_ill_denominator(sp, hs.tie_rtol, xp)
     at_pole = den == 0
     safe = xp.where(at_pole, xp.ones_like(den), den)
-    k = xp.maximum(hs.sp.k, xp.ones_like(hs.sp.k))
-    return (((-1.0 / k) / safe) / safe) * xp.astype(~at_pole, den.dtype)
+    zero = xp.zeros_like(sp.mu)
+    a, _ = _core._r_ill_parts(sp, zero[..., :1], zero, safe, xp)
+    return a[..., 0] * xp.astype(~at_pole, den.dtype)
 
 
 def d_log_kappa(hs: HessianSpectrum, xp: Any) -> Array:

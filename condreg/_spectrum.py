@@ -698,10 +698,10 @@ def extreme_gram_product(unit: UnitGram, a: Any, h: Array, xp: Any) -> Array | N
         return None
     from condreg import _extreme  # the one home of the clusters' inverse iteration
 
-    P = M * av
+    clusters = []
     for lo, hi, c in runs:
         Q = _extreme.gram_cluster(M, unit.mu, lo, hi, xp)
         if Q is None:
             return None
-        P = P + (Q * c) @ Q.mT
-    return 2.0 * P
+        clusters.append((Q, c))
+    return 2.0 * _extreme.gram_plus_clusters(M, av, clusters)

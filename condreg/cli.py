@@ -333,16 +333,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _load_blas_libraries() -> None:
-    """Import SciPy's linear algebra (if installed) so that threadpoolctl limits its own BLAS
-    too: SciPy ships a separate OpenBLAS, which would otherwise start later with one thread per
-    core, oversubscribing the cores every worker shares."""
-    try:
-        import scipy.linalg  # noqa: F401
-    except ImportError:  # pragma: no cover - scipy is optional
-        pass
-
-
 @contextlib.contextmanager
 def _blas_threads(n: int):
     """Limit BLAS/OpenMP threads to ``n`` for the run (threadpoolctl; no-op without it)."""
@@ -351,7 +341,9 @@ def _blas_threads(n: int):
     except ImportError:  # pragma: no cover
         yield
         return
-    _load_blas_libraries()
+    from condreg.experiments._report import load_blas_libraries
+
+    load_blas_libraries()
     with threadpool_limits(limits=n):
         yield
 

@@ -95,6 +95,21 @@ def test_triangular_bottom_refuses_slow_convergence():
     assert _extreme.triangular_bottom(R, np.linalg.svd(R, compute_uv=False), n - 1, np) is None
 
 
+def _spy_clusters(monkeypatch) -> dict[str, list]:
+    """Record what ``gram_cluster`` and ``triangular_bottom`` return (None: refused)."""
+    calls: dict[str, list] = {"gram": [], "tri": []}
+    for name, key in (("gram_cluster", "gram"), ("triangular_bottom", "tri")):
+        original = getattr(_extreme, name)
+
+        def spy(*args, _original=original, _key=key, **kwargs):
+            out = _original(*args, **kwargs)
+            calls[_key].append(None if out is None else out.shape)
+            return out
+
+        monkeypatch.setattr(_extreme, name, spy)
+    return calls
+
+
 def _digit_problem(method: str, *, raw: bool, seed: int = 0):
     from condreg.data import load_mnist, mnist_digit_task
 
@@ -120,7 +135,14 @@ def test_eager_step_equals_the_full_decomposition(method, raw, monkeypatch):
     problem, state = _digit_problem(method, raw=raw)
     for _ in range(2):
         state, _ = algorithm.step(problem, state)
+    calls = _spy_clusters(monkeypatch)
     new, rec_new = algorithm.step(problem, state)
+    # The Gram clusters are certified. On raw pixels the exact path's triangular solver
+    # certifies a bottom whose ratio (σ_k/σ_{k-1})² is 0.29 and refuses those at 0.87–0.95
+    # (too slow): the full SVD of R is used there. The comparison below covers both.
+    assert (calls["gram"] or calls["tri"]) and None not in calls["gram"]
+    if raw and method == "opt_kappa":
+        assert any(c is not None for c in calls["tri"]) and None in calls["tri"]
     monkeypatch.setattr(_step, "_eager", lambda F: False)
     old, rec_old = algorithm.step(problem, state)
     step_new, step_old = new.theta - state.theta, old.theta - state.theta
@@ -169,16 +191,20 @@ def test_a_near_tie_falls_back_to_the_full_decomposition():
     assert _projector_gap(W, Q[:, -1:]) < 1e-12
 
 
-def test_torch_eager_step_matches_numpy():
+def test_torch_eager_step_matches_numpy(monkeypatch):
     torch = pytest.importorskip("torch")
+    calls = _spy_clusters(monkeypatch)
     rng = np.random.default_rng(6)
     X_p, X_h = rng.standard_normal((50, 20)), rng.standard_normal((40, 20))
     X_h[:, -1] *= 1e-5  # a graded spectrum
     y = rng.standard_normal(50)
     res_np = condreg.immunize(X_p, y, X_h, epochs=5)
     t = torch.asarray
+    n_numpy = len(calls["gram"])
     res_t = condreg.immunize(t(X_p), t(y), t(X_h), epochs=5)
     np.testing.assert_allclose(res_t.theta.numpy(), res_np.theta, rtol=1e-10, atol=1e-12)
+    assert n_numpy > 0 and len(calls["gram"]) > n_numpy  # the torch run used the clusters too
+    assert None not in calls["gram"]
 
 
 def test_result_spectra_are_the_reported_metrics():

@@ -71,10 +71,10 @@ def _condreg_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array
     xp = problem.xp
     total = xp.zeros_like(theta)
     if problem.lam_p > 0:
-        d, a = _linalg.d_r_well(hsP, xp), _linalg.r_well_frobenius(hsP, xp)
+        d, a = _linalg.d_r_well(hsP, xp), _linalg.r_well_mu_coefficient(hsP, xp)
         total = total + _preconditioned(problem, hsP, problem.P, d, problem.lam_p, a, "top")
     if problem.lam_h > 0:
-        d, a = _linalg.d_r_ill(hsH, xp), _linalg.r_ill_frobenius(hsH, xp)
+        d, a = _linalg.d_r_ill(hsH, xp), _linalg.r_ill_mu_coefficient(hsH, xp)
         total = total + _preconditioned(problem, hsH, problem.H, d, problem.lam_h, a, "bottom")
     return total
 

@@ -29,8 +29,9 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
     and the SVD of its ``R``; ``"exact"``: the latter directly (no wasted eigh on data whose
     spectrum the Gram never resolves).
 
-    Eagerly (NumPy, PyTorch outside ``torch.compile``) only the values are decomposed (``eigvalsh``
-    of the Gram, or the singular values of ``R``) and the vectors come back as an
+    Eagerly (NumPy; PyTorch on the CPU outside ``torch.compile``) only the values are
+    decomposed (``eigvalsh`` of the Gram, or the singular values of ``R``) and the vectors come
+    back as an
     :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme clusters on demand
     (:mod:`condreg._extreme`), falling back to the full decomposition where they are not
     certified. Traced (``jax.jit``), the engine's full decomposition is used and the small
@@ -46,9 +47,12 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
 
 
 def _eager(F: Array) -> bool:
+    """Values-only decomposition with vectors on demand: NumPy, and PyTorch on the CPU outside
+    ``torch.compile`` (its cluster checks read values: host synchronisations on a GPU). Other
+    arrays (eager JAX, array-api-strict, CUDA tensors) take the full decomposition."""
     if is_numpy_array(F):
         return True
-    return is_torch_array(F) and not _spectrum._untraceable(F)
+    return is_torch_array(F) and F.device.type == "cpu" and not _spectrum._untraceable(F)
 
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
@@ -237,10 +241,8 @@ def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) 
         for lo, hi, W in clusters:
             out = out + ((left[:, None] * W) * d[lo:hi][None, :]) @ (W.T @ F)
         return out
-    M = a * ext.gram()
-    for lo, hi, W in clusters:
-        e = d[lo:hi] - a * hs.sp.mu[lo:hi]
-        M = M + (W * e[None, :]) @ W.T
+    terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
+    M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
     return (left[:, None] * M) @ F
 
 

@@ -492,3 +492,13 @@ def save_figure(fig: Any, path: str | pathlib.Path, *, dpi: int = 120) -> pathli
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, format="png")
     return path
+
+
+def load_blas_libraries() -> None:
+    """Import SciPy's linear algebra (if installed) so that threadpoolctl limits its own BLAS
+    too: SciPy ships a separate OpenBLAS, which would otherwise start later with one thread per
+    core, oversubscribing the cores every worker shares."""
+    try:
+        import scipy.linalg  # noqa: F401
+    except ImportError:  # pragma: no cover - scipy is optional
+        pass

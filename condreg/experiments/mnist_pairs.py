@@ -185,23 +185,13 @@ def _check_options(inputs, pool, min_pixel_activity, pairs, jobs) -> None:
     rp.check_positive("--jobs", jobs, integer=True)
 
 
-def _load_blas_libraries() -> None:
-    """Import SciPy's linear algebra (if installed) so that threadpoolctl limits its own BLAS
-    too: SciPy ships a separate OpenBLAS, which would otherwise start later with one thread per
-    core, oversubscribing the cores every worker shares."""
-    try:
-        import scipy.linalg  # noqa: F401
-    except ImportError:  # pragma: no cover - scipy is optional
-        pass
-
-
 def _limit_blas_threads() -> None:
     """Worker initializer: one BLAS thread per process (the workers share the cores)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl is in the experiments extra
         return
-    _load_blas_libraries()
+    rp.load_blas_libraries()
     global _BLAS_LIMIT
     _BLAS_LIMIT = threadpool_limits(limits=1)
 
