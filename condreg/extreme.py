@@ -46,6 +46,7 @@ from array_api_compat import device as _device
 from array_api_compat import is_jax_array, is_numpy_array, is_torch_array
 
 import condreg
+from condreg import _extreme as _clusters
 from condreg import _spectrum, _validation
 from condreg._errors import RankError, TiedExtremeError
 
@@ -152,18 +153,6 @@ def _checked(value: Any, name: str) -> float:
     return float(value)
 
 
-def _tracing(F: Array) -> bool:
-    """A torch tensor under ``torch.compile`` (or a fake/meta tensor): values cannot be read."""
-    if not is_torch_array(F):
-        return False
-    torch = _spectrum.loaded("torch")
-    return (
-        bool(torch.compiler.is_compiling())
-        or F.device.type == "meta"
-        or (type(F).__name__ == "FakeTensor")
-    )
-
-
 def _shifted(sign: float, H: Array, c: float, xp: Any, X: Array | None = None, beta: float = 0.0):
     """``sign·H + beta·X Xᵀ − c·I`` as a new array (the diagonal shifted in place where the
     library allows: no ``D×D`` identity is formed)."""
@@ -179,22 +168,17 @@ def _shifted(sign: float, H: Array, c: float, xp: Any, X: Array | None = None, b
     return A - c * xp.eye(A.shape[0], dtype=A.dtype, device=_device(A))
 
 
-def _start(n: int, b: int, like: Array, xp: Any, seed: int) -> Array:
-    """A fixed pseudo-random ``n×b`` start block (deterministic runs)."""
-    block = np.random.default_rng(seed).standard_normal((n, b))
-    return xp.asarray(block, dtype=like.dtype, device=_device(like))
-
-
-def _orth(X: Array, xp: Any) -> Array:
-    return xp.linalg.qr(X)[0]
+# shared with the clusters' inverse iteration (condreg._extreme): start blocks, orthonormal
+# bases, column norms and host reads have one home
+_start = _clusters._start
+_orth = _clusters._orthonormal
 
 
 def _norms(X: Array, xp: Any) -> list[float]:
-    return [float(v) for v in xp.sqrt(xp.sum(X * X, axis=0))]
+    return _clusters._host(_clusters._column_norms(X, xp))
 
 
-def _floats(x: Array) -> list[float]:
-    return [float(v) for v in x]
+_floats = _clusters._host
 
 
 def _times_pow2(x: Array, n: int) -> Array:
@@ -515,8 +499,11 @@ def _extreme(
         if end is None:
             raise _Fallback("no shift above mu_1 could be factorised")
         restarts += end.restarts
-        # The Rayleigh quotient theta_0 <= mu_1; mu_1 <= theta_0 + r_0 once the cluster is proven.
-        lo, hi = max(mu1_lo, end.theta[0]), min(mu1_hi, end.theta[0] + end.res[0])
+        # The Rayleigh quotient theta_0 <= mu_1. Above: theta_0 plus the block's residual norm
+        # √Σ r_j² (Kahan's bound for a Ritz block, ≥ r_0 for a tied cluster of any size); the
+        # cluster proof below then tightens it.
+        block_res = math.sqrt(sum(r * r for r in end.res))
+        lo, hi = max(mu1_lo, end.theta[0]), min(mu1_hi, end.theta[0] + block_res)
         if not lo <= hi:
             raise _Fallback("inconsistent bounds on mu_1")
         top = _cluster(end, H, xp, top=True, bounds=bounds(lo, hi))
@@ -726,7 +713,10 @@ def _run(
         reason = "a batch of matrices (the extreme path takes one N×D matrix)"
     elif not (is_numpy_array(F) or is_torch_array(F) or is_jax_array(F)):
         reason = "not a NumPy, PyTorch or JAX array"
-    elif _tracing(F) or _validation.concrete_for(F, True)(xp.all(F[:1, :1] == F[:1, :1])) is None:
+    elif (
+        _spectrum._untraceable(F)
+        or _validation.concrete_for(F, True)(xp.all(F[:1, :1] == F[:1, :1])) is None
+    ):
         reason = "values cannot be read (tracing)"
     elif method == "auto" and F.shape[-1] < MIN_D:
         reason = f"D < {MIN_D}: the dense engine is faster"
