@@ -1,4 +1,4 @@
-"""Eigenvectors of the extreme clusters only (docs/math.md §10.1): the one home of this inverse
+"""Eigenvectors of the extreme clusters only (docs/math.md §10.4): the one home of this inverse
 iteration, used by eager Algorithm 1 (:mod:`condreg.algorithm._step`) and by the PyTorch
 forward of large single feature batches (:func:`condreg._spectrum.extreme_gram_product`).
 
