@@ -31,10 +31,9 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
 
     Eagerly (NumPy; PyTorch on the CPU outside ``torch.compile``) only the values are
     decomposed (``eigvalsh`` of the Gram, or the singular values of ``R``) and the vectors come
-    back as an
-    :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme clusters on demand
-    (:mod:`condreg._extreme`), falling back to the full decomposition where they are not
-    certified. Traced (``jax.jit``), the engine's full decomposition is used and the small
+    back as an :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme
+    clusters on demand (:mod:`condreg._extreme`), falling back to the full decomposition where
+    they are not certified. Traced (``jax.jit``), the engine's full decomposition is used and the small
     side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``)."""
     F = task.A @ theta
     if _eager(F):
