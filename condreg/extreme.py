@@ -38,6 +38,7 @@ exist).
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -961,6 +962,17 @@ def _grad_only(quantity: str, both: Any, F: Array, kwargs: dict) -> Any:
     """The gradient (and info) of ``both(F, **kwargs)``, without the value."""
     out = both(F, **kwargs)
     return out[1:] if kwargs.get("return_info") else out[1]
+
+
+# The gradient-only functions take exactly the keywords of their *_value_and_grad (shown as
+# their signatures by help() and the API docs).
+for _alone, _both in (
+    (condition_number_grad, condition_number_value_and_grad),
+    (r_well_grad, r_well_value_and_grad),
+    (r_ill_grad, r_ill_value_and_grad),
+):
+    _alone.__signature__ = inspect.signature(_both)  # type: ignore[attr-defined]
+del _alone, _both
 
 
 for _f in (
