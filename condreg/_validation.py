@@ -22,6 +22,31 @@ def _inferred(arrays: tuple[Array, ...], where: str) -> Any:
         ) from None
 
 
+def _kind(a: Any) -> str:
+    return type(a).__module__.split(".")[0] + "." + type(a).__name__
+
+
+def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any:
+    """The one Array API library of the named ``arrays``: ``TypeError`` naming the argument that
+    is not an array, or every argument's library when they differ (condreg never converts
+    between libraries); ``hint`` ends that message."""
+    from array_api_compat import is_array_api_obj
+
+    for name, a in arrays.items():
+        if not is_array_api_obj(a):
+            raise TypeError(
+                f"{where}: {name} must be an array (NumPy, PyTorch, JAX or another Array API "
+                f"library), got {_kind(a)}"
+            )
+    try:
+        return array_namespace(*arrays.values())
+    except TypeError:
+        kinds = ", ".join(f"{k}: {_kind(a)}" for k, a in arrays.items())
+        raise TypeError(
+            f"{where}: all arrays must come from one Array API library ({kinds}){hint}"
+        ) from None
+
+
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     """The Array API namespace of ``arrays`` (``xp`` overrides it).
 

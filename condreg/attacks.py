@@ -58,6 +58,8 @@ from typing import Any, NamedTuple
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
+from condreg import _validation
+
 Array = Any
 
 __all__ = ["ATTACKERS", "ProbeResult", "probe", "steps_to_reduction"]
@@ -372,13 +374,8 @@ def probe(
     params = {**spec.defaults, **options}
     _check_params(attacker, params)
 
-    arrays = [a for a in (theta, X, y, w0) if a is not None]
-    try:
-        xp = array_namespace(*arrays)
-    except TypeError as exc:
-        raise TypeError(
-            f"probe: theta, X, y (and w0) must be arrays of one Array API library ({exc})"
-        ) from None
+    named = {"theta": theta, "X": X, "y": y, "w0": w0}
+    xp = _validation.named_namespace("probe", {k: a for k, a in named.items() if a is not None})
     _matrix(X, "X", 2)
     X = _float_dtype(xp, X, "X")
     N, D = X.shape

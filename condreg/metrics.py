@@ -65,18 +65,7 @@ class RIRTheta0(NamedTuple):
 
 def _namespace(where: str, **arrays: Array) -> Any:
     """The one library of ``arrays``; ``TypeError`` naming them otherwise."""
-    from array_api_compat import is_array_api_obj
-
-    for name, a in arrays.items():
-        if not is_array_api_obj(a):
-            raise TypeError(f"{where}: {name} must be an array, got {type(a).__name__}")
-    try:
-        return array_namespace(*arrays.values())
-    except TypeError:
-        kinds = ", ".join(f"{k}: {type(a).__module__.split('.')[0]}" for k, a in arrays.items())
-        raise TypeError(
-            f"{where}: all arrays must come from one Array API library ({kinds})"
-        ) from None
+    return _validation.named_namespace(where, arrays)
 
 
 def _kappa(F: Array, rtol: float | None) -> float:

@@ -8,8 +8,9 @@ import warnings
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_array_api_obj
+from array_api_compat import is_array_api_obj
 
+from condreg import _validation
 from condreg.algorithm._result import ImmunizationWarning
 
 Array = Any
@@ -24,21 +25,13 @@ def namespace(named: dict[str, Any], xp: Any = None) -> Any:
     torch y)``) raise ``TypeError``: condreg does not convert between libraries silently."""
     arrays = {k: a for k, a in named.items() if a is not None and is_array_api_obj(a)}
     for name in ("X_p", "X_h"):
-        if name not in arrays:
-            raise TypeError(
-                f"immunize: {name} must be an array (NumPy, PyTorch, JAX or another Array API "
-                f"library), got {_kind(named[name])}"
-            )
+        if name not in arrays:  # not an array: raises the TypeError naming it
+            _validation.named_namespace("immunize", {name: named[name]})
     if xp is not None:
         return xp
-    try:
-        return array_namespace(*arrays.values())
-    except TypeError:
-        kinds = ", ".join(f"{k}: {_kind(a)}" for k, a in arrays.items())
-        raise TypeError(
-            f"immunize: all arrays must come from one Array API library ({kinds}); convert them "
-            "first, e.g. torch.as_tensor(y) or numpy.asarray(y)"
-        ) from None
+    return _validation.named_namespace(
+        "immunize", arrays, "; convert them first, e.g. torch.as_tensor(y) or numpy.asarray(y)"
+    )
 
 
 def float_dtype(xp: Any, *arrays: Array) -> Any:
