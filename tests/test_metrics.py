@@ -18,16 +18,17 @@ def _pair(seed=0, N=50, D=6):
     return X_p, X_h
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "numpy-float64",
-        "numpy-float32",
-        "torch-cpu-float64",
-        "jax-float64",
-        "array_api_strict-float64",
-    ],
-)
+#: The backends the metrics are checked on.
+BACKENDS = [
+    "numpy-float64",
+    "numpy-float32",
+    "torch-cpu-float64",
+    "jax-float64",
+    "array_api_strict-float64",
+]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_rir_of_identity_is_exactly_one(name):
     X_p, X_h = _pair()
     with make_backend(name) as b:
@@ -222,16 +223,7 @@ def test_rir_works_at_any_representable_scale(a, b):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "numpy-float64",
-        "numpy-float32",
-        "torch-cpu-float64",
-        "jax-float64",
-        "array_api_strict-float64",
-    ],
-)
+@pytest.mark.parametrize("name", BACKENDS)
 def test_rir_spectra_at_its_own_tolerance_is_rir_exactly(name):
     from condreg.metrics import rir_spectra
 
