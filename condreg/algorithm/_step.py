@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from array_api_compat import device as _device
 from array_api_compat import is_numpy_array, is_torch_array
 
 from condreg import _core, _extreme, _linalg, _spectrum
@@ -33,8 +34,8 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
     decomposed (``eigvalsh`` of the Gram, or the singular values of ``R``) and the vectors come
     back as an :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme
     clusters on demand (:mod:`condreg._extreme`), falling back to the full decomposition where
-    they are not certified. Traced (``jax.jit``), the engine's full decomposition is used and the small
-    side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``)."""
+    they are not certified. Traced (``jax.jit``), the engine's full decomposition is used and the
+    small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``)."""
     F = task.A @ theta
     if _eager(F):
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
@@ -209,10 +210,14 @@ def through_basis(
 
     With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
     ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
-    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only."""
+    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only;
+    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) a rank-``|S|`` product, so the step costs
+    no ``D×r×D`` product at all."""
     F = hs.sp.F  # the engine keeps F = Aθ with the vectors
     ext = hs.ext
     if ext is not None and sides is not None:
+        if isinstance(a, (int, float)) and a == 0:
+            return _low_rank(task, hs, d, left, sides)
         return task.basis @ _structured(hs, d, left, a, sides)
     if ext is not None:
         W = ext.full()
@@ -224,22 +229,41 @@ def through_basis(
     return task.basis @ (left[:, None] * FG)
 
 
-def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
-    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides``: with ``a = 0``
-    as low-rank products ``(W_S e_S)(W_Sᵀ F)``, else as one ``r×r`` matrix
-    ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
+def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None:
+    """The index ranges of the tie sets ``sides``; None when the two overlap."""
+    ranges = [hs.ext.bounds(side, hs.tie_rtol) for side in sides]
+    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:
+        return None
+    return ranges
+
+
+def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Array:
+    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: a sum of
+    rank-``|S|`` products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` times
+    ``|S|×D``), no ``D×r×D`` product."""
     ext, F, xp = hs.ext, hs.sp.F, hs.ext.xp
-    ranges = [ext.bounds(side, hs.tie_rtol) for side in sides]
-    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:  # the two tie sets overlap
+    ranges = _tie_ranges(hs, sides)
+    if ranges is None:  # the tie sets overlap: every value is in one of them
+        W = ext.full()
+        return task.basis @ ((left[:, None] * ((W * d[None, :]) @ W.T)) @ F)
+    D = task.basis.shape[0]
+    out = xp.zeros((D, F.shape[1]), dtype=F.dtype, device=_device(F))
+    for lo, hi in ranges:
+        if hi > lo:
+            W = ext.cluster(lo, hi)
+            out = out + (task.basis @ ((left[:, None] * W) * d[lo:hi][None, :])) @ (W.T @ F)
+    return out
+
+
+def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
+    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides`` (``a ≠ 0``):
+    one ``r×r`` matrix ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
+    ext, F = hs.ext, hs.sp.F
+    ranges = _tie_ranges(hs, sides)
+    if ranges is None:  # the two tie sets overlap
         W = ext.full()
         return (left[:, None] * ((W * d[None, :]) @ W.T)) @ F
-    zero = isinstance(a, (int, float)) and a == 0
     clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
-    if zero:
-        out = xp.zeros_like(F)
-        for lo, hi, W in clusters:
-            out = out + ((left[:, None] * W) * d[lo:hi][None, :]) @ (W.T @ F)
-        return out
     terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
     M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
     return (left[:, None] * M) @ F
