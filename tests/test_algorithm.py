@@ -393,3 +393,66 @@ def test_algorithm_and_metrics_import_no_framework():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several methods on the same data: the data are decomposed once
+# ---------------------------------------------------------------------------------------------
+
+
+def _count_setups(monkeypatch):
+    calls = []
+    real = algorithm._prepare.build_task
+    monkeypatch.setattr(
+        algorithm._prepare, "build_task", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    return calls
+
+
+def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(monkeypatch):
+    X_p, y_p, X_h = _pair(5, N_h=30)
+    fresh = {}
+    for method in METHODS:  # each on cleared setup: the reference
+        algorithm._prepare._LAST_DATA.clear()
+        fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
+    algorithm._prepare._LAST_DATA.clear()
+    calls = _count_setups(monkeypatch)
+    for method in METHODS:
+        res = _quiet(X_p=X_p.copy(), y_p=y_p, X_h=X_h.copy(), method=method, epochs=4)
+        np.testing.assert_array_equal(res.theta, fresh[method].theta)  # bit for bit
+        assert res.rir == fresh[method].rir and res.paths == fresh[method].paths
+    assert len(calls) == 2  # one SVD per task for the four runs
+    # what is shared is never written to
+    setup = next(iter(algorithm._prepare._LAST_DATA.values()))
+    with pytest.raises(ValueError, match="read-only"):
+        setup.P.A[0, 0] = 1.0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda X_p, X_h: X_p.__setitem__((0, 0), X_p[0, 0] * (1 + 1e-15)),  # one entry, 1 ulp
+        lambda X_p, X_h: X_h.__setitem__((3, 2), -X_h[3, 2]),
+        "rtol",
+        "ridge",
+        "dtype",
+    ],
+)
+def test_other_data_or_options_are_set_up_again(monkeypatch, change):
+    X_p, y_p, X_h = _pair(6, N_h=30)
+    _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1)
+    calls = _count_setups(monkeypatch)
+    kw = {}
+    if change == "rtol":
+        kw["rtol"] = 1e-10
+    elif change == "ridge":
+        kw["ridge"] = 1e-6
+    elif change == "dtype":
+        X_p, X_h = X_p.astype(np.float32), X_h.astype(np.float32)
+    else:
+        change(X_p, X_h)  # in place: the same array objects, other entries
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, **kw)
+    assert len(calls) == 2
+    algorithm._prepare._LAST_DATA.clear()
+    ref = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, **kw)
+    np.testing.assert_array_equal(res.theta, ref.theta)
