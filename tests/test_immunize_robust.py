@@ -121,18 +121,18 @@ def test_rank_collapse_stops_and_keeps_the_last_full_rank_theta():
 def test_non_finite_update_is_caught_before_the_next_decomposition(monkeypatch):
     """A step that returns NaN (as a broken backend would) stops the run at that epoch."""
     X_p, y, X_h = _pair(5)
-    real = algorithm._loop.step
+    real = algorithm._loop.advance
 
-    def poisoned(problem, state):
-        new, rec = real(problem, state)
+    def poisoned(problem, state, cross):
+        new, rec = real(problem, state, cross)
         calls.append(1)
         if len(calls) == 4:  # the step after epoch 3 returns NaN and says so
-            new = algorithm.State(new.theta * np.nan, new.omega)
+            new = new._replace(theta=new.theta * np.nan)
             rec = np.concatenate([rec[:7], [0.0]])
         return new, rec
 
     calls: list[int] = []
-    monkeypatch.setattr(algorithm._loop, "step", poisoned)
+    monkeypatch.setattr(algorithm._loop, "advance", poisoned)
     with pytest.warns(ImmunizationWarning, match="non-finite theta"):
         res = condreg.immunize(X_p, y, X_h, epochs=10)
     assert res.epochs_run == 3 and np.all(np.isfinite(res.theta))
@@ -140,16 +140,16 @@ def test_non_finite_update_is_caught_before_the_next_decomposition(monkeypatch):
 
 def test_a_decomposition_error_is_caught(monkeypatch):
     X_p, y, X_h = _pair(6)
-    real = algorithm._loop.step
+    real = algorithm._loop.advance
 
-    def failing(problem, state):
+    def failing(problem, state, cross):
         if calls:
             raise np.linalg.LinAlgError("Eigenvalues did not converge")
         calls.append(1)
-        return real(problem, state)
+        return real(problem, state, cross)
 
     calls: list[int] = []
-    monkeypatch.setattr(algorithm._loop, "step", failing)
+    monkeypatch.setattr(algorithm._loop, "advance", failing)
     with pytest.warns(ImmunizationWarning, match="decomposition failed"):
         res = condreg.immunize(X_p, y, X_h, epochs=10)
     assert res.epochs_run == 0 and res.stopped.startswith("diverged: decomposition failed at")

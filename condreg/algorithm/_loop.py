@@ -14,7 +14,7 @@ from array_api_compat import device as _device
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import evaluate, is_linalg_error, step
+from condreg.algorithm._step import Tracked, advance, cross_basis, evaluate, is_linalg_error
 
 Array = Any
 
@@ -80,16 +80,23 @@ class _History:
 
 def run(
     problem: Problem,
-    state: State,
+    state: State | Tracked,
     epochs: int,
     report: Callable[[dict[str, float]], bool],
-) -> tuple[State, _History, str, int]:
-    """Iterate :func:`step` for ``epochs`` epochs, keeping the last healthy state.
+) -> tuple[Tracked, _History, str, int]:
+    """Iterate :func:`condreg.algorithm.step` for ``epochs`` epochs, keeping the last healthy
+    state.
 
-    Returns ``(state, history, stopped, epochs_run)``. A state is healthy when its κ's, loss and
+    The iterate is kept factored (:class:`condreg.algorithm._step.Tracked`: the features
+    ``Aθ`` of both tasks follow each step, θ's basis parts are summed apart), so an epoch pays
+    no ``r×D×D`` product for the features nor ``D×r×D`` one for θ; the result is the same as
+    iterating ``step`` up to rounding. Returns ``(state, history, stopped, epochs_run)``, the
+    state a :class:`Tracked` (``.state()``: θ dense). A state is healthy when its κ's, loss and
     R_well are finite, R_ill is not NaN and both ranks are those of ``θ_0``; a decomposition
     error (the backend's LinAlgError) counts as unhealthy. One host synchronisation per epoch."""
     history = _History(problem)
+    state = state if isinstance(state, Tracked) else Tracked.start(problem, state)
+    cross = cross_basis(problem)
     kept, kept_t, ranks = state, 0, None
     zero_head = 1.0 if problem.task == "regression" else math.log(2.0)
     loss_ref = zero_head
@@ -98,7 +105,7 @@ def run(
         try:
             with np.errstate(all="ignore"):  # overflow is detected below, not warned about
                 if t < epochs:
-                    new, rec_array = step(problem, state)
+                    new, rec_array = advance(problem, state, cross)
                 else:
                     rec_array = evaluate(problem, state)
                 rec = [float(x) for x in rec_array]
@@ -249,14 +256,17 @@ def immunize(
         X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
         imma_steps=imma_steps, warn=warn, xp=xp, **kw,
     )  # fmt: skip
+    start: State | Tracked = state
     if resume is not None and resume.resume_state is not None:
-        omega_hat, head_scale = resume.resume_state
+        kept, head_scale = resume.resume_state
         if head_scale == problem.head_scale:  # the same data: continue from the exact iterate
-            state = State(state.theta, omega_hat)
+            start = State(state.theta, kept.omega)
+            if kept.on(problem):  # the same tasks: its factored parts and features too
+                start = kept._replace(P=problem.P, H=problem.H)
     report = _reporter(problem, epochs, progress, callback)
     theta0 = state.theta
-    state, history, stopped, epochs_run = run(problem, state, epochs, report)
-    return _result(problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn)
+    kept, history, stopped, epochs_run = run(problem, start, epochs, report)
+    return _result(problem, theta0, kept, history, stopped, epochs_run, X_p, X_h, warn)
 
 
 def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
@@ -281,11 +291,12 @@ def _validate_epochs(epochs: Any) -> int:
 
 
 def _result(
-    problem, theta0, state, history, stopped, epochs_run, X_p, X_h, warn
+    problem, theta0, kept, history, stopped, epochs_run, X_p, X_h, warn
 ) -> ImmunizationResult:
     from condreg.metrics import rir_spectra
 
     xp = problem.xp
+    state = kept.state()
     dtype = state.theta.dtype
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
     with np.errstate(all="ignore"):
@@ -318,7 +329,7 @@ def _result(
         rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
         paths=problem.paths,
-        resume_state=(state.omega, problem.head_scale),
+        resume_state=(kept, problem.head_scale),
         spectra=spectra,
     )
     if warn:

@@ -16,11 +16,18 @@ from typing import Any
 
 from condreg import _linalg
 from condreg.algorithm._problem import Problem
-from condreg.algorithm._step import clip_factor, loss_parts, rel_size, through_basis
+from condreg.algorithm._step import (
+    Delta,
+    basis_step,
+    clip_factor,
+    loss_parts,
+    rel_size,
+    through_basis,
+)
 
 Array = Any
 Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]
-Update = Callable[[Problem, Array, Any, Any], Array]
+Update = Callable[[Problem, Any, Any, Any], "Array | Delta"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,10 @@ class Method:
     ``needs_vectors`` — whether its step needs eigenvectors of ``(H_P, H_H)`` (when the weight is
     nonzero); ``unit_sizes(problem, θ_0, hs_P, hs_H)`` — the update size per unit weight at
     ``θ_0``, in the units of ``max_step``; ``update(problem, θ, hs_P, hs_H)`` — the regularizer
-    part of ``θ_t − θ_{t+1}`` (pure Array API code); ``summary`` — one line for the docs;
+    part of ``θ_t − θ_{t+1}``, a ``D×D`` array or a :class:`condreg.algorithm._step.Delta`
+    (factored: the loop then moves the features without a ``D×D`` product; pure Array API
+    code); ``uses_theta`` — whether ``update`` reads θ (False: it is passed None where θ is
+    kept factored); ``summary`` — one line for the docs;
     ``needs_y_h`` — it trains on harmful labels (a seeded surrogate when none are given);
     ``min_rank_h`` — the rank ``X_h`` must have (2 for R_ill);
     ``default_inner_lr(problem, θ_0, hs_H)`` — the default inner step (``imma_lr``), if any."""
@@ -45,6 +55,7 @@ class Method:
     needs_y_h: bool = False
     min_rank_h: int = 1
     default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
+    uses_theta: bool = True
 
     def vectors(self, problem: Problem) -> tuple[bool, bool]:
         """Eigenvectors needed this epoch (none for a zero weight)."""
@@ -64,12 +75,12 @@ def _preconditioned(
     xp = problem.xp
     rho = 2.0 * problem.lr * lam * xp.max(xp.abs(d))
     factor = 2.0 * problem.lr * lam * clip_factor(rho, problem.max_step, xp)
-    return through_basis(task, hs, factor * d, task.pinv, factor * a, (side,))
+    return basis_step(task, hs, factor * d, task.pinv, factor * a, (side,))
 
 
-def _condreg_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+def _condreg_update(problem: Problem, theta: Any, hsP: Any, hsH: Any) -> Delta:
     xp = problem.xp
-    total = xp.zeros_like(theta)
+    total = Delta()  # θ is not read (uses_theta=False)
     if problem.lam_p > 0:
         d, a = _linalg.d_r_well(hsP, xp), _linalg.r_well_mu_coefficient(hsP, xp)
         total = total + _preconditioned(problem, hsP, problem.P, d, problem.lam_p, a, "top")
@@ -101,15 +112,15 @@ def _inv_log_kappa_coef(hs: Any, xp: Any) -> Array:
 _BOTH = ("top", "bottom")
 
 
-def _plain_step(problem: Problem, theta: Array, hs: Any, task: Any, d: Array) -> Array:
+def _plain_step(problem: Problem, theta: Array, hs: Any, task: Any, d: Array) -> Delta:
     xp = problem.xp
-    step = problem.lr * 2.0 * through_basis(task, hs, d, task.sc, 0.0, _BOTH)
-    return clip_factor(rel_size(step, theta, xp), problem.max_step, xp) * step
+    step = basis_step(task, hs, d, task.sc, 0.0, _BOTH).scaled(problem.lr * 2.0)
+    return step.scaled(clip_factor(rel_size(step, theta, xp), problem.max_step, xp))
 
 
-def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Delta:
     xp = problem.xp
-    total = xp.zeros_like(theta)
+    total = Delta()
     if problem.lam_p > 0:
         d = problem.lam_p * _linalg.d_log_kappa(hsP, xp)
         total = total + _plain_step(problem, theta, hsP, problem.P, d)
@@ -142,6 +153,15 @@ def imma_gradient(
 
     Inner loop: ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0`` for ``J = steps`` steps,
     ``A = Xθ`` (never formed); ``ℓ`` the squared error or the logistic loss."""
+    loss, L, R = _imma_factors(theta, X, y, task, steps, alpha, xp)
+    return loss, L @ R
+
+
+def _imma_factors(
+    theta: Array, X: Array, y: Array, task: str, steps: int, alpha: float, xp: Any
+) -> tuple[Array, Array, Array]:
+    """:func:`imma_gradient` with the gradient as its two factors ``(XᵀU)(Wᵀ)`` (``D×(2J+1)``,
+    ``(2J+1)×D``)."""
     N = X.shape[0]
 
     def apply_A(w):
@@ -165,27 +185,28 @@ def imma_gradient(
         p = p - alpha * apply_At((d2 / N) * Ap)
     U = xp.stack(us, axis=1)
     W = xp.stack(vs, axis=1)
-    return xp.mean(loss), (X.T @ U) @ W.T
+    return xp.mean(loss), X.T @ U, W.T
 
 
-def _imma_raw(problem: Problem, theta: Array) -> Array:
+def _imma_raw(problem: Problem, theta: Array) -> Delta:
     H = problem.H
-    _, g = imma_gradient(
+    _, L, R = _imma_factors(
         theta, H.Xhat, problem.yh, problem.task, problem.imma_steps, problem.imma_lr, problem.xp
     )
-    return g
+    return Delta(outer=[(L, R)])
 
 
-def _imma_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Array:
+def _imma_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Delta:
     xp = problem.xp
     if not problem.lam_h > 0:
-        return xp.zeros_like(theta)
-    step = -problem.lr * problem.lam_h * _imma_raw(problem, theta)  # ascent on Φ
-    return clip_factor(rel_size(step, theta, xp), problem.max_step, xp) * step
+        return Delta()
+    step = _imma_raw(problem, theta).scaled(-problem.lr * problem.lam_h)  # ascent on Φ
+    return step.scaled(clip_factor(rel_size(step, theta, xp), problem.max_step, xp))
 
 
 def _imma_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
-    return 0.0, float(rel_size(problem.lr * _imma_raw(problem, theta), theta, problem.xp))
+    step = _imma_raw(problem, theta).scaled(problem.lr)
+    return 0.0, float(rel_size(step, theta, problem.xp))
 
 
 def imma_default_lr(problem: Problem, theta: Array, hsH: Any) -> float:
@@ -207,6 +228,7 @@ REGISTRY = MappingProxyType(
             _condreg_update,
             "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
             min_rank_h=2,
+            uses_theta=False,
         ),
         "r_ill_only": Method(
             "r_ill_only",
@@ -216,6 +238,7 @@ REGISTRY = MappingProxyType(
             _condreg_update,
             "−ηλ_H K_H⁻¹∇R_ill(H_H)",
             min_rank_h=2,
+            uses_theta=False,
         ),
         "opt_kappa": Method(
             "opt_kappa",

@@ -83,9 +83,10 @@ class ImmunizationResult:
     rtol: float = 0.0
     imma_lr: float | None = None
     paths: tuple[str, str] | None = None
-    #: ``(ω̂, head_scale)``: the head in the algorithm's units, so that ``resume=`` continues
-    #: from the exact iterate (``omega`` in raw units round-trips only up to rounding).
-    resume_state: tuple[Array, float] | None = field(default=None, repr=False)
+    #: ``(iterate, head_scale)``: the loop's factored iterate (θ's parts, the head in the
+    #: algorithm's units, the features ``Aθ``), so that ``resume=`` continues from the exact
+    #: iterate (``theta`` is its sum and ``omega`` in raw units round-trip only up to rounding).
+    resume_state: tuple[Any, float] | None = field(default=None, repr=False)
     #: the :class:`condreg.metrics.RIRSpectra` behind ``metrics`` (singular values of ``X_p``,
     #: ``X_h``, ``X_pθ``, ``X_hθ`` at ``rtol``): ``res.spectra.rir(10 * res.rtol)`` re-thresholds
     #: the verdict at a coarser tolerance without a new decomposition

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
+from array_api_compat import array_namespace, is_numpy_array, is_torch_array
 from array_api_compat import device as _device
-from array_api_compat import is_numpy_array, is_torch_array
 
 from condreg import _core, _extreme, _linalg, _spectrum
 from condreg.algorithm._problem import Problem, State, TaskData
@@ -22,7 +22,16 @@ RECORD_FIELDS = ("kappa_hp", "kappa_hh", "r_well", "r_ill", "loss", "rank_p", "r
 PATHS = ("auto", "exact")
 
 
-def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
+def spectrum(
+    task: TaskData,
+    theta: Array,
+    rtol: float,
+    xp: Any,
+    *,
+    vectors: bool,
+    path: str,
+    F: Array | None = None,
+):
     """Spectrum of ``H̃(θ) = θᵀK̃θ`` from the factor: ``F = Aθ`` (``r×D``), rank
     ``#{σ_i(F) > rtol·σ₁(F)}``, every counted value resolved (the engine's guarantee).
 
@@ -35,8 +44,12 @@ def spectrum(task: TaskData, theta: Array, rtol: float, xp: Any, *, vectors: boo
     back as an :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme
     clusters on demand (:mod:`condreg._extreme`), falling back to the full decomposition where
     they are not certified. Traced (``jax.jit``), the engine's full decomposition is used and the
-    small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``)."""
-    F = task.A @ theta
+    small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``).
+
+    ``F``: the features ``Aθ`` where the caller has them (the loop carries them from epoch to
+    epoch, :class:`Tracked`); ``theta`` is then not read."""
+    if F is None:
+        F = task.A @ theta
     if _eager(F):
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
     sp = _spectrum.decompose(
@@ -172,13 +185,23 @@ def loss_parts(z: Array, y: Array, task: str, xp: Any) -> tuple[Array, Array, Ar
     return loss, p - y, p * (1.0 - p)
 
 
-def supervised(theta: Array, omega: Array, X: Array, y: Array, task: str, xp: Any):
-    """Mean loss and its gradients with respect to θ and ω (the head sits on ``Xθ``)."""
+def supervised(theta: Any, omega: Array, X: Array, y: Array, task: str, xp: Any):
+    """Mean loss, ``q`` and the gradient with respect to ω (the head sits on ``Xθ``); the
+    gradient with respect to θ is ``q ωᵀ``. ``theta``: a ``D×D`` array or a :class:`Tracked`
+    (``θ`` applied through its parts)."""
     N = X.shape[0]
-    z = X @ (theta @ omega)
+    apply, apply_t = _operators(theta)
+    z = X @ apply(omega)
     loss, d1, _ = loss_parts(z, y, task, xp)
     q = X.T @ (d1 / N)
-    return xp.mean(loss), q[:, None] * omega[None, :], theta.T @ q
+    return xp.mean(loss), q, apply_t(q)
+
+
+def _operators(theta: Any):
+    """``w ↦ θw`` and ``c ↦ θᵀc`` of a dense θ or a :class:`Tracked` one."""
+    if isinstance(theta, Tracked):
+        return theta.apply, theta.apply_t
+    return (lambda w: theta @ w), (lambda c: theta.T @ c)
 
 
 def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
@@ -187,10 +210,82 @@ def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
     return max_step / safe
 
 
-def rel_size(step: Array, theta: Array, xp: Any) -> Array:
-    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of an un-preconditioned step."""
+def rel_size(step: Any, theta: Array, xp: Any) -> Array:
+    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of an un-preconditioned step (an array or a
+    :class:`Delta`)."""
     D = theta.shape[-1]
-    return xp.sqrt(xp.sum(step * step)) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
+    sq = step.frobenius_sq(xp) if isinstance(step, Delta) else xp.sum(step * step)
+    return xp.sqrt(sq) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
+
+
+class Delta:
+    """A step ``θ_t − θ_{t+1}`` kept factored, so that the features ``Aθ`` of both tasks follow
+    it without a ``r×D×D`` product: ``Σ V_x N_x`` over the tasks' bases (``basis``: pairs of the
+    task and ``N_x``, ``r_x×D``) plus ``Σ L_i R_i`` (``outer``: ``D×c`` and ``c×D`` factors)
+    plus a dense ``D×D`` part (``dense``, or None). What :func:`condreg.algorithm.step`
+    subtracts is :meth:`materialize`; a method's ``update`` may return either."""
+
+    __slots__ = ("basis", "outer", "dense")
+
+    def __init__(self, basis=(), outer=(), dense: Array | None = None) -> None:
+        self.basis: list[tuple[TaskData, Array]] = list(basis)
+        self.outer: list[tuple[Array, Array]] = list(outer)
+        self.dense = dense
+
+    def __add__(self, other: Delta) -> Delta:
+        if self.dense is None or other.dense is None:
+            dense = other.dense if self.dense is None else self.dense
+        else:
+            dense = self.dense + other.dense
+        return Delta(self.basis + other.basis, self.outer + other.outer, dense)
+
+    def scaled(self, c: Any) -> Delta:
+        """``c·Δ`` (``c`` a scalar)."""
+        return Delta(
+            [(task, c * N) for task, N in self.basis],
+            [(c * L, R) for L, R in self.outer],
+            None if self.dense is None else c * self.dense,
+        )
+
+    def materialize(self, D: int, ref: Array) -> Array:
+        """The ``D×D`` array ``Δ`` (zeros of ``ref``'s dtype and device when empty)."""
+        out = self.dense
+        for term in [task.basis @ N for task, N in self.basis] + [L @ R for L, R in self.outer]:
+            out = term if out is None else out + term
+        if out is None:
+            xp = array_namespace(ref)
+            return xp.zeros((D, D), dtype=ref.dtype, device=_device(ref))
+        return out
+
+    def frobenius_sq(self, xp: Any) -> Array:
+        """``‖Δ‖_F²``: from the ``c×c`` Grams of the factors when Δ is all outer products."""
+        if not self.outer and not self.basis and self.dense is None:
+            return 0.0
+        if self.basis or self.dense is not None:
+            M = self.materialize(0, self.dense)  # not empty: D is not needed
+            return xp.sum(M * M)
+        L = xp.concat([L for L, _ in self.outer], axis=1)
+        R = xp.concat([R for _, R in self.outer], axis=0)
+        return xp.sum((L.T @ L) * (R @ R.T))
+
+    def features(self, task: TaskData, other: TaskData, cross: Array) -> Array:
+        """``A Δ`` for ``A`` the factor of ``task``: ``diag(sc)N`` on its own basis,
+        ``diag(sc)(V_taskᵀV_other)N`` on the other's (``cross``), ``(AL)R`` on the outer
+        products, ``AΔ_dense`` on the dense part (a ``r×D×D`` product, if any)."""
+        sc = task.sc[:, None]
+        out = None if self.dense is None else task.A @ self.dense
+        for owner, N in self.basis:
+            if owner is task:
+                term = sc * N
+            elif owner is other:
+                term = sc * (cross @ N)
+            else:  # pragma: no cover - a Delta of another problem's tasks
+                term = task.A @ (owner.basis @ N)
+            out = term if out is None else out + term
+        for L, R in self.outer:
+            term = (task.A @ L) @ R
+            out = term if out is None else out + term
+        return out
 
 
 def through_basis(
@@ -201,7 +296,21 @@ def through_basis(
     a: Any = None,
     sides: tuple[str, ...] | None = None,
 ) -> Array:
-    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor.
+    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
+    ``D×D`` array (:func:`basis_step` factored)."""
+    return basis_step(task, hs, d, left, a, sides).materialize(task.basis.shape[0], hs.sp.F)
+
+
+def basis_step(
+    task: TaskData,
+    hs: Any,
+    d: Array,
+    left: Array,
+    a: Any = None,
+    sides: tuple[str, ...] | None = None,
+) -> Delta:
+    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
+    :class:`Delta` on the task's basis ``V_x``.
 
     ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
     so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
@@ -211,14 +320,14 @@ def through_basis(
     With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
     ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
     is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only;
-    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) a rank-``|S|`` product, so the step costs
-    no ``D×r×D`` product at all."""
+    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) outer products of rank ``|S|``, so the
+    step costs no ``D×r×D`` product at all."""
     F = hs.sp.F  # the engine keeps F = Aθ with the vectors
     ext = hs.ext
     if ext is not None and sides is not None:
         if isinstance(a, (int, float)) and a == 0:
             return _low_rank(task, hs, d, left, sides)
-        return task.basis @ _structured(hs, d, left, a, sides)
+        return Delta([(task, _structured(hs, d, left, a, sides))])
     if ext is not None:
         W = ext.full()
         FG = ((W * d[None, :]) @ W.T) @ F
@@ -226,7 +335,7 @@ def through_basis(
         FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
     else:
         FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
-    return task.basis @ (left[:, None] * FG)
+    return Delta([(task, left[:, None] * FG)])
 
 
 def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None:
@@ -237,22 +346,20 @@ def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None
     return ranges
 
 
-def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Array:
-    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: a sum of
-    rank-``|S|`` products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` times
-    ``|S|×D``), no ``D×r×D`` product."""
-    ext, F, xp = hs.ext, hs.sp.F, hs.ext.xp
+def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Delta:
+    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: outer
+    products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` and ``|S|×D``)."""
+    ext, F = hs.ext, hs.sp.F
     ranges = _tie_ranges(hs, sides)
     if ranges is None:  # the tie sets overlap: every value is in one of them
         W = ext.full()
-        return task.basis @ ((left[:, None] * ((W * d[None, :]) @ W.T)) @ F)
-    D = task.basis.shape[0]
-    out = xp.zeros((D, F.shape[1]), dtype=F.dtype, device=_device(F))
+        return Delta([(task, (left[:, None] * ((W * d[None, :]) @ W.T)) @ F)])
+    outer = []
     for lo, hi in ranges:
         if hi > lo:
             W = ext.cluster(lo, hi)
-            out = out + (task.basis @ ((left[:, None] * W) * d[lo:hi][None, :])) @ (W.T @ F)
-    return out
+            outer.append((task.basis @ ((left[:, None] * W) * d[lo:hi][None, :]), W.T @ F))
+    return Delta(outer=outer)
 
 
 def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
@@ -289,6 +396,69 @@ def _all_finite(a: Array, xp: Any) -> Array:
     return xp.isfinite(xp.sum(xp.abs(a)))
 
 
+class Tracked(NamedTuple):
+    """The loop's iterate, factored: ``θ = theta + V_P·Y_P + V_H·Y_H`` (the basis parts of the
+    regularizer steps kept apart, so no ``D×r×D`` product is paid per epoch), the head
+    ``omega``, and the features ``F_P = A_Pθ``, ``F_H = A_Hθ``, updated with every step
+    (:meth:`Delta.features`) instead of recomputed. ``P``, ``H``: the tasks the parts refer to.
+    ``Y_P``/``Y_H`` are None until a step has a part on that basis."""
+
+    theta: Array
+    omega: Array
+    Y_P: Array | None
+    Y_H: Array | None
+    F_P: Array
+    F_H: Array
+    P: TaskData
+    H: TaskData
+
+    @classmethod
+    def start(cls, problem: Problem, state: State) -> Tracked:
+        theta, omega = state
+        return cls(theta, omega, None, None, problem.P.A @ theta, problem.H.A @ theta,
+                   problem.P, problem.H)  # fmt: skip
+
+    def dense(self) -> Array:
+        """θ as one ``D×D`` array (two ``D×r×D`` products when both basis parts exist)."""
+        theta = self.theta
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                theta = theta + task.basis @ Y
+        return theta
+
+    def state(self) -> State:
+        return State(self.dense(), self.omega)
+
+    def apply(self, w: Array) -> Array:
+        """``θw``."""
+        out = self.theta @ w
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                out = out + task.basis @ (Y @ w)
+        return out
+
+    def apply_t(self, c: Array) -> Array:
+        """``θᵀc``."""
+        out = self.theta.T @ c
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                out = out + Y.T @ (task.basis.T @ c)
+        return out
+
+    def on(self, problem: Problem) -> bool:
+        """Whether the parts refer to ``problem``'s tasks (the same factors, entry for entry)."""
+        xp = problem.xp
+        return all(
+            mine is theirs or (mine.A.shape == theirs.A.shape and bool(xp.all(mine.A == theirs.A)))
+            for mine, theirs in ((self.P, problem.P), (self.H, problem.H))
+        )
+
+
+def cross_basis(problem: Problem) -> Array:
+    """``V_Pᵀ V_H`` (``r_P×r_H``): how a step on one task's basis moves the other's features."""
+    return problem.P.basis.T @ problem.H.basis
+
+
 def step(problem: Problem, state: State) -> tuple[State, Array]:
     """One epoch of ``problem.method`` from ``state = (θ_t, ω̂_t)``.
 
@@ -299,26 +469,67 @@ def step(problem: Problem, state: State) -> tuple[State, Array]:
     method adds its regularizer step (:data:`condreg.algorithm.REGISTRY`). Pure and jit-able:
     it never raises on the values (a diverged state gives a non-finite record).
     """
+    new, rec = advance(problem, Tracked.start(problem, state), None)
+    return State(new.theta, new.omega), rec
+
+
+def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked, Array]:
+    """:func:`step` on a :class:`Tracked` iterate. ``cross`` (:func:`cross_basis`): keep the
+    result factored and its features updated (the loop); None: return ``θ_{t+1}`` dense in
+    ``theta`` (the features of the result are then not computed: ``F_P``, ``F_H`` None)."""
     xp, method = problem.xp, problem.method
-    theta, omega = state
     vec_p, vec_h = method.vectors(problem)
     path_p, path_h = problem.paths
-    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=vec_p, path=path_p)
-    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=vec_h, path=path_h)
-    loss, g_theta, g_omega = supervised(theta, omega, problem.P.Xhat, problem.yp, problem.task, xp)
-    new_theta = theta - problem.lr * g_theta - method.update(problem, theta, hsP, hsH)
-    new_omega = omega - problem.lr * g_omega
-    ok = _all_finite(new_theta, xp) & _all_finite(new_omega, xp)
+    hsP = spectrum(problem.P, None, problem.rtol, xp, vectors=vec_p, path=path_p, F=tr.F_P)
+    hsH = spectrum(problem.H, None, problem.rtol, xp, vectors=vec_h, path=path_h, F=tr.F_H)
+    loss, q, g_omega = supervised(tr, tr.omega, problem.P.Xhat, problem.yp, problem.task, xp)
+    plain = tr.Y_P is None and tr.Y_H is None
+    theta = tr.theta if plain else (tr.dense() if method.uses_theta else None)
+    update = method.update(problem, theta, hsP, hsH)
+    delta = Delta(outer=[(problem.lr * q[:, None], tr.omega[None, :])])  # the supervised step
+    delta = delta + (update if isinstance(update, Delta) else Delta(dense=update))
+    new_omega = tr.omega - problem.lr * g_omega
+    if cross is None:
+        new_theta = tr.dense() - delta.materialize(tr.theta.shape[0], tr.theta)
+        new = Tracked(new_theta, new_omega, None, None, None, None, tr.P, tr.H)
+        ok = _all_finite(new_theta, xp) & _all_finite(new_omega, xp)
+    else:
+        new = _advance_parts(problem, tr, delta, new_omega, cross)
+        parts = [new.theta, new.omega, new.F_P, new.F_H] + [
+            Y for Y in (new.Y_P, new.Y_H) if Y is not None
+        ]
+        ok = _all_finite(parts[0], xp)
+        for part in parts[1:]:
+            ok = ok & _all_finite(part, xp)
     rec = record(problem, hsP, hsH, loss, xp.astype(ok, loss.dtype))
-    return State(new_theta, new_omega), rec
+    return new, rec
 
 
-def evaluate(problem: Problem, state: State) -> Array:
+def _advance_parts(
+    problem: Problem, tr: Tracked, delta: Delta, omega: Array, cross: Array
+) -> Tracked:
+    """``tr − Δ`` kept factored: the outer and dense parts into ``theta``, the basis parts into
+    ``Y_P``/``Y_H``, and both features moved by ``AΔ``."""
+    theta = tr.theta
+    for L, R in delta.outer:
+        theta = theta - L @ R
+    if delta.dense is not None:
+        theta = theta - delta.dense
+    Y = {"P": tr.Y_P, "H": tr.Y_H}
+    for task, N in delta.basis:
+        key = "P" if task is problem.P else "H"
+        Y[key] = -N if Y[key] is None else Y[key] - N
+    F_P = tr.F_P - delta.features(problem.P, problem.H, cross)
+    F_H = tr.F_H - delta.features(problem.H, problem.P, cross.T)
+    return Tracked(theta, omega, Y["P"], Y["H"], F_P, F_H, problem.P, problem.H)
+
+
+def evaluate(problem: Problem, state: State | Tracked) -> Array:
     """The record of ``state`` without taking a step (eigenvalues only)."""
     xp = problem.xp
-    theta, omega = state
+    tr = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     path_p, path_h = problem.paths
-    hsP = spectrum(problem.P, theta, problem.rtol, xp, vectors=False, path=path_p)
-    hsH = spectrum(problem.H, theta, problem.rtol, xp, vectors=False, path=path_h)
-    loss, _, _ = supervised(theta, omega, problem.P.Xhat, problem.yp, problem.task, xp)
+    hsP = spectrum(problem.P, None, problem.rtol, xp, vectors=False, path=path_p, F=tr.F_P)
+    hsH = spectrum(problem.H, None, problem.rtol, xp, vectors=False, path=path_h, F=tr.F_H)
+    loss, _, _ = supervised(tr, tr.omega, problem.P.Xhat, problem.yp, problem.task, xp)
     return record(problem, hsP, hsH, loss, xp.ones_like(loss))
