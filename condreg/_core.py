@@ -13,6 +13,7 @@ under ``subgradient="raise"``) go through a ``concrete`` callback supplied by th
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -397,6 +398,16 @@ class Rule(NamedTuple):
     h: Array
 
 
+def _quiet(x: Array) -> Any:
+    """NumPy's floating-point warnings off for arithmetic on ``x`` (a no-op context for other
+    arrays): for values whose non-finite results are reported by the caller, not warned about."""
+    if type(x).__module__ == "numpy":
+        import numpy as np
+
+        return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+    return contextlib.nullcontext()
+
+
 def value_and_dmu(
     quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None, subgradient: str
 ) -> Rule:
@@ -423,8 +434,9 @@ def value_and_dmu(
             den = _r_ill_den(unit, bottom, ties, xp)
             at_pole = den == 0
             v = r_ill_from_denominator(den, xp)
-            a, h = _r_ill_parts(unit, bottom, wb, den, xp)
-            g = a * unit.mu + h
+            with _quiet(den):  # at the pole g is inf/NaN: the backward raises PoleError
+                a, h = _r_ill_parts(unit, bottom, wb, den, xp)
+                g = a * unit.mu + h
         else:
             v = _kappa(unit, bottom, xp)
             wt = _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)

@@ -424,7 +424,9 @@ def _gram_spectrum(
         s, mu_rel, err_rel = (xp.astype(a, F.dtype) for a in (s, mu_g, err_rel))
     else:
         s, Q, mu_rel, err_rel, in_range = _gram_eigh(F, xp, vectors, gdtype)
-    tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
+    # ties at the rounding scale of the values used: s is returned in F's dtype (a float32
+    # batch's float64 Gram resolves more, but its values are rounded to float32 here)
+    tie_gram = xp.full_like(err_rel, default_tie_rtol(F.shape, F.dtype, xp))
     if method == "gram":
         return s, Q, err_rel, tie_gram, unit
     if accuracy is None:
@@ -548,7 +550,7 @@ def decompose_host(F: Array, xp: Any, *, rtol: float | None) -> Spectrum:
         W = xp.astype(W, F.dtype)
     hdtype = np.float32 if F.dtype == loaded("torch").float32 else np.float64
     s, mu_rel, err_rel, in_range = _eigh_tail(mu.numpy(), (N, D), np, hdtype)
-    tie = np.full_like(err_rel, default_tie_rtol(F.shape, gdtype, xp))
+    tie = np.full_like(err_rel, default_tie_rtol(F.shape, F.dtype, xp))  # s is in F's dtype
     ok = in_range & gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(xp, F.dtype), np)
     if not bool(ok):
         s_t, W = _svd_small_side(F, xp, True)

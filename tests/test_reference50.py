@@ -543,9 +543,6 @@ def test_extreme_scales(lib, dtype_name, c, gram, base_name, request):
         A = R.to_float(M * R.ctx.mpf(c), dt)
         base = R.to_float(M, dt)
         tie = 32 * math.sqrt(max(A.shape)) * _eps(dt)
-        if gram and dt == np.float32 and lib in ("numpy", "torch") and c == 1e30:
-            # This rounding of the tie splits it across a float32 rounding boundary of σ.
-            request.applymarker(pytest.mark.xfail(strict=True, reason=FLOAT32_GRAM_TIE_BUG))
     rtol = _rtol(A)
     fi = np.finfo(dt)
     for q in Q:
@@ -696,8 +693,6 @@ def test_r_ill_pole(lib, dtype_name, gram, request):
     """At the pole (all nonzero σ equal, rank 1 included) R_ill = +inf (documented) and its
     gradient raises PoleError (closed form, torch backward, eager jax.grad). Just off the pole
     (σ_k 1e-3 below the rest) it is finite and matches the reference."""
-    if gram and dtype_name == "float32" and lib in ("numpy", "torch"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=FLOAT32_GRAM_TIE_BUG))
     torch = pytest.importorskip("torch") if lib == "torch" else None
     for kind in ("equal", "rank1"):
         A = pole_matrix(kind, dtype_name)
@@ -803,29 +798,19 @@ def test_extreme_module(lib, case):
 
 
 # --------------------------------------------------------------------------------------------
-# A condreg bug found by this reference
+# float32 features on a float64 Gram: ties at the float32 values' rounding scale
 # --------------------------------------------------------------------------------------------
 
-FLOAT32_GRAM_TIE_BUG = (
-    "float32 input, gram=True, NumPy/PyTorch/JAX-with-x64: the Gram matrix is decomposed in "
-    "float64 and the default tie window is float64's (32·√max(m,n)·eps64 ≈ 2e-14), but the "
-    "singular values are rounded to float32 before ties and R_ill's denominator Σ(μ_i² − μ_k²) "
-    "are evaluated: values that round to the same float32 are 'tied', neighbours that do not "
-    "are not. An exact tie rounded to float32 (split ~2e-8) gets a partial tie set, and R_ill "
-    "at a rounded pole is neither +inf nor the exact value of the given matrix"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=FLOAT32_GRAM_TIE_BUG)
 @pytest.mark.parametrize("lib", ["numpy", "torch", "jax-x64"])
 def test_float32_gram_ties_decided_on_float32_rounded_sigma(lib):
-    """Either convention would be correct — the cluster averaged (a tie window at the float32
-    input's rounding scale, as condreg's gram=False and JAX-x32 paths do) or no tie at all (the
-    float64 spectrum resolves the 2e-8 split: the exact gradient of the given matrix) — but not
-    a tie set of 2 of the 3 values. Likewise R_ill at a float32-rounded pole: +inf, or the exact
-    R_ill of the given matrix (2.86e6 here), not 1.34e6. Measured: r_well_grad 85 % / 267 % off
-    the two references; r_ill 1.339e6, its gradient 78 % off the exact one. JAX in its default
-    32-bit mode (float32 Gram, float32 window) gets both right: the result depends on x64."""
+    """An exact tie rounded to float32 (split ~2e-8) is one tie set, not 2 of its 3 values: the
+    float64 Gram's values are rounded to float32, so ties are decided at float32's scale (as
+    gram=False and JAX's 32-bit mode do). Either convention passes here — the cluster averaged,
+    or no tie at all (the exact gradient of the given matrix) — but not a partial tie set (a
+    float64 window on float32-rounded values gave r_well_grad 85 % / 267 % off the two
+    references). Likewise R_ill at a float32-rounded pole: +inf, or the exact R_ill of the given
+    matrix (2.86e6 here), not 1.34e6."""
     if lib == "jax-x64":  # float32 arrays, JAX's x64 on: a float64 Gram, as NumPy/torch
         with enable_x64():
             _float32_gram_tie_checks("jax")

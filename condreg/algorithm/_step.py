@@ -80,7 +80,7 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
         accuracy = _spectrum.gram_accuracy(xp, F.dtype)
         if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
             mu_err: Any = err_rel
-            tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, gdtype, xp))
+            tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
         else:
             path = "exact"
     if path != "auto":
