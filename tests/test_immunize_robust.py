@@ -185,22 +185,26 @@ def test_resume_is_bit_identical_to_one_long_run(method, task):
     if task == "classification":
         y = (y > 0).astype(float)
     kw = {"method": method, "task": task}
-    full = _quiet(X_p, y, X_h, epochs=20, **kw)
-    half = _quiet(X_p, y, X_h, epochs=10, **kw)
-    rest = _quiet(X_p, y, X_h, epochs=10, resume=half, **kw)
+    # 30 epochs split at 14: the loop's refresh of its factored iterate (every 25 epochs) falls
+    # inside the resumed part
+    full = _quiet(X_p, y, X_h, epochs=30, **kw)
+    half = _quiet(X_p, y, X_h, epochs=14, **kw)
+    rest = _quiet(X_p, y, X_h, epochs=16, resume=half, **kw)
     np.testing.assert_array_equal(rest.theta, full.theta)
     np.testing.assert_array_equal(rest.omega, full.omega)
     assert rest.history["rir"][-1] == full.history["rir"][-1]
-    assert rest.history["loss"][1:] == full.history["loss"][11:]
+    assert rest.history["loss"][1:] == full.history["loss"][15:]
     assert (rest.lam_p, rest.lam_h, rest.imma_lr, rest.rtol) == (
         full.lam_p, full.lam_h, full.imma_lr, full.rtol,
     )  # fmt: skip
     # the same with the stored values passed by hand (omega round-trips through raw units)
     again = _quiet(
-        X_p, y, X_h, epochs=10, theta0=half.theta, omega0=half.omega, lam_p=half.lam_p,
+        X_p, y, X_h, epochs=16, theta0=half.theta, omega0=half.omega, lam_p=half.lam_p,
         lam_h=half.lam_h, imma_lr=half.imma_lr, rtol=half.rtol, **kw,
     )  # fmt: skip
-    np.testing.assert_allclose(again.theta, full.theta, rtol=1e-12, atol=1e-14)
+    # (θ summed and Aθ recomputed at the restart: equal up to rounding, which Opt κ's 1/σ_k
+    # term amplifies by κ(F) over 16 epochs)
+    np.testing.assert_allclose(again.theta, full.theta, rtol=1e-10, atol=1e-12)
 
 
 def test_imma_records_its_default_inner_step():

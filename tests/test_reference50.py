@@ -27,9 +27,12 @@ import contextlib
 import functools
 import math
 
-import _mpref as R
 import numpy as np
 import pytest
+
+pytest.importorskip("mpmath")  # the test extra; without it this module is skipped
+
+import _mpref as R  # noqa: E402
 from conftest import enable_x64
 
 import condreg

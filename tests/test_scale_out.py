@@ -210,3 +210,27 @@ def test_jax_sharded_features_jit_grad_matches_unsharded(tmp_path):
     proc = _run(JAX_SCRIPT, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok")
+
+
+@pytest.mark.parametrize("quantity", ["r_well", "r_ill", "condition_number"])
+def test_distributed_gram_path_decides_float32_ties_as_one_process(quantity):
+    """The all-reduced float64 Gram of float32 features gives float32 values: ties at float32's
+    scale, as condreg's own gram=True path (an exact tie rounded to float32, split ~1e-8, is one
+    tie set; a float64 window tied 2 of its 3 values and made R_well's gradient 267 % wrong)."""
+    torch = pytest.importorskip("torch")
+    import condreg
+    from condreg.torch import distributed as cd
+
+    rng = np.random.default_rng(3)
+    U = np.linalg.qr(rng.standard_normal((8, 4)))[0]
+    V = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    F = torch.tensor((U * [1.7, 1.7, 1.7, 1.0]) @ V.T, dtype=torch.float32)
+    A = F.detach().to(torch.float64)
+    one = F.clone().requires_grad_(True)
+    ref = getattr(condreg, quantity)(one, gram=True)
+    ref.backward()
+    X = F.clone().requires_grad_(True)
+    out = cd._GramValue.apply(X, A.mT @ A, 8, quantity, None, None, 1)
+    out.backward()
+    assert float(out) == pytest.approx(float(ref), rel=1e-5)
+    np.testing.assert_allclose(X.grad.numpy(), one.grad.numpy(), rtol=1e-4, atol=1e-5)

@@ -255,13 +255,14 @@ def _read_only(obj: Any, depth: int = 4) -> None:
 
 def _data_key(d: _Data, rtol: float, ridge: float | None) -> tuple | None:
     """A key that identifies the data by content (a BLAKE2b digest of both arrays' bytes, with
-    shapes and dtype) and the options the setup depends on; None for non-NumPy arrays."""
+    shapes, dtype and memory layout: the setup's sums depend on the order) and the options the
+    setup depends on; None for non-NumPy arrays."""
     if not (is_numpy_array(d.X_p) and is_numpy_array(d.X_h)):
         return None
     digests = []
     for X in (d.X_p, d.X_h):
         h = hashlib.blake2b(np.ascontiguousarray(X).view(np.uint8), digest_size=32)
-        digests.append((X.shape, str(X.dtype), h.digest()))
+        digests.append((X.shape, X.strides, str(X.dtype), h.digest()))
     return (*digests, float(rtol), None if ridge is None else float(ridge))
 
 

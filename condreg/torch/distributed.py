@@ -99,7 +99,7 @@ class _GramValue(torch.autograd.Function):
         tol = _spectrum.resolve_rtol(rtol, (N, D), F.dtype, xp)
         mask = s > tol * s[..., :1]
         k = mask.to(s.dtype).sum(dim=-1)
-        tie = _spectrum.default_tie_rtol((N, D), H.dtype, xp)
+        tie = _spectrum.default_tie_rtol((N, D), F.dtype, xp)  # s is rounded to F's dtype
         sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
         ctx.sp, ctx.cfg, ctx.world = sp, (quantity, tie_rtol), world
         ctx.save_for_backward(F)
