@@ -14,6 +14,7 @@ singular values of the feature matrix, every counted one resolved (rank toleranc
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -114,6 +115,14 @@ class RIRSpectra:
         self._fingerprint = fingerprint
         self._xp = xp
         self.rtol = float(rtol)
+
+    def __getstate__(self) -> tuple:
+        """Picklable: the namespace by its module name (a module object is not picklable)."""
+        return self._parts, self._fingerprint, self._xp.__name__, self.rtol
+
+    def __setstate__(self, state: tuple) -> None:
+        self._parts, self._fingerprint, name, self.rtol = state
+        self._xp = importlib.import_module(name)
 
     @property
     def s_kp(self) -> Array:

@@ -512,3 +512,18 @@ def test_the_carried_features_do_not_drift_in_float32():
             ref = task.A @ theta
             worst = max(worst, float(np.abs(F - ref).max() / np.abs(ref).max()))
     assert worst <= 16 * np.finfo(np.float32).eps
+
+
+def test_a_result_pickles_and_resumes_from_its_copy():
+    """Results can be saved (pickle): the copy re-thresholds its spectra and resumes exactly as
+    the original does."""
+    import pickle
+
+    X_p, y_p, X_h = _pair(10, N_h=30)
+    res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=3)
+    copy = pickle.loads(pickle.dumps(res))
+    np.testing.assert_array_equal(copy.theta, res.theta)
+    assert copy.spectra.rir(10 * res.rtol) == res.spectra.rir(10 * res.rtol)
+    a = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=3, resume=copy)
+    b = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=3, resume=res)
+    np.testing.assert_array_equal(a.theta, b.theta)
