@@ -22,7 +22,6 @@ from condreg.algorithm._step import (
     clip_factor,
     loss_parts,
     rel_size,
-    through_basis,
 )
 
 Array = Any
@@ -132,14 +131,14 @@ def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Del
 
 def _opt_kappa_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
     xp, lr = problem.xp, problem.lr
-    g = 2.0 * through_basis(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc, 0.0, _BOTH)
-    size_p = float(rel_size(lr * g, theta, xp))
+    step = basis_step(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc, 0.0, _BOTH)
+    size_p = float(rel_size(step.scaled(2.0 * lr), theta, xp))
     size_h = 0.0
     kappa_h = float(_linalg.kappa(hsH, xp))
     if kappa_h > 1:
         d = _linalg.d_log_kappa(hsH, xp) / math.log(kappa_h) ** 2
-        g = 2.0 * through_basis(problem.H, hsH, d, problem.H.sc, 0.0, _BOTH)
-        size_h = float(rel_size(lr * g, theta, xp))
+        step = basis_step(problem.H, hsH, d, problem.H.sc, 0.0, _BOTH).scaled(2.0 * lr)
+        size_h = float(rel_size(step, theta, xp))
     return size_p, size_h
 
 

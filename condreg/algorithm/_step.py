@@ -290,19 +290,6 @@ class Delta:
         return out
 
 
-def through_basis(
-    task: TaskData,
-    hs: Any,
-    d: Array,
-    left: Array,
-    a: Any = None,
-    sides: tuple[str, ...] | None = None,
-) -> Array:
-    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
-    ``D×D`` array (:func:`basis_step` factored)."""
-    return basis_step(task, hs, d, left, a, sides).materialize(task.basis.shape[0], hs.sp.F)
-
-
 def basis_step(
     task: TaskData,
     hs: Any,
