@@ -21,8 +21,9 @@ them only when an a-posteriori residual proves them as accurate as a dense solve
   eigenvalues it was started from;
 - the bottom cluster of the singular values of an upper-triangular ``R`` with ``F = RᵀQᵀ``
   (:func:`triangular_bottom`: the spectrum the Gram does not resolve, full rank only):
-  inverse iteration with two triangular solves per step and a two-sided Rayleigh–Ritz
-  (the left vectors from one more solve with ``Rᵀ``), accepted when ``‖Rᵀu − σv‖`` and
+  block inverse iteration with two triangular solves per step (plus guard vectors when the
+  cluster lies close to the next value) and a two-sided Rayleigh–Ritz (the left vectors from
+  one more solve with ``Rᵀ``), accepted when ``‖Rᵀu − σv‖`` and
   ``‖Rv − σu‖`` are at a backward-stable SVD's level ``RESIDUAL·n·eps·σ_1``.
 
 Both return ``None`` when the cluster is not separated enough to converge quickly, the library
@@ -48,6 +49,8 @@ RESIDUAL = 20.0
 MAX_RATIO_GRAM = 1e-2
 #: Largest convergence ratio per iteration accepted for the triangular inverse iteration.
 MAX_RATIO_TRIANGULAR = 0.6
+#: Most guard vectors the triangular block iteration adds below a close cluster.
+MAX_GUARD = 24
 #: Target reduction of the unwanted components (the residual check decides acceptance).
 TARGET = 1e-17
 
@@ -153,29 +156,50 @@ def gram_cluster(
     return V if ok else None
 
 
+def _guard(values: list[float], lo: int, t: int) -> tuple[int, float] | None:
+    """Guard vectors ``p`` for the bottom block ``[lo, n)`` and the convergence ratio per
+    iteration ``(σ_lo / σ_{lo−1−p})²`` of the block of ``t + p`` vectors: the ``p`` minimising
+    the work ``(t + p + 4)·iterations`` among those with a ratio <= :data:`MAX_RATIO_TRIANGULAR`
+    (a cluster close to the next value converges in a few iterations once the block also holds
+    its neighbours; Rayleigh–Ritz then separates them). ``None`` when no ``p <= MAX_GUARD``
+    gives such a ratio."""
+    best: tuple[float, int, float] | None = None
+    for p in range(min(MAX_GUARD, lo - 1) + 1):
+        ratio = (values[lo] / values[lo - 1 - p]) ** 2
+        if ratio <= MAX_RATIO_TRIANGULAR:
+            work = (t + p + 4) * _iterations(ratio)
+            if best is None or work < best[0]:
+                best = (work, p, ratio)
+    return None if best is None else (best[1], best[2])
+
+
 def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     """Right singular vectors of the upper-triangular ``R`` (``n×n``, full rank) for its
     smallest singular values ``s[lo:]`` (``s`` descending, computed from ``R``): columns in the
-    order of ``s``; ``None`` when not accepted (module docstring)."""
+    order of ``s``; ``None`` when not accepted (module docstring). The block carries ``p``
+    guard vectors (:func:`_guard`) when the cluster lies close to the next value up."""
     n = R.shape[-1]
     t = n - lo
     values = _host(s)
     if t < 1 or lo < 1 or not (values[-1] > 0 and math.isfinite(values[0])):
         return None
-    ratio = (values[lo] / values[lo - 1]) ** 2
-    if ratio > MAX_RATIO_TRIANGULAR:
+    guard = _guard(values, lo, t)
+    if guard is None:
         return None
+    p, ratio = guard
     solvers = _triangular_solvers(R)
     if solvers is None:
         return None
     inv, inv_t = solvers
-    X = _start(n, t, R, xp)
+    X = _start(n, t + p, R, xp)
     for _ in range(_iterations(ratio)):
         X = _orthonormal(inv(inv_t(X)), xp)
     # Two-sided Rayleigh–Ritz: the left block from one more half-step (R⁻ᵀ amplifies the
-    # wanted directions, so Y is as accurate as X), then the SVD of the small YᵀRX.
+    # wanted directions, so Y is as accurate as X), then the SVD of the small YᵀRX; the
+    # wanted pairs are its t smallest (the guard directions' are above them).
     Y = _orthonormal(inv_t(X), xp)
     P, sb, Qt = xp.linalg.svd(Y.T @ (R @ X), full_matrices=False)
+    P, sb, Qt = P[:, p:], sb[p:], Qt[p:, :]
     U, V = Y @ P, X @ Qt.T
     e = _spectrum.eps(xp, R.dtype)
     tol = RESIDUAL * n * e * values[0]

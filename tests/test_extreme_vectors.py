@@ -88,11 +88,36 @@ def test_triangular_bottom_matches_the_svd(t):
 
 def test_triangular_bottom_refuses_slow_convergence():
     rng = np.random.default_rng(4)
-    n = 20
-    s = np.linspace(1.0, 0.5, n)  # (s_n / s_{n-1})² ≈ 0.97: too slow
+    n = 60
+    # (s_n / s_{n-1-p})² >= 0.92 for every allowed guard p: too slow even with guards
+    s = np.linspace(1.0, 0.9, n)
     F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng)
     R = np.linalg.qr(F.T, mode="r")
-    assert _extreme.triangular_bottom(R, np.linalg.svd(R, compute_uv=False), n - 1, np) is None
+    sv = np.linalg.svd(R, compute_uv=False)
+    assert _extreme._guard(list(sv), n - 1, 1) is None
+    assert _extreme.triangular_bottom(R, sv, n - 1, np) is None
+
+
+@pytest.mark.parametrize("close", [1.002, 1.05])
+def test_triangular_bottom_guards_a_close_cluster(close):
+    """The smallest value 0.2–5 % below the next one: one vector would converge at a ratio of
+    0.91–0.996 per iteration (refused); guard vectors reach the decaying values above, and the
+    result is still the SVD's vector to its own accuracy."""
+    rng = np.random.default_rng(5)
+    n = 80
+    s = np.logspace(0, -9, n)
+    s[-2] = close * s[-1]
+    F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng).T
+    R = np.linalg.qr(F.T, mode="r")
+    sv = np.linalg.svd(R, compute_uv=False)
+    p, ratio = _extreme._guard(list(sv), n - 1, 1)
+    assert p >= 1 and ratio <= _extreme.MAX_RATIO_TRIANGULAR
+    W = _extreme.triangular_bottom(R, sv, n - 1, np)
+    assert W is not None and W.shape == (n, 1)
+    _, _, Vh = np.linalg.svd(R)
+    gap = sv[-2] - sv[-1]
+    assert _projector_gap(W, Vh[n - 1 :].T) < 1e3 * np.finfo(float).eps * sv[0] / gap
+    np.testing.assert_allclose(np.linalg.norm(R @ W, axis=0), sv[n - 1 :], rtol=1e-6)
 
 
 def _spy_clusters(monkeypatch) -> dict[str, list]:
@@ -138,11 +163,11 @@ def test_eager_step_equals_the_full_decomposition(method, raw, monkeypatch):
     calls = _spy_clusters(monkeypatch)
     new, rec_new = algorithm.step(problem, state)
     # The Gram clusters are certified. On raw pixels the exact path's triangular solver
-    # certifies a bottom whose ratio (σ_k/σ_{k-1})² is 0.29 and refuses those at 0.87–0.95
-    # (too slow): the full SVD of R is used there. The comparison below covers both.
+    # certifies both bottoms: the one whose ratio (σ_k/σ_{k-1})² is 0.29 directly, those at
+    # 0.87–0.95 (one vector: too slow) with guard vectors. The comparison below checks them.
     assert (calls["gram"] or calls["tri"]) and None not in calls["gram"]
     if raw and method == "opt_kappa":
-        assert any(c is not None for c in calls["tri"]) and None in calls["tri"]
+        assert calls["tri"] and None not in calls["tri"]
     monkeypatch.setattr(_step, "_eager", lambda F: False)
     old, rec_old = algorithm.step(problem, state)
     step_new, step_old = new.theta - state.theta, old.theta - state.theta
