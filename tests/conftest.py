@@ -302,6 +302,6 @@ def _fresh_immunize_setup():
     decompositions (same content) never carries over from one test to the next."""
     from condreg.algorithm import _prepare
 
-    _prepare._LAST_DATA.clear()
+    _prepare.clear_caches()
     yield
-    _prepare._LAST_DATA.clear()
+    _prepare.clear_caches()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -437,17 +438,30 @@ def _count_setups(monkeypatch):
 
 def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(monkeypatch):
     X_p, y_p, X_h = _pair(5, N_h=30)
+    from condreg.algorithm import _step
+
     fresh = {}
     for method in METHODS:  # each on cleared setup: the reference
-        algorithm._prepare._LAST_DATA.clear()
+        algorithm._prepare.clear_caches()
         fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
-    algorithm._prepare._LAST_DATA.clear()
+    algorithm._prepare.clear_caches()
     calls = _count_setups(monkeypatch)
+    at_identity = []  # decompositions of a shared factor (F = A: θ = I)
+    real = _step._eager_spectrum
+
+    def spy(F, *args, **kwargs):
+        if not F.flags.writeable:
+            at_identity.append(F.shape)
+        return real(F, *args, **kwargs)
+
+    monkeypatch.setattr(_step, "_eager_spectrum", spy)
     for method in METHODS:
         res = _quiet(X_p=X_p.copy(), y_p=y_p, X_h=X_h.copy(), method=method, epochs=4)
         np.testing.assert_array_equal(res.theta, fresh[method].theta)  # bit for bit
         assert res.rir == fresh[method].rir and res.paths == fresh[method].paths
     assert len(calls) == 2  # one SVD per task for the four runs
+    # and one spectrum per task at θ_0 = I, for the default weights and epoch 0 of all four
+    assert len(at_identity) == 2
     # what is shared is never written to
     setup = next(iter(algorithm._prepare._LAST_DATA.values()))
     with pytest.raises(ValueError, match="read-only"):
@@ -485,6 +499,25 @@ def test_other_data_or_options_are_set_up_again(monkeypatch, change):
     algorithm._prepare._LAST_DATA.clear()
     ref = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, **kw)
     np.testing.assert_array_equal(res.theta, ref.theta)
+
+
+def test_initial_features_are_the_factor_only_at_the_identity():
+    from condreg.algorithm import _step
+
+    X_p, y_p, X_h = _pair(7, N_h=30)
+    problem, state = algorithm.prepare(X_p, y_p, X_h, method="condreg", task="regression")
+    A, D = problem.P.A, X_p.shape[1]
+    assert _step.initial_features(problem.P, np.eye(D)) is A
+    tiny = np.eye(D)
+    tiny[0, 1] = 1e-300
+    for theta in (np.eye(D) * (1 + 2**-52), tiny):
+        F = _step.initial_features(problem.P, theta)
+        assert F is not A
+        np.testing.assert_array_equal(F, A @ theta)
+    # a factor the caller may still write to is never cached
+    own = np.array(A)
+    task = replace(problem.P, A=own)
+    assert not _step._shared_factor(task, own) and _step._shared_factor(problem.P, A)
 
 
 def test_the_carried_features_do_not_drift_in_float32():

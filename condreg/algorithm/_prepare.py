@@ -12,11 +12,18 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_numpy_array
 
+from condreg.algorithm import _step
 from condreg.algorithm import _validate as v
 from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, build_task, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
+from condreg.algorithm._step import (
+    PATHS,
+    gram_was_used,
+    initial_features,
+    is_linalg_error,
+    spectrum,
+)
 from condreg.metrics import rir_spectra, run_rtol
 
 Array = Any
@@ -90,17 +97,23 @@ def _harmful_labels(d: _Data, task: str, seed: Any, xp: Any) -> Array:
     return d.y_h
 
 
+def _at_start(problem: Problem, task: Any, theta: Array, vectors: bool, which: int) -> Any:
+    """The engine's spectrum of a task at ``θ_0`` on the run's path (shared between the methods
+    of one data setup where ``θ_0 = I``: :func:`condreg.algorithm._step.initial_features`)."""
+    F = initial_features(task, theta)
+    path = problem.paths[which]
+    return spectrum(task, None, problem.rtol, problem.xp, F=F, vectors=vectors, path=path)
+
+
 def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     """Default λ's (balanced at ``θ_0``) and IMMA's inner step, where not given."""
-    xp, method = problem.xp, problem.method
+    method = problem.method
     hsH = None
     imma_lr = opts["imma_lr"]
     if method.default_inner_lr is not None and imma_lr is None:
         try:
             with np.errstate(all="ignore"):
-                hsH = spectrum(
-                    problem.H, state.theta, problem.rtol, xp, vectors=False, path=problem.paths[1]
-                )
+                hsH = _at_start(problem, problem.H, state.theta, False, 1)
                 imma_lr = method.default_inner_lr(problem, state.theta, hsH)
         except Exception as exc:
             if not is_linalg_error(exc):
@@ -113,12 +126,8 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     if any(lam[k] is None for k in method.uses):
         try:
             with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
-                hsP = spectrum(
-                    problem.P, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[0]
-                )
-                hsH = spectrum(
-                    problem.H, state.theta, problem.rtol, xp, vectors=True, path=problem.paths[1]
-                )
+                hsP = _at_start(problem, problem.P, state.theta, True, 0)
+                hsH = _at_start(problem, problem.H, state.theta, True, 1)
                 sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
         except Exception as exc:
             if not is_linalg_error(exc):
@@ -193,6 +202,8 @@ def prepare(
     key = _data_key(d, rtol, opts["ridge"])
     cached = _LAST_DATA.get(key) if key is not None else None
     if cached is None:
+        if key is not None:
+            clear_caches()  # the previous data's setup and its spectra at θ = I
         tasks = rir_spectra(None, d.X_p, d.X_h, rtol=rtol)  # κ(K_P), κ(K_H) as metrics.rir
         kappas = tasks.rir()
         P = build_task(d.X_p, xp, rtol, opts["ridge"], kappas.kappa_kp)
@@ -219,7 +230,6 @@ def prepare(
         if theta0 is None:
             cached.paths["identity"] = paths
     if key is not None:
-        _LAST_DATA.clear()
         _LAST_DATA[key] = cached
     problem = replace(problem, paths=tuple(paths))
     return _weights(problem, state, opts, warn), state
@@ -239,6 +249,13 @@ class _DataSetup:
 #: The last data :func:`prepare` set up, by content (:func:`_data_key`): running several methods
 #: on the same NumPy arrays (a comparison of methods, ``condreg reproduce``) decomposes them once.
 _LAST_DATA: dict[tuple, _DataSetup] = {}
+
+
+def clear_caches() -> None:
+    """Forget the last data's setup (:data:`_LAST_DATA`) and the task spectra at ``θ = I``
+    shared with it (:data:`condreg.algorithm._step._AT_IDENTITY`)."""
+    _LAST_DATA.clear()
+    _step._AT_IDENTITY.clear()
 
 
 def _read_only(obj: Any, depth: int = 4) -> None:
@@ -273,7 +290,8 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
     for task in (problem.P, problem.H):
         try:
             with np.errstate(all="ignore"):
-                hs = spectrum(task, theta, problem.rtol, problem.xp, vectors=False, path="auto")
+                F = initial_features(task, theta)
+                hs = spectrum(task, None, problem.rtol, problem.xp, F=F, vectors=False, path="auto")
                 out.append("auto" if gram_was_used(hs, problem.xp) else "exact")
         except Exception as exc:  # θ_0 overflows: the loop reports it at epoch 0
             if not is_linalg_error(exc):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
 from array_api_compat import array_namespace, is_numpy_array, is_torch_array
 from array_api_compat import device as _device
 
@@ -51,12 +52,60 @@ def spectrum(
     if F is None:
         F = task.A @ theta
     if _eager(F):
+        if _shared_factor(task, F):
+            return _identity_spectrum(F, rtol, xp, vectors=vectors, path=path)
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
     )
     V = None if sp.Vh is None else sp.Vh.T
     return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
+
+
+#: Spectra of ``F = A`` (``θ = I``) of shared task factors (:func:`_shared_factor`): every
+#: method run on the same data starts there (prepare's default weights, epoch 0), so they are
+#: decomposed once. Keyed by the factor's identity (the entry holds the factor, so its id stays
+#: valid), the tolerance and the path; the last :data:`_AT_IDENTITY_SIZE` only.
+_AT_IDENTITY: dict[tuple[int, float, str], tuple[Array, Any]] = {}
+_AT_IDENTITY_SIZE = 4
+
+
+def _shared_factor(task: TaskData, F: Array) -> bool:
+    """``F`` is the task's own factor as prepare's data setup shares it: read-only NumPy (so
+    its spectrum cannot change under the cache)."""
+    return F is task.A and is_numpy_array(F) and not F.flags.writeable
+
+
+def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
+    """:func:`_eager_spectrum` of a shared factor, from :data:`_AT_IDENTITY` when decomposed
+    before (with vectors on demand; ``vectors=False`` drops them)."""
+    key = (id(F), float(rtol), path)
+    hit = _AT_IDENTITY.get(key)
+    if hit is None:
+        hs = _eager_spectrum(F, rtol, xp, vectors=True, path=path)
+        keys = [key]
+        if path == "auto" and hs.ext.R is not None:  # the Gram did not resolve it: exact path
+            keys.append((id(F), float(rtol), "exact"))
+        for k in keys:
+            _AT_IDENTITY.pop(k, None)
+            _AT_IDENTITY[k] = (F, hs)
+        while len(_AT_IDENTITY) > _AT_IDENTITY_SIZE:
+            del _AT_IDENTITY[next(iter(_AT_IDENTITY))]
+    else:
+        hs = hit[1]
+    return hs if vectors else hs._replace(ext=None)
+
+
+def initial_features(task: TaskData, theta: Array) -> Array:
+    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
+    so that a shared factor's spectrum is reused (:func:`_identity_spectrum`)."""
+    A = task.A
+    if is_numpy_array(theta) and is_numpy_array(A) and theta.shape == (A.shape[1],) * 2:
+        n = theta.shape[0]
+        diag = theta.reshape(-1)[:: n + 1]
+        if bool((diag == 1).all()) and int(np.count_nonzero(theta)) == n:
+            return A
+    return A @ theta
 
 
 def _eager(F: Array) -> bool:
@@ -105,14 +154,21 @@ class Extremes:
     def __init__(self, F: Array, G: Array | None, R: Array | None, sp: Any, gdtype: Any, xp: Any):
         self.F, self._G, self.R, self.sp, self.gdtype, self.xp = F, G, R, sp, gdtype, xp
         self._full: Array | None = None
+        self._clusters: dict[tuple[int, int], Array] = {}
         self.fallbacks = 0  # clusters that needed the full decomposition (for tests)
 
     @property
     def G(self) -> Array:
+        """``FFᵀ`` in the Gram dtype; from the exact path's ``R`` as ``RᵀR`` (``Fᵀ = QR``: the
+        same matrix to rounding, an ``r×r×r`` product instead of ``r×D×r``) when ``R`` is in
+        that dtype."""
         if self._G is None:
             xp = self.xp
-            A = self.F if self.F.dtype == self.gdtype else xp.astype(self.F, self.gdtype)
-            self._G = A @ A.T
+            if self.R is not None and self.R.dtype == self.gdtype:
+                self._G = self.R.T @ self.R
+            else:
+                A = self.F if self.F.dtype == self.gdtype else xp.astype(self.F, self.gdtype)
+                self._G = A @ A.T
         return self._G
 
     def gram(self) -> Array:
@@ -142,7 +198,13 @@ class Extremes:
         return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
 
     def cluster(self, lo: int, hi: int) -> Array:
-        """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition)."""
+        """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition); kept,
+        since a shared spectrum (:func:`_identity_spectrum`) is asked again."""
+        if (lo, hi) not in self._clusters:
+            self._clusters[(lo, hi)] = self._cluster(lo, hi)
+        return self._clusters[(lo, hi)]
+
+    def _cluster(self, lo: int, hi: int) -> Array:
         xp = self.xp
         if self._full is None:
             V = None
@@ -417,8 +479,8 @@ class Tracked(NamedTuple):
     @classmethod
     def start(cls, problem: Problem, state: State) -> Tracked:
         theta, omega = state
-        return cls(theta, omega, None, None, problem.P.A @ theta, problem.H.A @ theta,
-                   problem.P, problem.H)  # fmt: skip
+        F_P, F_H = initial_features(problem.P, theta), initial_features(problem.H, theta)
+        return cls(theta, omega, None, None, F_P, F_H, problem.P, problem.H)
 
     def dense(self) -> Array:
         """θ as one ``D×D`` array (two ``D×r×D`` products when both basis parts exist)."""
