@@ -187,6 +187,13 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     if guard is None:
         return None
     p, ratio = guard
+    e = _spectrum.eps(xp, R.dtype)
+    tol = RESIDUAL * n * e * values[0]
+    # With guards the ratio test no longer keeps the next value away from the cluster: the
+    # residual check below tells the wanted directions from the guards' only across a gap
+    # wider than its own tolerance.
+    if p > 0 and not values[lo - 1] - values[lo] > 2.0 * tol:
+        return None
     solvers = _triangular_solvers(R)
     if solvers is None:
         return None
@@ -201,8 +208,6 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     P, sb, Qt = xp.linalg.svd(Y.T @ (R @ X), full_matrices=False)
     P, sb, Qt = P[:, p:], sb[p:], Qt[p:, :]
     U, V = Y @ P, X @ Qt.T
-    e = _spectrum.eps(xp, R.dtype)
-    tol = RESIDUAL * n * e * values[0]
     r1 = _column_norms(R @ V - U * sb[None, :], xp)
     r2 = _column_norms(R.T @ U - V * sb[None, :], xp)
     target = xp.asarray(values[lo:], dtype=R.dtype, device=_spectrum._device(R))

@@ -436,14 +436,24 @@ def _count_setups(monkeypatch):
     return calls
 
 
-def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(monkeypatch):
-    X_p, y_p, X_h = _pair(5, N_h=30)
+@pytest.mark.parametrize("decay, path", [(2.0, "auto"), (14.0, "exact")])
+@pytest.mark.parametrize("order", [1, -1], ids=["forward", "reversed"])
+def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(
+    monkeypatch, decay, path, order
+):
+    """decay 14: κ(F) = 1e7, the Gram does not resolve it (the exact path, whose vectors come
+    from R); the four methods in either order equal runs that share nothing, bit for bit."""
     from condreg.algorithm import _step
 
+    X_p, y_p, X_h = _pair(5, N_h=30, decay=decay)
+    methods = METHODS[::order]
     fresh = {}
-    for method in METHODS:  # each on cleared setup: the reference
-        algorithm._prepare.clear_caches()
-        fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
+    with monkeypatch.context() as m:  # the reference: no setup and no spectrum shared
+        m.setattr(_step, "_shared_factor", lambda task, F: False)
+        for method in methods:
+            algorithm._prepare.clear_caches()
+            fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
+    assert fresh["condreg"].paths == (path, path)
     algorithm._prepare.clear_caches()
     calls = _count_setups(monkeypatch)
     at_identity = []  # decompositions of a shared factor (F = A: θ = I)
@@ -455,7 +465,7 @@ def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(monkeypat
         return real(F, *args, **kwargs)
 
     monkeypatch.setattr(_step, "_eager_spectrum", spy)
-    for method in METHODS:
+    for method in methods:
         res = _quiet(X_p=X_p.copy(), y_p=y_p, X_h=X_h.copy(), method=method, epochs=4)
         np.testing.assert_array_equal(res.theta, fresh[method].theta)  # bit for bit
         assert res.rir == fresh[method].rir and res.paths == fresh[method].paths
@@ -501,6 +511,25 @@ def test_other_data_or_options_are_set_up_again(monkeypatch, change):
     np.testing.assert_array_equal(res.theta, ref.theta)
 
 
+def test_a_shared_spectrum_gives_each_method_what_it_gives_alone():
+    """A near-tied top of the harmful task (3 and 3·(1 − 1e-13): not certified, so Opt κ's step
+    takes the full decomposition) and a clean bottom: condreg after Opt κ on the same data (one
+    spectrum at θ_0 shared) equals condreg alone, bit for bit; it certifies its bottom cluster
+    whatever Opt κ had computed before."""
+    rng = np.random.default_rng(5)
+    n, D = 40, 30
+    U = np.linalg.qr(rng.standard_normal((n, n)))[0][:, :D]
+    V = np.linalg.qr(rng.standard_normal((D, D)))[0]
+    s = np.linspace(2.0, 0.5, D)
+    s[:2] = [3.0, 3.0 * (1 - 1e-13)]
+    X_h, X_p, y = (U * s) @ V.T, rng.standard_normal((n, D)), rng.standard_normal(n)
+    alone = _quiet(X_p=X_p, y_p=y, X_h=X_h, method="condreg", epochs=2)
+    algorithm._prepare.clear_caches()
+    _quiet(X_p=X_p, y_p=y, X_h=X_h, method="opt_kappa", epochs=2)
+    after = _quiet(X_p=X_p, y_p=y, X_h=X_h, method="condreg", epochs=2)
+    np.testing.assert_array_equal(after.theta, alone.theta)
+
+
 def test_initial_features_are_the_factor_only_at_the_identity():
     from condreg.algorithm import _step
 
@@ -510,7 +539,7 @@ def test_initial_features_are_the_factor_only_at_the_identity():
     assert _step.initial_features(problem.P, np.eye(D)) is A
     tiny = np.eye(D)
     tiny[0, 1] = 1e-300
-    for theta in (np.eye(D) * (1 + 2**-52), tiny):
+    for theta in (np.eye(D) * (1 + 2**-52), tiny, np.eye(D, dtype=np.float32)):
         F = _step.initial_features(problem.P, theta)
         assert F is not A
         np.testing.assert_array_equal(F, A @ theta)

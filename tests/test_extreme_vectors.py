@@ -120,6 +120,21 @@ def test_triangular_bottom_guards_a_close_cluster(close):
     np.testing.assert_allclose(np.linalg.norm(R @ W, axis=0), sv[n - 1 :], rtol=1e-6)
 
 
+def test_triangular_bottom_refuses_guards_across_a_gap_below_its_tolerance():
+    """The smallest value 1000·eps·σ₁ below the next one: not tied (the tie window is
+    ~32·√n·eps·σ₁), but closer than the residual check's tolerance (20·n·eps·σ₁), which
+    could then not tell the wanted vector from the guard's: refused (the full SVD is used)."""
+    rng = np.random.default_rng(6)
+    n = 80
+    s = np.logspace(0, -3, n)
+    s[-2] = s[-1] + 1000 * np.finfo(float).eps * s[0]
+    F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng).T
+    R = np.linalg.qr(F.T, mode="r")
+    sv = np.linalg.svd(R, compute_uv=False)
+    assert _extreme._guard(list(sv), n - 1, 1)[0] >= 1
+    assert _extreme.triangular_bottom(R, sv, n - 1, np) is None
+
+
 def _spy_clusters(monkeypatch) -> dict[str, list]:
     """Record what ``gram_cluster`` and ``triangular_bottom`` return (None: refused)."""
     calls: dict[str, list] = {"gram": [], "tri": []}

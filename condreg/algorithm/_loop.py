@@ -9,12 +9,18 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from array_api_compat import device as _device
 
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import Tracked, advance, cross_basis, evaluate, is_linalg_error
+from condreg.algorithm._step import (
+    Tracked,
+    advance,
+    cross_basis,
+    evaluate,
+    is_identity,
+    is_linalg_error,
+)
 
 Array = Any
 
@@ -279,11 +285,6 @@ def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
     return rir_spectra(None, X_p, X_h, rtol=problem.rtol)
 
 
-def _is_identity(theta: Any, xp: Any) -> bool:
-    n = theta.shape[0]
-    return bool(xp.all(theta == xp.eye(n, dtype=theta.dtype, device=_device(theta))))
-
-
 def _validate_epochs(epochs: Any) -> int:
     from condreg.algorithm._validate import integer
 
@@ -307,7 +308,7 @@ def _result(
         metrics = spectra.rir()
         if epochs_run == 0:
             first = metrics
-        elif _is_identity(theta0, xp):  # X·I = X exactly: rir(I) is the tasks' own
+        elif is_identity(theta0, xp):  # X·I = X exactly: rir(I) is the tasks' own
             first = tasks.rir()
         else:
             first = rir_spectra(theta0, X_p, X_h, rtol=problem.rtol, tasks=tasks).rir()

@@ -89,8 +89,8 @@ def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: s
         for k in keys:
             _AT_IDENTITY.pop(k, None)
             _AT_IDENTITY[k] = (F, hs)
-        while len(_AT_IDENTITY) > _AT_IDENTITY_SIZE:
-            del _AT_IDENTITY[next(iter(_AT_IDENTITY))]
+        for old in list(_AT_IDENTITY)[:-_AT_IDENTITY_SIZE]:
+            _AT_IDENTITY.pop(old, None)
     else:
         hs = hit[1]
     return hs if vectors else hs._replace(ext=None)
@@ -100,12 +100,16 @@ def initial_features(task: TaskData, theta: Array) -> Array:
     """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
     so that a shared factor's spectrum is reused (:func:`_identity_spectrum`)."""
     A = task.A
-    if is_numpy_array(theta) and is_numpy_array(A) and theta.shape == (A.shape[1],) * 2:
-        n = theta.shape[0]
-        diag = theta.reshape(-1)[:: n + 1]
-        if bool((diag == 1).all()) and int(np.count_nonzero(theta)) == n:
-            return A
+    same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
+    if same and is_numpy_array(theta) and is_numpy_array(A) and is_identity(theta, np):
+        return A
     return A @ theta
+
+
+def is_identity(theta: Array, xp: Any) -> bool:
+    """Whether the square ``theta`` is exactly ``I`` (reads its values)."""
+    n = theta.shape[0]
+    return bool(xp.all(theta == xp.eye(n, dtype=theta.dtype, device=_device(theta))))
 
 
 def _eager(F: Array) -> bool:
@@ -130,8 +134,8 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
         if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
             mu_err: Any = err_rel
             tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
-        else:
-            path = "exact"
+        else:  # exactly the "exact" path, whose vectors come from R (G formed as RᵀR)
+            path, G = "exact", None
     if path != "auto":
         R = _spectrum._qr_r(xp, F.T)
         s = xp.linalg.svdvals(R)
@@ -205,19 +209,21 @@ class Extremes:
         return self._clusters[(lo, hi)]
 
     def _cluster(self, lo: int, hi: int) -> Array:
+        # Certified first even when the full decomposition exists (another cluster's fallback,
+        # or all the vectors asked for): a cluster is then the same whatever was asked before
+        # (a shared spectrum is asked by several methods, in their order).
         xp = self.xp
-        if self._full is None:
-            V = None
-            n = self.sp.s.shape[-1]
-            if self.R is None or lo == 0:
-                mu = xp.astype(self.sp.s, self.gdtype) ** 2
-                value_eps = _spectrum.eps(xp, self.sp.s.dtype)
-                V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
-            elif hi == n:
-                V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)
-            if V is not None:
-                return xp.astype(V, self.F.dtype)
-            self.fallbacks += 1
+        V = None
+        n = self.sp.s.shape[-1]
+        if self.R is None or lo == 0:
+            mu = xp.astype(self.sp.s, self.gdtype) ** 2
+            value_eps = _spectrum.eps(xp, self.sp.s.dtype)
+            V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
+        elif hi == n:
+            V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)
+        if V is not None:
+            return xp.astype(V, self.F.dtype)
+        self.fallbacks += 1
         return self.full()[:, lo:hi]
 
 
