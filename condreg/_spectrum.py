@@ -307,9 +307,46 @@ def _svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array | No
 
 
 def _gram_matrix(F: Array, xp: Any, gdtype: Any) -> Array:
-    """The smaller Gram matrix of ``F`` in ``gdtype``: ``FFᵀ`` when ``N < D``, else ``FᵀF``."""
+    """The smaller Gram matrix of ``F`` in ``gdtype``: ``FFᵀ`` when ``N < D``, else ``FᵀF``
+    (a single large CPU tensor: :func:`_symmetric_gram`)."""
     A = F if F.dtype == gdtype else xp.astype(F, gdtype)
-    return A @ _mT(xp, A) if F.shape[-2] < F.shape[-1] else _mT(xp, A) @ A
+    wide = F.shape[-2] < F.shape[-1]
+    if _blocked_gram_eligible(A):
+        return _symmetric_gram(A.mT if wide else A)
+    return A @ _mT(xp, A) if wide else _mT(xp, A) @ A
+
+
+def _blocked_gram_eligible(A: Array) -> bool:
+    """A single eager CPU PyTorch matrix with both sides >= 256 (not traced, not wrapped by a
+    ``torch.func`` transform): where :func:`_symmetric_gram` pays."""
+    if not (is_torch_array(A) and A.ndim == 2 and A.device.type == "cpu"):
+        return False
+    return (
+        min(A.shape) >= 256
+        and not _untraceable(A)
+        and not loaded("torch")._C._functorch.is_functorch_wrapped_tensor(A)
+    )
+
+
+#: Column blocks of :func:`_symmetric_gram`.
+GRAM_BLOCKS = 4
+
+
+def _symmetric_gram(X: Array) -> Array:
+    """``XᵀX`` (PyTorch, 2-D) from its upper block rows only: block row ``i`` is one GEMM
+    ``X_iᵀ X[:, i:]`` and the lower part its transpose, so ``GRAM_BLOCKS = 4`` column blocks
+    cost 10/16 of the full product's flops (PyTorch has no ``syrk``; on a 4096×1024 batch 0.64×
+    the time of ``X.T @ X`` on one CPU thread). Off the diagonal blocks exactly symmetric (the
+    diagonal blocks are as symmetric as a GEMM's result; ``eigh`` reads one triangle); each
+    entry is a dot product of two columns, as in the full product (the same rounding bound)."""
+    n = X.shape[-1]
+    edges = [n * i // GRAM_BLOCKS for i in range(GRAM_BLOCKS + 1)]
+    G = X.new_empty((n, n))
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        row = X[:, lo:hi].mT @ X[:, lo:]
+        G[lo:hi, lo:] = row
+        G[hi:, lo:hi] = row[:, hi - lo :].mT
+    return G
 
 
 def _gram_eigh(
