@@ -156,15 +156,21 @@ def gram_cluster(
     return V if ok else None
 
 
-def _guard(values: list[float], lo: int, t: int) -> tuple[int, float] | None:
+def _guard(values: list[float], lo: int, t: int, tol: float) -> tuple[int, float] | None:
     """Guard vectors ``p`` for the bottom block ``[lo, n)`` and the convergence ratio per
     iteration ``(σ_lo / σ_{lo−1−p})²`` of the block of ``t + p`` vectors: the ``p`` minimising
     the work ``(t + p + 4)·iterations`` among those with a ratio <= :data:`MAX_RATIO_TRIANGULAR`
     (a cluster close to the next value converges in a few iterations once the block also holds
     its neighbours; Rayleigh–Ritz then separates them). ``None`` when no ``p <= MAX_GUARD``
-    gives such a ratio."""
+    gives such a ratio.
+
+    Guards (``p > 0``) only across a gap ``σ_{lo−1} − σ_lo > 2·tol``: without guards the ratio
+    test keeps the next value away from the cluster, with them only this does, and the residual
+    check (tolerance ``tol``) tells the wanted directions from the guards' across a wider gap
+    only."""
     best: tuple[float, int, float] | None = None
-    for p in range(min(MAX_GUARD, lo - 1) + 1):
+    guards = MAX_GUARD if values[lo - 1] - values[lo] > 2.0 * tol else 0
+    for p in range(min(guards, lo - 1) + 1):
         ratio = (values[lo] / values[lo - 1 - p]) ** 2
         if ratio <= MAX_RATIO_TRIANGULAR:
             work = (t + p + 4) * _iterations(ratio)
@@ -183,17 +189,11 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     values = _host(s)
     if t < 1 or lo < 1 or not (values[-1] > 0 and math.isfinite(values[0])):
         return None
-    guard = _guard(values, lo, t)
+    tol = RESIDUAL * n * _spectrum.eps(xp, R.dtype) * values[0]
+    guard = _guard(values, lo, t, tol)
     if guard is None:
         return None
     p, ratio = guard
-    e = _spectrum.eps(xp, R.dtype)
-    tol = RESIDUAL * n * e * values[0]
-    # With guards the ratio test no longer keeps the next value away from the cluster: the
-    # residual check below tells the wanted directions from the guards' only across a gap
-    # wider than its own tolerance.
-    if p > 0 and not values[lo - 1] - values[lo] > 2.0 * tol:
-        return None
     solvers = _triangular_solvers(R)
     if solvers is None:
         return None

@@ -543,10 +543,29 @@ def test_initial_features_are_the_factor_only_at_the_identity():
         F = _step.initial_features(problem.P, theta)
         assert F is not A
         np.testing.assert_array_equal(F, A @ theta)
-    # a factor the caller may still write to is never cached
+    # a factor the caller may still write to is never cached, nor a read-only view of one
     own = np.array(A)
     task = replace(problem.P, A=own)
     assert not _step._shared_factor(task, own) and _step._shared_factor(problem.P, A)
+    view = own[:]
+    view.flags.writeable = False
+    assert not _step._shared_factor(replace(problem.P, A=view), view)
+
+
+def test_the_shared_spectra_are_read_only():
+    """What the methods share at θ_0 = I cannot be changed by one of them (a method of the
+    registry that wrote into its spectrum would change the next method's)."""
+    from condreg.algorithm import _step
+
+    X_p, y_p, X_h = _pair(5, N_h=30, decay=14.0)
+    _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="opt_kappa", epochs=1)
+    (_, hs), *_ = _step._AT_IDENTITY.values()
+    ext = hs.ext
+    lo, hi = ext.bounds("bottom", None)
+    arrays = [hs.mu, hs.sp.s, hs.sp.mask, ext.G, ext.cluster(0, 1), ext.cluster(lo, hi)]
+    assert not any(a.flags.writeable for a in arrays)
+    with pytest.raises(ValueError, match="read-only"):
+        hs.sp.s[0] = 0.0
 
 
 def test_the_carried_features_do_not_drift_in_float32():

@@ -86,6 +86,11 @@ def test_triangular_bottom_matches_the_svd(t):
     np.testing.assert_allclose(np.linalg.norm(R @ W, axis=0), sv[n - t :], rtol=1e-6)
 
 
+def _tol(n: int, sv: np.ndarray) -> float:
+    """The residual check's tolerance of triangular_bottom."""
+    return _extreme.RESIDUAL * n * np.finfo(float).eps * float(sv[0])
+
+
 def test_triangular_bottom_refuses_slow_convergence():
     rng = np.random.default_rng(4)
     n = 60
@@ -94,7 +99,7 @@ def test_triangular_bottom_refuses_slow_convergence():
     F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng)
     R = np.linalg.qr(F.T, mode="r")
     sv = np.linalg.svd(R, compute_uv=False)
-    assert _extreme._guard(list(sv), n - 1, 1) is None
+    assert _extreme._guard(list(sv), n - 1, 1, 0.0) is None
     assert _extreme.triangular_bottom(R, sv, n - 1, np) is None
 
 
@@ -110,7 +115,7 @@ def test_triangular_bottom_guards_a_close_cluster(close):
     F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng).T
     R = np.linalg.qr(F.T, mode="r")
     sv = np.linalg.svd(R, compute_uv=False)
-    p, ratio = _extreme._guard(list(sv), n - 1, 1)
+    p, ratio = _extreme._guard(list(sv), n - 1, 1, _tol(n, sv))
     assert p >= 1 and ratio <= _extreme.MAX_RATIO_TRIANGULAR
     W = _extreme.triangular_bottom(R, sv, n - 1, np)
     assert W is not None and W.shape == (n, 1)
@@ -131,7 +136,8 @@ def test_triangular_bottom_refuses_guards_across_a_gap_below_its_tolerance():
     F = (_orthogonal(n, rng) * s) @ _orthogonal(n, rng).T
     R = np.linalg.qr(F.T, mode="r")
     sv = np.linalg.svd(R, compute_uv=False)
-    assert _extreme._guard(list(sv), n - 1, 1)[0] >= 1
+    assert _extreme._guard(list(sv), n - 1, 1, 0.0)[0] >= 1  # guards would be chosen, but
+    assert _extreme._guard(list(sv), n - 1, 1, _tol(n, sv)) is None  # not across this gap
     assert _extreme.triangular_bottom(R, sv, n - 1, np) is None
 
 

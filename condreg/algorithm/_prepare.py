@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from condreg.algorithm._step import (
     gram_was_used,
     initial_features,
     is_linalg_error,
+    read_only,
     spectrum,
 )
 from condreg.metrics import rir_spectra, run_rtol
@@ -210,7 +211,7 @@ def prepare(
         H = build_task(d.X_h, xp, rtol, opts["ridge"], kappas.kappa_kh)
         cached = _DataSetup(tasks, P, H, {})
         if key is not None:  # shared by later runs on the same data: never written to
-            _read_only((P, H, tasks._parts))
+            read_only((P, H, tasks._parts))
     tasks, P, H = cached.tasks, cached.P, cached.H
     if H.rank < m.min_rank_h:
         raise ValueError(
@@ -256,18 +257,6 @@ def clear_caches() -> None:
     shared with it (:data:`condreg.algorithm._step._AT_IDENTITY`)."""
     _LAST_DATA.clear()
     _step._AT_IDENTITY.clear()
-
-
-def _read_only(obj: Any, depth: int = 4) -> None:
-    """Mark the NumPy arrays in ``obj`` (tuples, dataclasses, nested) read-only."""
-    if isinstance(obj, np.ndarray):
-        obj.flags.writeable = False
-    elif depth > 0 and isinstance(obj, tuple):
-        for item in obj:
-            _read_only(item, depth - 1)
-    elif depth > 0 and is_dataclass(obj):
-        for f in fields(obj):
-            _read_only(getattr(obj, f.name), depth - 1)
 
 
 def _data_key(d: _Data, rtol: float, ridge: float | None) -> tuple | None:

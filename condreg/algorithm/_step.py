@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields, is_dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,9 +72,24 @@ _AT_IDENTITY_SIZE = 4
 
 
 def _shared_factor(task: TaskData, F: Array) -> bool:
-    """``F`` is the task's own factor as prepare's data setup shares it: read-only NumPy (so
-    its spectrum cannot change under the cache)."""
-    return F is task.A and is_numpy_array(F) and not F.flags.writeable
+    """``F`` is the task's own factor as prepare's data setup shares it: read-only NumPy that
+    owns its data (not a view of a writable array), so its spectrum cannot change under the
+    cache."""
+    return F is task.A and is_numpy_array(F) and not F.flags.writeable and F.base is None
+
+
+def read_only(obj: Any, depth: int = 4) -> Any:
+    """Mark the NumPy arrays in ``obj`` (tuples, dataclasses, nested) read-only; returns
+    ``obj``."""
+    if isinstance(obj, np.ndarray):
+        obj.flags.writeable = False
+    elif depth > 0 and isinstance(obj, tuple):
+        for item in obj:
+            read_only(item, depth - 1)
+    elif depth > 0 and is_dataclass(obj):
+        for f in fields(obj):
+            read_only(getattr(obj, f.name), depth - 1)
+    return obj
 
 
 def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
@@ -82,7 +98,8 @@ def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: s
     key = (id(F), float(rtol), path)
     hit = _AT_IDENTITY.get(key)
     if hit is None:
-        hs = _eager_spectrum(F, rtol, xp, vectors=True, path=path)
+        hs = read_only(_eager_spectrum(F, rtol, xp, vectors=True, path=path))
+        hs.ext.shared = True  # what it finds later is read-only too: the methods share it
         keys = [key]
         if path == "auto" and hs.ext.R is not None:  # the Gram did not resolve it: exact path
             keys.append((id(F), float(rtol), "exact"))
@@ -101,8 +118,9 @@ def initial_features(task: TaskData, theta: Array) -> Array:
     so that a shared factor's spectrum is reused (:func:`_identity_spectrum`)."""
     A = task.A
     same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
-    if same and is_numpy_array(theta) and is_numpy_array(A) and is_identity(theta, np):
-        return A
+    if same and is_numpy_array(theta) and is_numpy_array(A):
+        if is_identity(theta, array_namespace(theta)):
+            return A
     return A @ theta
 
 
@@ -160,6 +178,7 @@ class Extremes:
         self._full: Array | None = None
         self._clusters: dict[tuple[int, int], Array] = {}
         self.fallbacks = 0  # clusters that needed the full decomposition (for tests)
+        self.shared = False  # a spectrum of the cache at θ = I: its arrays are made read-only
 
     @property
     def G(self) -> Array:
@@ -173,7 +192,11 @@ class Extremes:
             else:
                 A = self.F if self.F.dtype == self.gdtype else xp.astype(self.F, self.gdtype)
                 self._G = A @ A.T
+            self._G = self._frozen(self._G)
         return self._G
+
+    def _frozen(self, x: Array) -> Array:
+        return read_only(x) if self.shared else x
 
     def gram(self) -> Array:
         """``G = FFᵀ`` in the dtype of ``F``."""
@@ -190,7 +213,7 @@ class Extremes:
             else:
                 _, _, Vh = xp.linalg.svd(self.R, full_matrices=False)
                 W = Vh.T
-            self._full = xp.astype(W, self.F.dtype)
+            self._full = self._frozen(xp.astype(W, self.F.dtype))
         return self._full
 
     def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
@@ -205,7 +228,7 @@ class Extremes:
         """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition); kept,
         since a shared spectrum (:func:`_identity_spectrum`) is asked again."""
         if (lo, hi) not in self._clusters:
-            self._clusters[(lo, hi)] = self._cluster(lo, hi)
+            self._clusters[(lo, hi)] = self._frozen(self._cluster(lo, hi))
         return self._clusters[(lo, hi)]
 
     def _cluster(self, lo: int, hi: int) -> Array:
