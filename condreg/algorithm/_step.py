@@ -139,14 +139,19 @@ def _eager(F: Array) -> bool:
     return is_torch_array(F) and F.device.type == "cpu" and not _spectrum._untraceable(F)
 
 
+def _left_gram(F: Array, gdtype: Any, xp: Any) -> Array:
+    """``FFᵀ`` of the ``r×D`` factor (``r <= D``) in the Gram dtype ``gdtype``."""
+    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
+    return A @ A.T
+
+
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
     r, D = F.shape
     G = R = None
     gdtype = _spectrum.gram_dtype(F, xp)
     if path == "auto":
-        A = F if F.dtype == gdtype else xp.astype(F, gdtype)
-        G = A @ A.T
+        G = _left_gram(F, gdtype, xp)
         s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
         accuracy = _spectrum.gram_accuracy(xp, F.dtype)
         if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
@@ -190,8 +195,7 @@ class Extremes:
             if self.R is not None and self.R.dtype == self.gdtype:
                 self._G = self.R.T @ self.R
             else:
-                A = self.F if self.F.dtype == self.gdtype else xp.astype(self.F, self.gdtype)
-                self._G = A @ A.T
+                self._G = _left_gram(self.F, self.gdtype, xp)
             self._G = self._frozen(self._G)
         return self._G
 
