@@ -215,11 +215,17 @@ def test_score_decomposes_each_matrix_once_and_rethresholds(monkeypatch):
     monkeypatch.undo()
     for theta, out in zip(thetas, scores, strict=True):
         assert out == lin.score(theta, X_p, X_h, rtol=rtol)  # sharing changes nothing
-        assert (out["i"], out["ii"], out["rir"]) == tuple(
-            metrics.rir(theta, X_p, X_h, rtol=rtol)[:3]
-        )
+        reported = metrics.rir(theta, X_p, X_h, rtol=rtol)
+        assert (out["i"], out["ii"], out["rir"]) == tuple(reported[:3])
+        # the κ's and ranks are the reported decomposition's (one κ per run), and NumPy's SVD
+        # agrees with them
+        kappas = ("kappa_H_P", "kappa_H_H", "kappa_K_P", "kappa_K_H")
+        assert tuple(out[k] for k in kappas) == tuple(reported[3:])
         fresh = lin.spectrum_numbers(theta, X_p, X_h, rtol=rtol)
-        assert out["rank_K_H"] == fresh["rank_K_H"] == 4 and out["kappa_H_H"] == fresh["kappa_H_H"]
+        for key in ("rank_K_P", "rank_K_H", "rank_H_P", "rank_H_H"):
+            assert out[key] == fresh[key]
+        assert out["rank_K_H"] == 4
+        np.testing.assert_allclose([out[k] for k in kappas], [fresh[k] for k in kappas], rtol=1e-9)
         for f in lin.TOLERANCE_FACTORS:
             entry, want = out["tolerance"][f"{f}x"], metrics.rir(theta, X_p, X_h, rtol=f * rtol)
             np.testing.assert_allclose(
@@ -255,3 +261,58 @@ def test_score_from_given_spectra_decomposes_only_the_cross_check(monkeypatch):
     assert lin.score(theta, X_p, X_h, rtol=rtol, spectra=spectra) == want
     with pytest.raises(ValueError, match="at this rtol"):
         lin.score(theta, X_p, X_h, rtol=10 * rtol, spectra=spectra)
+
+
+def test_score_without_the_cross_check_computes_no_svd(monkeypatch):
+    """cross_check=False: the same numbers from the engine alone, check_rel_diff None."""
+    X_p, X_h, rtol = _tasks_with_a_cut()
+    theta = np.eye(4) + 0.1 * np.random.default_rng(6).standard_normal((4, 4))
+    checked = lin.score(theta, X_p, X_h, rtol=rtol)
+    monkeypatch.setattr(lin, "_svdvals", lambda F: pytest.fail("an SVD without the cross-check"))
+    out = lin.score(theta, X_p, X_h, rtol=rtol, cross_check=False)
+    assert out["check_rel_diff"] is None and checked["check_rel_diff"] < 1e-9
+    for f in lin.TOLERANCE_FACTORS:
+        entry = out["tolerance"][f"{f}x"]
+        assert "check_rel_diff" not in entry
+        assert {**entry, "check_rel_diff": 0} == {**checked["tolerance"][f"{f}x"], "check_rel_diff": 0}
+    assert {**out, "tolerance": 0, "check_rel_diff": 0} == {
+        **checked,
+        "tolerance": 0,
+        "check_rel_diff": 0,
+    }
+
+
+@pytest.mark.parametrize("cross_check", [False, True])
+def test_mnist_pairs_reports_whether_it_was_cross_checked(tmp_path, cross_check):
+    payload = _run(tmp_path / "mn", [(0, 1)], cross_check=cross_check)
+    check = payload["results"]["cross_check"]
+    run = payload["results"]["per_pair"]["condreg"]["0-1"][0]
+    table = (tmp_path / "mn" / "table.md").read_text()
+    assert check["enabled"] is cross_check and payload["settings"]["cross_check"] is cross_check
+    if cross_check:
+        assert check["max_rel_diff"] == run["check_rel_diff"] < 1e-6
+        assert "NumPy's SVD of Xθ (--cross-check)" in table
+    else:
+        assert check["max_rel_diff"] is None and run["check_rel_diff"] is None
+        assert "Not cross-checked" in table
+
+
+def test_units_run_largest_first():
+    """The pool gets the costliest (seed, pair) units first: cost Σ r²(r + D) over the two
+    tasks, r the rank of the task's inputs; equal costs keep their order."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+
+    def task(rank):
+        return SimpleNamespace(X=rng.standard_normal((30, rank)) @ rng.standard_normal((rank, 12)))
+
+    tasks = {0: {0: task(2), 1: task(8), 2: task(5), 3: task(5)}}
+    todo = [(0, (0, 2)), (0, (1, 0)), (0, (0, 3)), (0, (2, 3)), (0, (3, 2))]
+    assert mp.largest_first(todo, tasks) == [
+        (0, (1, 0)),  # 8 and 2
+        (0, (2, 3)),  # 5 and 5
+        (0, (3, 2)),
+        (0, (0, 2)),  # 2 and 5
+        (0, (0, 3)),
+    ]

@@ -2,7 +2,9 @@
 
 Runs :func:`condreg.immunize` for each method on one (D_P, D_H) pair and measures Eq. 15 with
 :func:`condreg.metrics.rir` at the run's rank tolerance ``rtol`` (one κ per run, docs/math.md
-§10.2). Independently of it, :func:`spectrum_numbers` recomputes every condition number from
+§10.2): the reported κ's, ranks, (i), (ii) and RIR all come from that one decomposition.
+Independently of it (``cross_check``, on by default; ``condreg reproduce mnist-pairs`` turns it
+on with ``--cross-check``), :func:`spectrum_numbers` recomputes every condition number from
 NumPy's SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above
 ``rtol·σ₁``), so the reported numbers are cross-checked. :func:`tolerance_robustness` repeats the
 verdict at 10× and 100× the run's tolerance (docs/math.md §10.3). Each matrix is decomposed once
@@ -194,6 +196,23 @@ def _entry(r: Any) -> dict[str, Any]:
     return {"i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
 
 
+def _engine_numbers(spectra: Any) -> dict[str, Any]:
+    """κ's and ranks of the four matrices from the engine's spectra at their ``rtol``: the
+    same decomposition as the reported ``i``, ``ii``, ``rir`` (one κ per run)."""
+    r = spectra.rir()
+    r_kp, r_kh, r_hp, r_hh = spectra.ranks()
+    return {
+        "kappa_K_P": float(r.kappa_kp),
+        "kappa_K_H": float(r.kappa_kh),
+        "kappa_H_P": float(r.kappa_hp),
+        "kappa_H_H": float(r.kappa_hh),
+        "rank_K_P": r_kp,
+        "rank_K_H": r_kh,
+        "rank_H_P": r_hp,
+        "rank_H_H": r_hh,
+    }
+
+
 def score(
     theta: np.ndarray,
     X_p: np.ndarray,
@@ -202,18 +221,20 @@ def score(
     rtol: float,
     pair: PairSpectra | None = None,
     spectra: Any = None,
+    cross_check: bool = True,
 ) -> dict[str, Any]:
     """Everything :func:`immunize_method` reports about θ, from one decomposition per matrix.
 
     Eq. 15 by :func:`condreg.metrics.rir_spectra` at ``rtol`` (``i``, ``ii``, ``rir``: exactly
-    :func:`condreg.metrics.rir` there), the numbers of :func:`spectrum_numbers` (the
-    independent NumPy SVDs, at the same ``rtol``: κ's and ranks), ``check_rel_diff`` (the
-    largest relative difference of ``i``, ``ii``, ``rir`` between the two), ``rtol``, and
-    ``"tolerance"``: :func:`tolerance_robustness`, each entry with its own ``check_rel_diff``
-    (both sets of singular values re-thresholded at that tolerance). ``pair`` shares the
-    spectra of ``X_p``, ``X_h`` between the methods of a pair (default: computed here);
-    ``spectra``: the :class:`condreg.metrics.RIRSpectra` of θ at ``rtol`` where the caller has
-    it already (then only the cross-check decomposes anything).
+    :func:`condreg.metrics.rir` there) with the four κ's and ranks of that same decomposition,
+    ``rtol``, and ``"tolerance"``: :func:`tolerance_robustness`. With ``cross_check`` (default)
+    the independent NumPy SVDs of :func:`spectrum_numbers` recompute Eq. 15 at the same
+    tolerances: ``check_rel_diff`` is the largest relative difference of ``i``, ``ii``, ``rir``
+    between the two (and each ``tolerance`` entry has its own, both sets of singular values
+    re-thresholded there); without it no SVD is computed and ``check_rel_diff`` is None.
+    ``pair`` shares the spectra of ``X_p``, ``X_h`` between the methods of a pair (default:
+    computed here); ``spectra``: the :class:`condreg.metrics.RIRSpectra` of θ at ``rtol``
+    where the caller has it already (then only the cross-check decomposes anything).
     """
     from condreg import metrics
 
@@ -222,14 +243,17 @@ def score(
         spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
     elif not isinstance(spectra, metrics.RIRSpectra) or spectra.rtol != float(rtol):
         raise ValueError("score: spectra must be the RIRSpectra of theta at this rtol")
-    svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
     tolerance = tolerance_robustness(theta, X_p, X_h, rtol=rtol, spectra=spectra)
-    for f in TOLERANCE_FACTORS:
-        entry = tolerance[f"{f}x"]
-        entry["check_rel_diff"] = _relative_difference(entry, _numbers(svals, shapes, f * rtol))
-    numbers = _numbers(svals, shapes, rtol)
-    numbers["check_rel_diff"] = _relative_difference(tolerance["1x"], numbers)
+    numbers = _engine_numbers(spectra)
     numbers.update({k: tolerance["1x"][k] for k in ("i", "ii", "rir")})
+    numbers["check_rel_diff"] = None
+    if cross_check:
+        svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
+        for f in TOLERANCE_FACTORS:
+            entry = tolerance[f"{f}x"]
+            check = _numbers(svals, shapes, f * rtol)
+            entry["check_rel_diff"] = _relative_difference(entry, check)
+        numbers["check_rel_diff"] = tolerance["1x"]["check_rel_diff"]
     numbers["rtol"] = float(rtol)
     numbers["tolerance"] = tolerance
     return numbers
@@ -242,14 +266,16 @@ def rir_numbers(
     *,
     rtol: float,
     pair: PairSpectra | None = None,
+    cross_check: bool = True,
 ) -> dict[str, Any]:
-    """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus the SVD cross-check of
-    :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its ``"tolerance"``.
+    """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus (``cross_check``) the SVD
+    cross-check of :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its
+    ``"tolerance"``.
 
     The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
     largest relative difference to the independent recomputation; ``rtol`` is recorded.
     """
-    numbers = score(theta, X_p, X_h, rtol=rtol, pair=pair)
+    numbers = score(theta, X_p, X_h, rtol=rtol, pair=pair, cross_check=cross_check)
     numbers.pop("tolerance")
     return numbers
 
@@ -295,6 +321,7 @@ def immunize_method(
     seed: int,
     y_h: np.ndarray | None = None,
     pair: PairSpectra | None = None,
+    cross_check: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """One :func:`condreg.immunize` run: RIR numbers at the run's ``rtol`` (and at 10×, 100×:
@@ -305,6 +332,7 @@ def immunize_method(
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
     the attacker's fine-tuning on D_H; the other methods never see harmful labels. ``pair``: a
     :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them.
+    ``cross_check``: recompute the numbers from independent NumPy SVDs (:func:`score`).
     """
     import condreg
     from condreg import metrics
@@ -325,7 +353,9 @@ def immunize_method(
     spectra = getattr(result, "spectra", None)
     if not (isinstance(spectra, metrics.RIRSpectra) and spectra.rtol == rtol):
         spectra = None
-    out = score(theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra)
+    out = score(
+        theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra, cross_check=cross_check
+    )
     # the loop's own final report must be the same number (one κ per run)
     out["rir_reported_by_immunize"] = float(result.rir)
     out["runtime_s"] = runtime
