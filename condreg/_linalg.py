@@ -71,9 +71,13 @@ def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
     """``(s, V, W, mu_err)`` of ``F``: the smaller Gram's eigh where it resolves every value the
     rule ``s_i > tol·s_1`` counts, the thin SVD of ``F`` otherwise (both sides' vectors exact)."""
     gdtype = _spectrum.gram_dtype(F, xp)
-    s, Q, mu_rel, err_rel, in_range = _spectrum._gram_eigh(F, xp, vectors, gdtype)
     acc = _spectrum.gram_accuracy(xp, F.dtype)
-    ok = in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp)
+    M = _spectrum._gram_matrix(F, xp, gdtype)
+    shape = (F.shape[-2], F.shape[-1])
+    refused = _spectrum.gram_refused(M, shape, tol, acc)  # what the eigenvalues would say
+    if not refused:
+        s, Q, mu_rel, err_rel, in_range = _spectrum.eigh_gram(M, shape, xp, vectors, F.dtype)
+        ok = in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp)
 
     def from_gram():
         if not vectors:
@@ -82,12 +86,16 @@ def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
         return s, V, W, err_rel
 
     def from_svd():
+        # refused: a single NumPy matrix (its error bound then has the shape (1,))
+        zero = xp.zeros((1,), dtype=F.dtype) if refused else xp.zeros_like(err_rel)
         if not vectors:
-            return xp.linalg.svdvals(F), None, None, xp.zeros_like(err_rel)
+            return xp.linalg.svdvals(F), None, None, zero
         U, s2, Vh = xp.linalg.svd(F, full_matrices=False)
         keep = xp.astype(s2 > tol * s2[..., :1], s2.dtype)
-        return s2, Vh.T * keep[None, :], U, xp.zeros_like(err_rel)
+        return s2, Vh.T * keep[None, :], U, zero
 
+    if refused:
+        return from_svd()
     return _spectrum.choose(ok, from_gram, from_svd)
 
 

@@ -274,7 +274,10 @@ def test_score_without_the_cross_check_computes_no_svd(monkeypatch):
     for f in lin.TOLERANCE_FACTORS:
         entry = out["tolerance"][f"{f}x"]
         assert "check_rel_diff" not in entry
-        assert {**entry, "check_rel_diff": 0} == {**checked["tolerance"][f"{f}x"], "check_rel_diff": 0}
+        assert {**entry, "check_rel_diff": 0} == {
+            **checked["tolerance"][f"{f}x"],
+            "check_rel_diff": 0,
+        }
     assert {**out, "tolerance": 0, "check_rel_diff": 0} == {
         **checked,
         "tolerance": 0,

@@ -11,7 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array, is_torch_array
 from array_api_compat import device as _device
 
-from condreg import _core, _extreme, _linalg, _spectrum
+from condreg import _core, _extreme, _linalg, _spectrum, _validation
 from condreg.algorithm._problem import Problem, State, TaskData
 
 Array = Any
@@ -152,8 +152,11 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
     gdtype = _spectrum.gram_dtype(F, xp)
     if path == "auto":
         G = _left_gram(F, gdtype, xp)
-        s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
         accuracy = _spectrum.gram_accuracy(xp, F.dtype)
+        if _spectrum.gram_refused(G, (r, D), rtol, accuracy):  # what the eigenvalues would say
+            path, G = "exact", None
+    if path == "auto":
+        s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
         if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
             mu_err: Any = err_rel
             tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
@@ -161,7 +164,7 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
             path, G = "exact", None
     if path != "auto":
         R = _spectrum._qr_r(xp, F.T)
-        s = xp.linalg.svdvals(R)
+        s = _spectrum.svdvals(xp, R)
         mu_err, tie = 0.0, _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
     mask, k = _linalg._mask_from_s(s, rtol, xp)
     mu = s * s
@@ -481,7 +484,9 @@ def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) ->
 
 
 def _all_finite(a: Array, xp: Any) -> Array:
-    return xp.isfinite(xp.sum(xp.abs(a)))
+    """0-d boolean: no NaN or Inf in ``a`` (its smallest and largest entry, no ``a``-sized
+    temporary; a sum of magnitudes would also overflow on finite entries near the maximum)."""
+    return _validation._all_finite(a, xp)
 
 
 #: The loop sums θ and recomputes ``F = Aθ`` every this many epochs: the carried features'

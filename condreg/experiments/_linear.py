@@ -353,9 +353,7 @@ def immunize_method(
     spectra = getattr(result, "spectra", None)
     if not (isinstance(spectra, metrics.RIRSpectra) and spectra.rtol == rtol):
         spectra = None
-    out = score(
-        theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra, cross_check=cross_check
-    )
+    out = score(theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra, cross_check=cross_check)
     # the loop's own final report must be the same number (one κ per run)
     out["rir_reported_by_immunize"] = float(result.rir)
     out["runtime_s"] = runtime
