@@ -116,9 +116,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("log_kappa", [2.0, 9.0])
 @pytest.mark.parametrize("shape", [(30, 50), (50, 30)])
-def test_every_engine_entry_gives_the_same_bits_with_and_without_it(
-    monkeypatch, log_kappa, shape
-):
+def test_every_engine_entry_gives_the_same_bits_with_and_without_it(monkeypatch, log_kappa, shape):
     """condition_number's engine (values, vectors, extreme), the sample spectrum of
     hessian_spectrum, Algorithm 1's eager spectrum and condreg.metrics.rir: the same results
     whether the pre-check refused the Gram or the eigenvalues did."""
