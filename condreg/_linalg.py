@@ -78,6 +78,7 @@ def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
     if not refused:
         s, Q, mu_rel, err_rel, in_range = _spectrum.eigh_gram(M, shape, xp, vectors, F.dtype)
         ok = in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp)
+        _spectrum.note_gram_verdict(M, shape, ok)
 
     def from_gram():
         if not vectors:

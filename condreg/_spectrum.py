@@ -238,6 +238,8 @@ def _qr_r(xp: Any, A: Array) -> Array:
         m, n = A.shape
         key = (lapack.prefix, m, n)
         if key not in _GEQRF_LWORK:  # the optimal workspace (blocked Householder QR)
+            if len(_GEQRF_LWORK) > 256:
+                _GEQRF_LWORK.clear()
             _GEQRF_LWORK[key] = max(int(lapack.geqrf_lwork(m, n)[0].real), 1)
         qr, _, _, info = lapack.geqrf(A, lwork=_GEQRF_LWORK[key])
         if info != 0:  # pragma: no cover - only for an invalid argument
@@ -257,7 +259,7 @@ def svdvals(xp: Any, R: Array) -> Array:
         return xp.linalg.svdvals(R)
     import numpy as np
 
-    # σ(Rᵀ) = σ(R); the transpose of a C-ordered matrix is already in LAPACK's order
+    # σ(Rᵀ) = σ(R) (the wrapper copies its input: R is never overwritten)
     _, s, _, info = lapack.gesdd(R.T, compute_uv=0)
     if info != 0:
         raise np.linalg.LinAlgError("SVD did not converge")
@@ -465,33 +467,62 @@ def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, x
     return xp.all((mu_rel * accuracy >= err_rel) | (mu_rel + err_rel < rtol * rtol))
 
 
+#: The last Gram verdict per (size, shape, dtype) of single NumPy matrices: True where the Gram
+#: was refused. :func:`gram_refused` runs its check only after a refusal of the same kind, so an
+#: accepted Gram pays nothing for it; the results never depend on this (only the cost does).
+_REFUSED_LAST: dict[tuple, bool] = {}
+
+
+def _verdict_key(M: Array, shape: tuple[int, int]) -> tuple:
+    return (M.shape[0], tuple(int(d) for d in shape), str(M.dtype))
+
+
+def note_gram_verdict(M: Array, shape: tuple[int, int], ok: Any) -> None:
+    """Record whether the eigenvalues accepted the Gram ``M`` (a single NumPy matrix; anything
+    else is ignored) for :func:`gram_refused`'s next decision on a matrix of this kind."""
+    if is_numpy_array(M) and M.ndim == 2:
+        if len(_REFUSED_LAST) > 256:
+            _REFUSED_LAST.clear()
+        _REFUSED_LAST[_verdict_key(M, shape)] = not bool(ok)
+
+
 def gram_refused(M: Array, shape: tuple[int, int], rtol: float, accuracy: float) -> bool:
     """True only when :func:`gram_resolves` would certainly refuse the Gram matrix ``M`` of a
     feature batch of ``shape``: a Cholesky factorisation (a third of an ``eigvalsh``) decides it
-    before the eigenvalues are computed. False means "compute them and see".
+    before the eigenvalues are computed. False means "compute them and see"; it is also the
+    answer, without any work, unless the last Gram of this size, shape and dtype was refused
+    (:func:`note_gram_verdict`), so that accepted Grams pay nothing.
 
     For a single NumPy matrix, when no eigenvalue can be "certainly outside the rank"
-    (``rtol² <= eps·n/2``, ``n = min(N, D)``: the default tolerances): acceptance then needs
-    every ``mu_i >= tau·mu_1`` with ``tau >= eps·n/accuracy`` (``err_rel >= eps·n``). If the
-    Cholesky factorisation of ``M − (tau/2)·max_i M_ii·I`` fails, then ``lambda_min(M) <=
-    (tau/2 + n(n+1)·eps)·mu_1`` (its backward error, Higham Thm 10.7, ``max M_ii <= mu_1``),
-    and the computed smallest eigenvalue, within ``c·n·eps·mu_1`` of it, is below
-    ``tau·mu_1`` while ``n + 5 <= 1/(4·accuracy)`` (checked): the Gram path would be refused.
-    The result is therefore exactly the one computing the eigenvalues would give. Non-finite
-    ``M``: False (the eigenvalues decide, as before)."""
+    (``rtol² <= eps·n/2``, ``n = min(N, D)``, ``m = max(N, D)``: the default tolerances),
+    acceptance needs every ``mu_i >= tau·mu_1`` with ``tau = err_rel/accuracy >= tau_0 =
+    (eps·n + 0.9·eps·√m·trace(M)/rho)/accuracy`` (``err_rel = eps·(n + √m·Σmu/mu_1)``, ``rho``
+    the largest absolute row sum, ``>= mu_1``; 0.9 covers the rounding of the computed Σmu).
+    If the Cholesky factorisation of ``M − (tau_0/2)·max_i M_ii·I`` fails, then
+    ``lambda_min(M) <= (tau_0/2 + n(n+1)·eps)·mu_1`` (its backward error, Higham Thm 10.7;
+    ``max M_ii <= mu_1``), and the computed smallest eigenvalue, within ``p(n)·eps·mu_1`` of
+    it — LAPACK's bound, assumed here with ``p(n) <= 8n`` — is below ``tau·mu_1`` while
+    ``(n + 9)·accuracy <= 1/4`` (checked): the Gram path would be refused. The result is
+    therefore exactly the one computing the eigenvalues would give. Non-finite ``M``: False
+    (the eigenvalues decide, as before)."""
     if not (is_numpy_array(M) and M.ndim == 2):
+        return False
+    if not _REFUSED_LAST.get(_verdict_key(M, shape), False):
         return False
     import numpy as np
 
-    n = M.shape[0]
+    n, m = M.shape[0], max(shape)
     e = eps(np, M.dtype)
-    if n < 2 or n != min(shape) or rtol * rtol > 0.5 * e * n or (n + 5) * accuracy > 0.25:
+    if n < 2 or n != min(shape) or rtol * rtol > 0.5 * e * n or (n + 9) * accuracy > 0.25:
         return False
     top = float(np.max(np.diagonal(M)))
     if not (math.isfinite(top) and top > 0.0) or not bool(np.isfinite(M).all()):
         return False
+    rho = float(np.max(np.sum(np.abs(M), axis=1)))
+    trace = float(np.trace(M))
+    tau0 = (e * n + 0.9 * e * math.sqrt(m) * trace / rho) / accuracy
     shifted = np.array(M, copy=True)
-    shifted.flat[:: n + 1] -= 0.5 * (e * n / accuracy) * top
+    shifted.flat[:: n + 1] -= 0.5 * tau0 * top
     try:
         np.linalg.cholesky(shifted)
     except np.linalg.LinAlgError:
@@ -566,6 +597,7 @@ def _gram_spectrum(
     if method == "gram":
         return s, Q, err_rel, tie_gram, unit
     ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
+    note_gram_verdict(M, F.shape[-2:], ok)
 
     def exact():
         s2, Q2 = _svd_small_side(F, xp, vectors)

@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="recompute every run's κ's from independent NumPy SVDs of Xθ and report the "
-        "largest difference (about 5%% more time on raw pixels)",
+        "largest difference (about 6%% more time on raw pixels)",
     )
     _linear_options(mn, epochs_default="30")
     _resume_option(mn, "(seed, pair)")

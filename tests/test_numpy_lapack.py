@@ -10,13 +10,13 @@ import pytest
 from condreg import _spectrum
 from condreg.testing import matrix_with_spectrum
 
-pytest.importorskip("scipy")
-
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(60, 25), (25, 60), (30, 30)])
 def test_qr_r_and_svdvals_match_numpy(dtype, shape):
+    pytest.importorskip("scipy")
     A = matrix_with_spectrum(np.logspace(0, -6, min(shape)), *shape, seed=3).astype(dtype)
+    assert _spectrum._numpy_lapack(A) is not None  # SciPy's routines are the ones used
     R = _spectrum._qr_r(np, A)
     want_R = np.linalg.qr(A, mode="r")
     assert R.shape == want_R.shape and R.dtype == want_R.dtype
@@ -32,15 +32,25 @@ def test_qr_r_and_svdvals_match_numpy(dtype, shape):
 
 
 def test_svdvals_raises_where_numpy_does():
+    """NaN: NumPy's LinAlgError; Inf: NaN values, as NumPy's (and QR passes both through)."""
+    pytest.importorskip("scipy")
     R = np.triu(np.random.default_rng(0).standard_normal((20, 20)))
+    assert _spectrum._numpy_lapack(R) is not None
     R[3, 7] = np.nan
     with pytest.raises(np.linalg.LinAlgError):
         np.linalg.svd(R, compute_uv=False)
     with pytest.raises(np.linalg.LinAlgError, match="did not converge"):
         _spectrum.svdvals(np, R)
+    assert np.isnan(_spectrum._qr_r(np, R)).any()
+    R[3, 7] = np.inf
+    want = np.linalg.svd(R, compute_uv=False)
+    got = _spectrum.svdvals(np, R)
+    assert np.isnan(want).all() and np.isnan(got).all()
+    assert not np.isfinite(_spectrum._qr_r(np, R)).all()
 
 
 def test_the_input_is_kept():
+    pytest.importorskip("scipy")
     A = np.random.default_rng(1).standard_normal((40, 30))
     B = A.copy()
     _spectrum._qr_r(np, A.T)

@@ -157,7 +157,9 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
             path, G = "exact", None
     if path == "auto":
         s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
-        if bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)):
+        accepted = bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp))
+        _spectrum.note_gram_verdict(G, (r, D), accepted)
+        if accepted:
             mu_err: Any = err_rel
             tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
         else:  # exactly the "exact" path, whose vectors come from R (G formed as RᵀR)

@@ -231,7 +231,7 @@ def score(
     the independent NumPy SVDs of :func:`spectrum_numbers` recompute Eq. 15 at the same
     tolerances: ``check_rel_diff`` is the largest relative difference of ``i``, ``ii``, ``rir``
     between the two (and each ``tolerance`` entry has its own, both sets of singular values
-    re-thresholded there); without it no SVD is computed and ``check_rel_diff`` is None.
+    re-thresholded there); without it no SVD is computed and every ``check_rel_diff`` is None.
     ``pair`` shares the spectra of ``X_p``, ``X_h`` between the methods of a pair (default:
     computed here); ``spectra``: the :class:`condreg.metrics.RIRSpectra` of θ at ``rtol``
     where the caller has it already (then only the cross-check decomposes anything).
@@ -247,6 +247,8 @@ def score(
     numbers = _engine_numbers(spectra)
     numbers.update({k: tolerance["1x"][k] for k in ("i", "ii", "rir")})
     numbers["check_rel_diff"] = None
+    for f in TOLERANCE_FACTORS:
+        tolerance[f"{f}x"]["check_rel_diff"] = None
     if cross_check:
         svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
         for f in TOLERANCE_FACTORS:

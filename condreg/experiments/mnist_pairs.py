@@ -285,7 +285,7 @@ def run(
     ``cross_check``: recompute every run's numbers from independent NumPy SVDs of ``Xθ``
     (:func:`condreg.experiments._linear.score`; ``check_rel_diff`` in results.json, the
     largest difference in table.md); off by default, since it decomposes every scored matrix
-    a second time (about 5 % of the raw run).
+    a second time (about 6 % of the raw run).
     ``options`` are passed to :func:`condreg.immunize`. Raises
     :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
