@@ -250,10 +250,10 @@ def _qr_r(xp: Any, A: Array) -> Array:
 
 def svdvals(xp: Any, R: Array) -> Array:
     """Singular values (descending) of a matrix, ``xp.linalg.svdvals``; for a single NumPy
-    float32/float64 matrix through SciPy's LAPACK ``gesdd`` where SciPy is installed (on the
-    2-core reference machine 3–8 % faster than NumPy's own, from n = 400 to 600; the same
-    algorithm, so the same backward error ``c·eps·σ₁``). Raises ``numpy.linalg.LinAlgError``
-    where NumPy's would (NaN entries: "SVD did not converge")."""
+    float64 matrix through SciPy's LAPACK ``dgesdd`` where SciPy is installed (on the 2-core
+    reference machine 3–8 % faster than NumPy's own, from n = 400 to 600; the same algorithm,
+    so the same backward error ``c·eps·σ₁``). Raises ``numpy.linalg.LinAlgError`` where NumPy's
+    would (NaN entries: "SVD did not converge")."""
     lapack = _numpy_lapack(R) if is_numpy_array(R) else None
     if lapack is None:
         return xp.linalg.svdvals(R)
@@ -278,13 +278,13 @@ _LAPACK: dict[str, _Lapack | None] = {}
 
 
 def _numpy_lapack(A: Array) -> _Lapack | None:
-    """SciPy's real LAPACK routines for a non-empty 2-D NumPy float32/float64 array; None
-    without SciPy or for anything else (the caller then uses NumPy's ``linalg``)."""
-    if A.ndim != 2 or A.size == 0:
+    """SciPy's float64 LAPACK routines for a non-empty 2-D NumPy float64 array; None without
+    SciPy or for anything else, float32 included (the caller then uses NumPy's ``linalg``,
+    which computes float32 input in float64: SciPy's ``s`` routines would be 1e3–1e4 times
+    less accurate on an ill-conditioned float32 batch)."""
+    if A.ndim != 2 or A.size == 0 or str(A.dtype) != "float64":
         return None
-    prefix = {"float64": "d", "float32": "s"}.get(str(A.dtype))
-    if prefix is None:
-        return None
+    prefix = "d"
     if prefix not in _LAPACK:
         try:
             from scipy.linalg import lapack
@@ -494,7 +494,8 @@ def gram_refused(M: Array, shape: tuple[int, int], rtol: float, accuracy: float)
     (:func:`note_gram_verdict`), so that accepted Grams pay nothing.
 
     For a single NumPy matrix, when no eigenvalue can be "certainly outside the rank"
-    (``rtol² <= eps·n/2``, ``n = min(N, D)``, ``m = max(N, D)``: the default tolerances),
+    (``rtol² <= eps·n/2``, ``n = min(N, D)``, ``m = max(N, D)``, eps of the Gram's dtype: the
+    default tolerance of float64 features; float32 ones only with an explicit small rtol),
     acceptance needs every ``mu_i >= tau·mu_1`` with ``tau = err_rel/accuracy >= tau_0 =
     (eps·n + 0.9·eps·√m·trace(M)/rho)/accuracy`` (``err_rel = eps·(n + √m·Σmu/mu_1)``, ``rho``
     the largest absolute row sum, ``>= mu_1``; 0.9 covers the rounding of the computed Σmu).

@@ -6,8 +6,9 @@ Runs :func:`condreg.immunize` for each method on one (D_P, D_H) pair and measure
 Independently of it (``cross_check``, on by default; ``condreg reproduce mnist-pairs`` turns it
 on with ``--cross-check``), :func:`spectrum_numbers` recomputes every condition number from
 NumPy's SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above
-``rtol·σ₁``), so the reported numbers are cross-checked. :func:`tolerance_robustness` repeats the
-verdict at 10× and 100× the run's tolerance (docs/math.md §10.3). Each matrix is decomposed once
+``rtol·σ₁``), so, where it runs, the reported numbers are cross-checked.
+:func:`tolerance_robustness` repeats the verdict at 10× and 100× the run's tolerance
+(docs/math.md §10.3). Each matrix is decomposed once
 per θ by each side (:func:`score`), the tasks' own ``X_p``, ``X_h`` once per pair
 (:class:`PairSpectra`); the other tolerances re-threshold those singular values. NumPy only.
 """
@@ -272,7 +273,7 @@ def rir_numbers(
 ) -> dict[str, Any]:
     """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus (``cross_check``) the SVD
     cross-check of :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its
-    ``"tolerance"``.
+    ``"tolerance"`` (``check_rel_diff`` None without the cross-check).
 
     The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
     largest relative difference to the independent recomputation; ``rtol`` is recorded.
