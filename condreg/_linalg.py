@@ -74,11 +74,10 @@ def _sample_spectrum(F: Array, xp: Any, vectors: bool, tol: float) -> tuple:
     acc = _spectrum.gram_accuracy(xp, F.dtype)
     M = _spectrum._gram_matrix(F, xp, gdtype)
     shape = (F.shape[-2], F.shape[-1])
-    refused = _spectrum.gram_refused(M, shape, tol, acc)  # what the eigenvalues would say
+    gram = _spectrum.checked_eigh_gram(M, shape, xp, vectors, F.dtype, tol, acc)
+    refused = gram is None  # proven without the eigenvalues
     if not refused:
-        s, Q, mu_rel, err_rel, in_range = _spectrum.eigh_gram(M, shape, xp, vectors, F.dtype)
-        ok = in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp)
-        _spectrum.note_gram_verdict(M, shape, ok)
+        s, Q, _, err_rel, ok = gram
 
     def from_gram():
         if not vectors:

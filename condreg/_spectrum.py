@@ -531,6 +531,27 @@ def gram_refused(M: Array, shape: tuple[int, int], rtol: float, accuracy: float)
     return False
 
 
+def checked_eigh_gram(
+    M: Array,
+    shape: tuple[int, int],
+    xp: Any,
+    vectors: bool,
+    dtype: Any,
+    rtol: float,
+    accuracy: float,
+) -> tuple[Array, Any, Array, Array, Array] | None:
+    """:func:`eigh_gram` and its verdict: None where :func:`gram_refused` proves the Gram would
+    be refused (no eigenvalues computed), else ``(s, W, mu_rel, err_rel, ok)`` with ``ok`` the
+    0-d boolean "in range and resolved" (:func:`gram_resolves`), recorded for the next
+    pre-check (:func:`note_gram_verdict`)."""
+    if gram_refused(M, shape, rtol, accuracy):
+        return None
+    s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype)
+    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
+    note_gram_verdict(M, shape, ok)
+    return s, W, mu_rel, err_rel, ok
+
+
 def gram_spectrum(
     F: Array,
     xp: Any,

@@ -153,13 +153,9 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
     if path == "auto":
         G = _left_gram(F, gdtype, xp)
         accuracy = _spectrum.gram_accuracy(xp, F.dtype)
-        if _spectrum.gram_refused(G, (r, D), rtol, accuracy):  # what the eigenvalues would say
-            path, G = "exact", None
-    if path == "auto":
-        s, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(G, (r, D), xp, False, F.dtype)
-        accepted = bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, rtol, accuracy, xp))
-        _spectrum.note_gram_verdict(G, (r, D), accepted)
-        if accepted:
+        gram = _spectrum.checked_eigh_gram(G, (r, D), xp, False, F.dtype, rtol, accuracy)
+        if gram is not None and bool(gram[4]):
+            s, _, _, err_rel, _ = gram
             mu_err: Any = err_rel
             tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
         else:  # exactly the "exact" path, whose vectors come from R (G formed as RᵀR)
