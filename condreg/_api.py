@@ -53,6 +53,7 @@ ValueError
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from array_api_compat import is_jax_array, is_torch_array
@@ -82,6 +83,13 @@ def _value(
     xp: Any,
     compute_dtype: Any = None,
 ) -> Array:
+    if gram and check_finite and xp is None and compute_dtype is None and _eager_torch(S):
+        # The most common deep-learning call (a CPU feature batch, a gradient asked for): the
+        # adapter validates it itself (its eligibility implies every check of
+        # _validation.matrix but finiteness, which it reads off the Gram matrix it forms).
+        from condreg import torch as adapter
+
+        return adapter.eager_host_value(quantity, S, rtol=rtol, tie_rtol=tie_rtol)
     S, xp, concrete = _validation.matrix(S, xp=xp, where=quantity, check_finite=check_finite)
     S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=quantity)
     if is_torch_array(S):
@@ -95,6 +103,17 @@ def _value(
         return _validation.as_output(xp.asarray(out), out_dtype, xp)
     out = adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
     return _validation.as_output(out, out_dtype, xp)
+
+
+def _eager_torch(S: Any) -> bool:
+    """Whether ``S`` takes the PyTorch adapter's eager host path (:func:`condreg.torch.eager_host`;
+    False without PyTorch loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(S) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    from condreg import torch as adapter
+
+    return adapter.eager_host(S)
 
 
 def _grad(

@@ -377,6 +377,11 @@ def _gram_matrix(F: Array, xp: Any, gdtype: Any) -> Array:
     wide = F.shape[-2] < F.shape[-1]
     if _blocked_gram_eligible(A):
         return _symmetric_gram(A.mT if wide else A)
+    if is_numpy_array(A):  # an overflowing Gram is handled (eigh_gram): no warning about it
+        import numpy as np
+
+        with np.errstate(over="ignore", invalid="ignore"):
+            return A @ _mT(xp, A) if wide else _mT(xp, A) @ A
     return A @ _mT(xp, A) if wide else _mT(xp, A) @ A
 
 
@@ -427,7 +432,14 @@ def eigh_gram(
     saying that ``mu_1`` lies safely inside the dtype's range (between the smallest normal
     number over eps² and the largest over 4·max(N, D); always true for float32 features with a
     float64 Gram). Out of range (``F = 1e-170·I`` or ``1e200·I`` in float64) the caller takes
-    the exact path. Results in ``dtype``."""
+    the exact path. Results in ``dtype``.
+
+    A Gram matrix whose trace is not below that upper bound (it overflowed, or NaN input under
+    a trace or with checks off) is never decomposed: LAPACK does not converge on ``inf``
+    entries (NumPy and PyTorch raise). Its eigh runs on the identity instead and ``in_range``
+    is false, so the exact path decides (``mu_1 <= trace``: nothing the bound accepts is
+    lost)."""
+    M, fits = _finite_gram(M, shape, xp)
     if vectors:
         mu, W = xp.linalg.eigh(M)
         W = xp.flip(W, axis=-1)
@@ -436,7 +448,19 @@ def eigh_gram(
     else:
         mu, W = xp.linalg.eigvalsh(M), None
     s, mu_rel, err_rel, in_range = _eigh_tail(mu, shape, xp, dtype)
-    return s, W, mu_rel, err_rel, in_range
+    return s, W, mu_rel, err_rel, in_range & fits
+
+
+def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array]:
+    """``(M or the identity, fits)``: per matrix, ``fits`` says that the trace of ``M`` is
+    below ``max / (4·max(N, D))`` (False for NaN): then every entry is finite (``|M_ij| <=
+    √(M_ii·M_jj)``) and ``mu_1`` inside :func:`eigh_gram`'s range. Where it does not, ``M`` is
+    replaced by the identity (an array select: no host read, traceable)."""
+    big = _finfo(xp, M.dtype)[2]
+    trace = xp.sum(xp.linalg.diagonal(M), axis=-1)
+    fits = trace < big / (4.0 * max(shape))
+    eye = xp.eye(M.shape[-1], dtype=M.dtype, device=_device(M))
+    return xp.where(fits[..., None, None], M, eye), xp.all(fits)
 
 
 def _eigh_tail(
@@ -720,31 +744,53 @@ def host_eligible(F: Array, concrete: Concrete) -> bool:
     )
 
 
-def decompose_host(F: Array, xp: Any, *, rtol: float | None) -> Spectrum:
+def host_gram(F: Array) -> Array:
+    """The smaller Gram matrix of a :func:`host_eligible` feature batch, in float64 (a float32
+    batch is cast first, as :func:`gram_dtype` says)."""
+    torch = loaded("torch")
+    A = F if F.dtype == torch.float64 else F.to(torch.float64)
+    return A @ A.mT if F.shape[-2] < F.shape[-1] else A.mT @ A
+
+
+def decompose_host(F: Array, xp: Any, *, rtol: float | None, M: Array | None = None) -> Spectrum:
     """:func:`decompose` of a small feature batch (``gram=True``, ``method="auto"``, with
-    vectors; :func:`host_eligible`) whose spectrum lives in NumPy: the Gram matrix, its
-    ``eigh`` (or the exact path's QR/SVD) and the vectors are computed by PyTorch, the values
-    (``s``, ``mu``, rank, error bounds, tie tolerances) are NumPy arrays, on which the core's
-    formulas run a few times faster than as small tensors (a CPU array is read without a
-    synchronisation). ``U``/``Vh``/``F`` stay tensors."""
+    vectors; :func:`host_eligible`) whose spectrum lives in NumPy: the Gram matrix
+    (:func:`host_gram`, or ``M`` when the caller formed it), its ``eigh`` (or the exact path's
+    QR/SVD) and the vectors are computed by PyTorch, the values (``s``, ``mu``, rank, error
+    bounds, tie tolerances) are NumPy arrays, on which the core's formulas run a few times
+    faster than as small tensors (a CPU array is read without a synchronisation). ``U``/``Vh``/
+    ``F`` stay tensors. The same verdict and values as :func:`_eigh_tail` and
+    :func:`gram_resolves`, with the scalars as Python floats (fewer small operations: this is
+    every eager training step's path). ``xp``: the PyTorch namespace (for the exact path)."""
     import numpy as np
 
-    rtol = resolve_rtol(rtol, F.shape, F.dtype, xp)
+    torch = loaded("torch")
     N, D = F.shape
-    gdtype = gram_dtype(F, xp)
-    mu, W = xp.linalg.eigh(_gram_matrix(F, xp, gdtype))
-    W = xp.flip(W, axis=-1)
-    if W.dtype != F.dtype:
-        W = xp.astype(W, F.dtype)
-    hdtype = np.float32 if F.dtype == loaded("torch").float32 else np.float64
-    s, mu_rel, err_rel, in_range = _eigh_tail(mu.numpy(), (N, D), np, hdtype)
-    tie = np.full_like(err_rel, default_tie_rtol(F.shape, F.dtype, xp))  # s is in F's dtype
-    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(xp, F.dtype), np)
-    if not bool(ok):
+    n, m = min(N, D), max(N, D)
+    hdtype = np.float32 if F.dtype == torch.float32 else np.float64
+    rtol = resolve_rtol(rtol, F.shape, hdtype, np)
+    tie = default_tie_rtol(F.shape, hdtype, np)  # s is in F's dtype
+    e, tiny, big = _finfo(np, np.float64)  # the Gram is float64
+    M = host_gram(F) if M is None else M
+    # mu_1 <= trace < max/(4m): every entry finite (|M_ij| <= √(M_ii M_jj)) and mu_1 inside
+    # eigh_gram's range; otherwise (NaN, overflow) the exact path, without an eigh of inf
+    ok = float(np.trace(M.numpy())) < big / (4.0 * m)
+    if ok:
+        mu, W = torch.linalg.eigh(M)
+        W = W.flip(-1)
+        if W.dtype != F.dtype:
+            W = W.to(F.dtype)
+        mu = np.maximum(mu.numpy()[::-1], 0.0)  # descending
+        top = float(mu[0])
+        ok = tiny / (e * e) < top  # False for a zero matrix and one whose Gram underflows
+    if ok:
+        err_rel = float(hdtype(((e * n) * top + (e * math.sqrt(m)) * float(np.sum(mu))) / top))
+        mu_rel = (mu / top).astype(hdtype, copy=False)
+        s = np.sqrt(mu).astype(hdtype, copy=False)
+        ok = bool(gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(np, hdtype), np))
+    if not ok:
         s_t, W = _svd_small_side(F, xp, True)
-        s = s_t.numpy()
-        err_rel = np.zeros_like(err_rel)
-        tie = np.full_like(err_rel, default_tie_rtol(F.shape, F.dtype, xp))
+        s, err_rel = s_t.numpy(), 0.0
     mask, k = _rank(s, rtol, np)
     _check_rank(k, np, eager)
     U, Vh = (W, None) if N < D else (None, W.mT)

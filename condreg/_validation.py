@@ -153,10 +153,21 @@ def matrix(
     concrete = concrete_for(S, check_finite)
     empty = any(d == 0 for d in S.shape)
     if not empty and concrete is not _core.never and concrete(_all_finite(S, xp)) is False:
-        raise ValueError(
-            f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
-        )
+        raise nonfinite_error(where)
     return S, xp, concrete
+
+
+def nonfinite_input(S: Array) -> bool:
+    """Whether an eager (readable) array has a NaN or Inf entry."""
+    return not bool(_all_finite(S, namespace(S)))
+
+
+def nonfinite_error(where: str) -> ValueError:
+    """The error for NaN/Inf input (raised by :func:`matrix`, and by the PyTorch adapter's eager
+    host path, which checks finiteness on the Gram matrix it forms anyway)."""
+    return ValueError(
+        f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
+    )
 
 
 def _is_half(xp: Any, dtype: Any) -> bool:

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from array_api_compat import array_namespace  # noqa: E402
 
 import condreg  # noqa: E402
+import condreg.torch  # noqa: E402
 from condreg import _core, _extreme, _spectrum  # noqa: E402
 from condreg.testing import matrix_with_spectrum  # noqa: E402
 
@@ -177,6 +178,7 @@ def test_host_spectrum_matches_tensor_spectrum(monkeypatch, quantity, dtype, N, 
         va.backward()
         with monkeypatch.context() as m:
             m.setattr(_spectrum, "host_eligible", lambda *a: False)
+            m.setattr(condreg.torch, "eager_host", lambda *a: False)
             B = F.clone().requires_grad_()
             vb = getattr(condreg, quantity)(B, gram=True)
             vb.backward()

@@ -67,6 +67,8 @@ Training adapters (a regularizer loss module, the preconditioning "dummy layer")
 
 from __future__ import annotations
 
+import math
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without torch
@@ -76,7 +78,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from array_api_compat import array_namespace
 
-from condreg import _core, _spectrum
+from condreg import _core, _spectrum, _validation
 
 __all__ = ["concrete", "value"]
 
@@ -200,6 +202,24 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     return r.value, P, empty, S.new_empty(0), first, second, pole
 
 
+def _backward(ctx, grad_value: torch.Tensor, vectors: bool) -> torch.Tensor:
+    """The gradient with respect to ``S`` from what the forward saved (``S`` and the parts of
+    :func:`_forward`): one GEMM and the scaling, or, for higher order (grad mode on in the
+    backward) and without saved vectors, the differentiable recomputation."""
+    S, A, B, g, first, second, pole = ctx.saved_tensors
+    quantity, rtol, tie_rtol, gram, check = ctx.config
+    if torch.is_grad_enabled() or not vectors:
+        return grad_value[..., None, None] * _closed_form(S, ctx.config)
+    if pole.numel():
+        _core.check_pole(torch.any(pole), _concrete_or_skip(check))
+    if gram:  # A = P = 2 Q diag(g) Qᵀ
+        G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
+    else:
+        G = (A * g[..., None, :]) @ B
+    # G is a fresh tensor and nothing differentiates this branch: scale it in place.
+    return G.mul_(first * grad_value[..., None, None]).mul_(second)
+
+
 class _SpectralValue(torch.autograd.Function):
     """value = quantity(S); backward: ``grad_value * G(S)``.
 
@@ -222,19 +242,7 @@ class _SpectralValue(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_value, *_):  # type: ignore[override]
-        S, A, B, g, first, second, pole = ctx.saved_tensors
-        quantity, rtol, tie_rtol, gram, check = ctx.config
-        if torch.is_grad_enabled() or not ctx.vectors:
-            G = _closed_form(S, ctx.config)  # higher order: differentiable recomputation
-            return grad_value[..., None, None] * G, None, None, None, None, None, None
-        if pole.numel():
-            _core.check_pole(torch.any(pole), _concrete_or_skip(check))
-        if gram:  # A = P = 2 Q diag(g) Qᵀ
-            G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
-        else:
-            G = (A * g[..., None, :]) @ B
-        # G is a fresh tensor and nothing differentiates this branch: scale it in place.
-        G = G.mul_(first * grad_value[..., None, None]).mul_(second)
+        G = _backward(ctx, grad_value, ctx.vectors)
         return G, None, None, None, None, None, None
 
     @staticmethod
@@ -283,7 +291,109 @@ def _needs_vectors(S: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and S.requires_grad
 
 
+def _host_parts(S: torch.Tensor, quantity: str, rtol, tie_rtol) -> tuple | None:
+    """``(value, P, first, second, pole)`` of :class:`_EagerHostGram`: the value (0-d tensor),
+    the small side's ``P = 2 Q diag(g) Qᵀ`` (the gradient is ``P F`` or ``F P`` times
+    ``first · second``, Python floats, ``second`` None when it is 1) and, for ``r_ill``, whether
+    the value is at its pole (a Python bool). Raises ``ValueError`` for NaN/Inf input and an
+    invalid ``rtol``/``tie_rtol``, :class:`RankError` for a zero matrix."""
+    np = _numpy()
+    tie = _core.check_tie_rtol(tie_rtol)
+    F = S.detach()
+    M = _spectrum.host_gram(F)
+    # NaN/Inf input gives a non-finite diagonal; a finite one may still overflow (the exact path)
+    if not math.isfinite(float(np.trace(M.numpy()))) and _validation.nonfinite_input(F):
+        raise _validation.nonfinite_error(quantity)
+    sp = _spectrum.decompose_host(F, array_namespace(F), rtol=rtol, M=M)
+    r = _core.value_and_dmu(quantity, sp, np, tie_rtol=tie, subgradient="min_norm")
+    # With gram the gradient is assembled on F itself, which carries one power of s_1.
+    first, second = _spectrum.power_factors(r.s1[..., None], 2 * _core._DEGREE[quantity], np)
+    first, second = float(first.reshape(())), float(second.reshape(()))
+    Q = sp.U if sp.U is not None else sp.Vh.mT
+    P = (Q * torch.from_numpy(2.0 * r.g)) @ Q.mT
+    pole = r.pole is not None and bool(r.pole)
+    return torch.as_tensor(r.value), P, first, (None if second == 1.0 else second), pole
+
+
+class _EagerHostGram(torch.autograd.Function):
+    """:class:`_SpectralValueWithJvp` for the most common call, with less per-call machinery: a
+    single plain CPU matrix with ``gram=True``, checks on, a gradient asked for, eagerly (no
+    ``torch.func`` transform, not compiling; :func:`eager_host`). The same rule: the forward
+    is the host path (:func:`condreg._spectrum.decompose_host`, values in NumPy) and keeps
+    ``P``; the backward is the GEMM with ``F`` and the scaling (and, for higher order, the same
+    differentiable recomputation). Written in the classic ``forward(ctx, ...)`` style, which
+    PyTorch applies without binding the arguments to the signature on every call (as it does
+    for a ``setup_context`` Function), with one output instead of seven; such a Function cannot
+    run under ``torch.func`` transforms, hence the eligibility test.
+
+    The input is validated here (:func:`eager_host` implies every check of
+    :func:`condreg._validation.matrix` except finiteness): a non-finite Gram matrix means
+    non-finite input (``ValueError``) or a Gram that overflows float64 (then the exact path of
+    :func:`condreg._spectrum.decompose_host`)."""
+
+    @staticmethod
+    def forward(ctx, S, quantity, rtol, tie_rtol):  # type: ignore[override]
+        value, P, first, second, pole = _host_parts(S, quantity, rtol, tie_rtol)
+        ctx.save_for_backward(S, P)
+        ctx.save_for_forward(S)
+        ctx.config = (quantity, rtol, tie_rtol, True, True)
+        ctx.host = (first, second, pole)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_value):  # type: ignore[override]
+        if torch.is_grad_enabled():  # higher order: the differentiable recomputation
+            G = grad_value[..., None, None] * _closed_form(ctx.saved_tensors[0], ctx.config)
+            return G, None, None, None
+        S, P = ctx.saved_tensors
+        first, second, pole = ctx.host
+        if pole:
+            _core.check_pole(True, _core.eager)
+        G = P @ S if S.shape[-2] < S.shape[-1] else S @ P
+        # G is a fresh tensor and nothing differentiates this branch: scale it in place.
+        G.mul_(grad_value * first)
+        if second is not None:
+            G.mul_(second)
+        return G, None, None, None
+
+    @staticmethod
+    def jvp(ctx, S_dot, *_):  # type: ignore[override]
+        return _SpectralValueWithJvp.jvp(ctx, S_dot)[0]
+
+
+#: Tensor types :class:`_EagerHostGram` takes (subclasses such as DTensor or fake tensors go
+#: the general way).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager_host(S: torch.Tensor) -> bool:
+    """Whether ``condreg``'s values with ``gram=True`` and checks on take
+    :class:`_EagerHostGram` for ``S``: a gradient is asked for (grad mode on,
+    ``S.requires_grad``) of a plain 2-D float32/float64 CPU tensor whose small side is between
+    1 and :data:`condreg._spectrum.EXTREME_MIN` − 1, eagerly (no ``torch.func`` transform
+    active, not compiling)."""
+    return (
+        type(S) in _PLAIN
+        and S.requires_grad
+        and S.ndim == 2
+        and 0 < min(S.shape) < _spectrum.EXTREME_MIN
+        and (S.dtype == torch.float64 or S.dtype == torch.float32)
+        and S.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def eager_host_value(quantity: str, S: torch.Tensor, *, rtol, tie_rtol) -> torch.Tensor:
+    """``quantity(S, gram=True)`` through :class:`_EagerHostGram` (``S``: :func:`eager_host`;
+    not validated before: the Function does it)."""
+    return _EagerHostGram.apply(S, quantity, rtol, tie_rtol)
+
+
 def _apply(S, quantity, rtol, tie_rtol, gram, check):
+    if gram and check and eager_host(S):
+        return _EagerHostGram.apply(S, quantity, rtol, tie_rtol)
     vectors = _needs_vectors(S)
     return _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)[0]
 

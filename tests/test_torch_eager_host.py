@@ -1,0 +1,220 @@
+"""The PyTorch adapter's eager host Function (``condreg.torch._EagerHostGram``): the path of a
+CPU feature batch with ``gram=True`` whose gradient is asked for. It validates its input itself
+(finiteness from the Gram matrix it forms), so every kind of bad input is checked here, and its
+results are compared with the general Function's on the same input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import enable_x64  # noqa: E402
+
+import condreg  # noqa: E402
+import condreg.torch  # noqa: E402
+from condreg import PoleError, RankError  # noqa: E402
+from condreg.testing import matrix_with_spectrum  # noqa: E402
+
+QUANTITIES = ["condition_number", "r_well", "r_ill"]
+SHAPES = [pytest.param((6, 20), id="N<D"), pytest.param((20, 6), id="N>D")]
+DTYPES = [pytest.param(torch.float64, id="float64"), pytest.param(torch.float32, id="float32")]
+
+
+def _value_and_grad(name, F, weight=None, function="_EagerHostGramBackward", **kwargs):
+    X = F.detach().clone().requires_grad_()
+    v = getattr(condreg, name)(X, gram=True, **kwargs)
+    assert type(v.grad_fn).__name__ == function
+    (v if weight is None else v * weight).backward()
+    return v.detach(), X.grad
+
+
+def _general(monkeypatch, name, F, weight=None, **kwargs):
+    with monkeypatch.context() as m:
+        m.setattr(condreg.torch, "eager_host", lambda S: False)
+        return _value_and_grad(name, F, weight, "_SpectralValueWithJvpBackward", **kwargs)
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def test_taken_for_an_eligible_call_only():
+    F = torch.randn(8, 30, dtype=torch.float64)
+
+    def grad_fn(X, **kwargs):
+        return type(condreg.r_ill(X, **kwargs).grad_fn).__name__
+
+    X = F.clone().requires_grad_()
+    assert grad_fn(X, gram=True) == "_EagerHostGramBackward"
+    assert grad_fn(torch.nn.Parameter(F.clone()), gram=True) == "_EagerHostGramBackward"
+    assert grad_fn(X, gram=False) == "_SpectralValueWithJvpBackward"
+    assert grad_fn(X, gram=True, check_finite=False) == "_SpectralValueWithJvpBackward"
+    batch = torch.randn(2, 8, 30, dtype=torch.float64, requires_grad=True)
+    assert grad_fn(batch, gram=True) == "_SpectralValueWithJvpBackward"
+    big = torch.randn(130, 140, dtype=torch.float64, requires_grad=True)  # EXTREME_MIN
+    assert grad_fn(big, gram=True) == "_SpectralValueWithJvpBackward"
+    with torch.no_grad():
+        assert condreg.r_ill(X, gram=True).grad_fn is None
+    assert condreg.r_ill(F, gram=True).grad_fn is None  # no gradient asked for
+    half = F.to(torch.float16).requires_grad_()  # computed in float32 by the general path
+    assert grad_fn(half, gram=True) == "ToCopyBackward0"
+    # torch.func transforms need a setup_context Function: the general one runs there
+    G = torch.func.grad(lambda A: condreg.r_ill(A, gram=True))(F)
+    _, ref = _value_and_grad("r_ill", F)
+    assert _rel(G, ref) < 1e-12
+
+
+@pytest.mark.parametrize("name", QUANTITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_equals_the_general_function(monkeypatch, name, dtype, shape):
+    """Generic spectra, exact ties at both ends and a rank-deficient batch: the same value and
+    gradient as the general Function (with an incoming gradient that is not 1)."""
+    N, D = shape
+    spectra = [
+        np.geomspace(5.0, 0.5, 6),
+        np.array([3.0, 3.0, 2.0, 1.0, 1.0, 1.0]),
+        np.array([2.0, 1.5, 1.0, 0.7, 0.0, 0.0]),
+    ]
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for seed, s in enumerate(spectra):
+        F = torch.tensor(matrix_with_spectrum(s, N, D, seed=seed), dtype=dtype)
+        v, G = _value_and_grad(name, F, weight=-2.5)
+        w, H = _general(monkeypatch, name, F, weight=-2.5)
+        assert v.dtype == w.dtype == G.dtype == dtype
+        assert abs(float(v) - float(w)) <= tol * abs(float(w))
+        assert _rel(G, H) < tol, (name, s)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", QUANTITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_non_finite_input_raises_value_error(name, bad, dtype, shape):
+    F = torch.randn(*shape, dtype=dtype)
+    F[2, 3] = bad
+    X = F.requires_grad_()
+    with pytest.raises(ValueError, match=f"{name}: the input contains NaN or Inf"):
+        getattr(condreg, name)(X, gram=True)
+
+
+@pytest.mark.parametrize("name", QUANTITIES)
+@pytest.mark.parametrize("scale", [1e200, 1e-170], ids=["huge", "tiny"])
+def test_a_gram_out_of_range_takes_the_exact_path(monkeypatch, name, scale):
+    """F = 1e200·X: its Gram matrix overflows float64 (the general Function's exact path);
+    F = 1e-170·X: it underflows. Finite values and gradients (zero or inf where the true ones
+    are not representable, never NaN), equal to the general Function's."""
+    F = torch.tensor(matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=3)) * scale
+    v, G = _value_and_grad(name, F)
+    w, H = _general(monkeypatch, name, F)
+    assert not math.isnan(float(v)) and not torch.isnan(G).any()
+    assert float(v) == pytest.approx(float(w), rel=1e-12)
+    finite = torch.isfinite(H)
+    assert torch.equal(finite, torch.isfinite(G))
+    assert torch.allclose(G[finite], H[finite], rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("name", QUANTITIES)
+def test_zero_matrix_raises_rank_error(name):
+    X = torch.zeros(5, 9, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RankError, match="rank 0"):
+        getattr(condreg, name)(X, gram=True)
+
+
+def test_r_ill_at_its_pole_is_inf_and_its_backward_raises():
+    F = torch.zeros(4, 10, dtype=torch.float64)
+    F[:, :4] = 2.0 * torch.eye(4, dtype=torch.float64)  # every singular value equal
+    X = F.requires_grad_()
+    v = condreg.r_ill(X, gram=True)
+    assert type(v.grad_fn).__name__ == "_EagerHostGramBackward"
+    assert float(v.detach()) == math.inf
+    with pytest.raises(PoleError, match="pole"):
+        v.backward()
+    assert float(condreg.condition_number(X, gram=True).detach()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"rtol": 1.5}, {"tie_rtol": -1.0}, {"rtol": "0.1"}])
+def test_invalid_tolerances_raise_value_error(kwargs):
+    X = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match="rtol"):
+        condreg.r_ill(X, gram=True, **kwargs)
+
+
+def test_incoming_gradient_and_create_graph(monkeypatch):
+    """``autograd.grad`` with a non-unit incoming gradient, and double backward (the
+    differentiable recomputation) — the same as the general Function."""
+    F = torch.tensor(matrix_with_spectrum(np.geomspace(3.0, 1.0, 5), 5, 12, seed=4))
+
+    def grads():
+        X = F.clone().requires_grad_()
+        v = condreg.r_ill(X, gram=True)
+        weight = torch.tensor(-0.5, dtype=F.dtype)
+        (G,) = torch.autograd.grad(v, X, grad_outputs=weight, create_graph=True)
+        (H,) = torch.autograd.grad((G * G).sum(), X)
+        return G.detach(), H
+
+    G, H = grads()
+    with monkeypatch.context() as m:
+        m.setattr(condreg.torch, "eager_host", lambda S: False)
+        G2, H2 = grads()
+    assert _rel(G, G2) < 1e-12 and _rel(H, H2) < 1e-10
+
+
+def test_forward_mode_agrees_with_reverse_mode():
+    import torch.autograd.forward_ad as fwAD
+
+    F = torch.tensor(matrix_with_spectrum(np.geomspace(3.0, 1.0, 5), 5, 12, seed=5))
+    T = torch.randn_like(F)
+    X = F.clone().requires_grad_()
+    condreg.r_ill(X, gram=True).backward()
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(F.clone().requires_grad_(), T)
+        out = condreg.r_ill(dual, gram=True)
+        tangent = fwAD.unpack_dual(out).tangent
+    assert float(tangent.detach()) == pytest.approx(float((X.grad * T).sum()), rel=1e-10)
+
+
+@pytest.mark.parametrize("name", QUANTITIES)
+@pytest.mark.parametrize(
+    "backend", ["numpy", "torch-batch", "torch-no-grad", "torch-tall-extreme", "jax"]
+)
+def test_an_overflowing_gram_takes_the_exact_path_everywhere(name, backend):
+    """F = 1e200·X (dense, float64): every entry of FᵀF overflows. The Gram path must not hand
+    ``inf`` to LAPACK (which does not converge and raises): the exact path gives the value of
+    X itself (κ) or its scaling (R_well → inf, R_ill → 0), never an error or NaN."""
+    X = matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=7)
+    ref = float(getattr(condreg, name)(X, gram=True))
+    shape_scale = {"condition_number": 1.0, "r_well": math.inf, "r_ill": 0.0}[name]
+    if backend == "numpy":
+        out = getattr(condreg, name)(X * 1e200, gram=True)
+    elif backend == "jax":
+        jax = pytest.importorskip("jax")
+        with enable_x64(jax):
+            out = jax.jit(lambda a: getattr(condreg, name)(a, gram=True))(
+                jax.numpy.asarray(X * 1e200)
+            )
+            out = float(out)
+    else:
+        A = torch.tensor(X) * 1e200
+        if backend == "torch-batch":
+            A = torch.stack([A, A])
+        elif backend == "torch-tall-extreme":  # min side >= EXTREME_MIN: the extreme path
+            A = torch.tensor(matrix_with_spectrum(np.geomspace(4.0, 1.0, 130), 300, 130, seed=8))
+            ref = float(getattr(condreg, name)(A, gram=True))
+            A = A * 1e200
+        grad = backend != "torch-no-grad"
+        A.requires_grad_(grad)
+        v = getattr(condreg, name)(A, gram=True)
+        if grad:
+            v.sum().backward()
+            assert not torch.isnan(A.grad).any()
+        out = float(v.detach().reshape(-1)[0])
+    if shape_scale == 1.0:
+        assert out == pytest.approx(ref, rel=1e-10)
+    else:
+        assert out == shape_scale
