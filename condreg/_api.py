@@ -109,7 +109,7 @@ def _eager_torch(S: Any) -> bool:
     """Whether ``S`` takes the PyTorch adapter's eager host path (:func:`condreg.torch.eager_host`;
     False without PyTorch loaded)."""
     torch = sys.modules.get("torch")
-    if torch is None or type(S) not in (torch.Tensor, torch.nn.Parameter):
+    if torch is None or not isinstance(S, torch.Tensor):
         return False
     from condreg import torch as adapter
 

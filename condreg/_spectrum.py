@@ -436,9 +436,10 @@ def eigh_gram(
 
     A Gram matrix whose trace is not below that upper bound (it overflowed, or NaN input under
     a trace or with checks off) is never decomposed: LAPACK does not converge on ``inf``
-    entries (NumPy and PyTorch raise). Its eigh runs on the identity instead and ``in_range``
-    is false, so the exact path decides (``mu_1 <= trace``: nothing the bound accepts is
-    lost)."""
+    entries (NumPy and PyTorch raise). Its eigh runs on the identity instead, its values are
+    NaN and ``in_range`` is false, so the exact path decides (``"auto"``). The bound is on the
+    trace, not on ``mu_1 <= trace``: a Gram within a factor ``min(N, D)`` of it also takes the
+    exact path (equally accurate)."""
     M, fits = _finite_gram(M, shape, xp)
     if vectors:
         mu, W = xp.linalg.eigh(M)
@@ -448,19 +449,30 @@ def eigh_gram(
     else:
         mu, W = xp.linalg.eigvalsh(M), None
     s, mu_rel, err_rel, in_range = _eigh_tail(mu, shape, xp, dtype)
-    return s, W, mu_rel, err_rel, in_range & fits
+    if fits is not None:  # a matrix replaced by the identity: NaN values (method="gram")
+        s, mu_rel, err_rel = (xp.where(fits[..., None], a, math.nan) for a in (s, mu_rel, err_rel))
+        in_range = in_range & xp.all(fits)
+    return s, W, mu_rel, err_rel, in_range
 
 
-def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array]:
-    """``(M or the identity, fits)``: per matrix, ``fits`` says that the trace of ``M`` is
-    below ``max / (4·max(N, D))`` (False for NaN): then every entry is finite (``|M_ij| <=
+def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array | None]:
+    """``(M, fits)``: ``fits`` (one boolean per matrix) says that the trace of ``M`` is below
+    ``max / (4·max(N, D))`` (False for NaN): then every entry is finite (``|M_ij| <=
     √(M_ii·M_jj)``) and ``mu_1`` inside :func:`eigh_gram`'s range. Where it does not, ``M`` is
-    replaced by the identity (an array select: no host read, traceable)."""
+    replaced by the identity (an array select: no host read, traceable). A NumPy ``M`` that
+    fits entirely is returned as it is, with ``fits = None`` (no copy, nothing to mask)."""
     big = _finfo(xp, M.dtype)[2]
-    trace = xp.sum(xp.linalg.diagonal(M), axis=-1)
-    fits = trace < big / (4.0 * max(shape))
-    eye = xp.eye(M.shape[-1], dtype=M.dtype, device=_device(M))
-    return xp.where(fits[..., None, None], M, eye), xp.all(fits)
+    diagonal = getattr(xp.linalg, "diagonal", None)
+    d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
+    fits = xp.sum(d, axis=-1) < big / (4.0 * max(shape))
+    if is_numpy_array(M) and bool(xp.all(fits)):
+        return M, None
+    n = M.shape[-1]
+    try:
+        eye = xp.eye(n, dtype=M.dtype, device=_device(M))
+    except TypeError:  # NumPy < 2 has no device argument
+        eye = xp.eye(n, dtype=M.dtype)
+    return xp.where(fits[..., None, None], M, eye), fits
 
 
 def _eigh_tail(
@@ -745,11 +757,12 @@ def host_eligible(F: Array, concrete: Concrete) -> bool:
 
 
 def host_gram(F: Array) -> Array:
-    """The smaller Gram matrix of a :func:`host_eligible` feature batch, in float64 (a float32
-    batch is cast first, as :func:`gram_dtype` says)."""
-    torch = loaded("torch")
-    A = F if F.dtype == torch.float64 else F.to(torch.float64)
-    return A @ A.mT if F.shape[-2] < F.shape[-1] else A.mT @ A
+    """The smaller Gram matrix of a single CPU PyTorch feature batch in float64 (a float32
+    batch is cast first, as :func:`gram_dtype` says; a large one from its upper block rows,
+    :func:`_symmetric_gram`)."""
+    from array_api_compat import array_namespace
+
+    return _gram_matrix(F, array_namespace(F), loaded("torch").float64)
 
 
 def decompose_host(F: Array, xp: Any, *, rtol: float | None, M: Array | None = None) -> Spectrum:
@@ -759,9 +772,27 @@ def decompose_host(F: Array, xp: Any, *, rtol: float | None, M: Array | None = N
     QR/SVD) and the vectors are computed by PyTorch, the values (``s``, ``mu``, rank, error
     bounds, tie tolerances) are NumPy arrays, on which the core's formulas run a few times
     faster than as small tensors (a CPU array is read without a synchronisation). ``U``/``Vh``/
-    ``F`` stay tensors. The same verdict and values as :func:`_eigh_tail` and
+    ``F`` stay tensors. The same values as :func:`_eigh_tail` and the verdict of
     :func:`gram_resolves`, with the scalars as Python floats (fewer small operations: this is
-    every eager training step's path). ``xp``: the PyTorch namespace (for the exact path)."""
+    every eager training step's path), and, like :func:`eigh_gram`, the exact path for a Gram
+    whose trace is not below ``max / (4·max(N, D))``. ``xp``: the PyTorch namespace (for the
+    exact path)."""
+    return _decompose_host(F, xp, rtol, M, False)[0]
+
+
+def decompose_host_extreme(
+    F: Array, xp: Any, *, rtol: float | None, M: Array | None = None
+) -> tuple[Spectrum, UnitGram | None]:
+    """:func:`decompose_host` for :func:`extreme_gram_product` (a single CPU PyTorch matrix of
+    any size): where the Gram path is taken, ``eigvalsh`` only, a spectrum without vectors and
+    the :class:`UnitGram` (its ``mu`` a NumPy array); the exact path returns its vectors and
+    ``None`` (as :func:`decompose_extreme`)."""
+    return _decompose_host(F, xp, rtol, M, True)
+
+
+def _decompose_host(
+    F: Array, xp: Any, rtol: float | None, M: Array | None, extreme: bool
+) -> tuple[Spectrum, UnitGram | None]:
     import numpy as np
 
     torch = loaded("torch")
@@ -772,29 +803,39 @@ def decompose_host(F: Array, xp: Any, *, rtol: float | None, M: Array | None = N
     tie = default_tie_rtol(F.shape, hdtype, np)  # s is in F's dtype
     e, tiny, big = _finfo(np, np.float64)  # the Gram is float64
     M = host_gram(F) if M is None else M
+    W = unit = None
     # mu_1 <= trace < max/(4m): every entry finite (|M_ij| <= √(M_ii M_jj)) and mu_1 inside
     # eigh_gram's range; otherwise (NaN, overflow) the exact path, without an eigh of inf
     ok = float(np.trace(M.numpy())) < big / (4.0 * m)
     if ok:
-        mu, W = torch.linalg.eigh(M)
-        W = W.flip(-1)
-        if W.dtype != F.dtype:
-            W = W.to(F.dtype)
+        if extreme:
+            mu = torch.linalg.eigvalsh(M)
+        else:
+            mu, W = torch.linalg.eigh(M)
         mu = np.maximum(mu.numpy()[::-1], 0.0)  # descending
         top = float(mu[0])
         ok = tiny / (e * e) < top  # False for a zero matrix and one whose Gram underflows
     if ok:
         err_rel = float(hdtype(((e * n) * top + (e * math.sqrt(m)) * float(np.sum(mu))) / top))
-        mu_rel = (mu / top).astype(hdtype, copy=False)
+        mu_rel = mu / top
         s = np.sqrt(mu).astype(hdtype, copy=False)
-        ok = bool(gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(np, hdtype), np))
-    if not ok:
+        accuracy = gram_accuracy(np, hdtype)
+        ok = bool(gram_resolves(mu_rel.astype(hdtype, copy=False), err_rel, rtol, accuracy, np))
+    if ok:
+        if extreme:
+            s1 = math.sqrt(top)
+            unit = UnitGram(M / (s1 * s1), mu_rel)
+        else:
+            W = W.flip(-1)
+            if W.dtype != F.dtype:
+                W = W.to(F.dtype)
+    else:
         s_t, W = _svd_small_side(F, xp, True)
         s, err_rel = s_t.numpy(), 0.0
     mask, k = _rank(s, rtol, np)
     _check_rank(k, np, eager)
-    U, Vh = (W, None) if N < D else (None, W.mT)
-    return Spectrum(U, s, Vh, _square(s, np), mask, k, D, True, err_rel, F, tie)
+    U, Vh = (W, None) if N < D or W is None else (None, W.mT)
+    return Spectrum(U, s, Vh, _square(s, np), mask, k, D, True, err_rel, F, tie), unit
 
 
 def _square(s: Array, xp: Any) -> Array:

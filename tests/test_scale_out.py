@@ -55,6 +55,22 @@ TORCH_SCRIPT = textwrap.dedent(
                         v.backward()
                         results[(D, strategy, q)] = (v.detach(), X.grad / world)
             results["auto_choice"] = (cd.choose_strategy(12, 10), cd.choose_strategy(12, 16))
+            # finite features whose all-reduced Gram overflows: the gather path, not an error
+            g = torch.Generator().manual_seed(3)
+            A = torch.randn(12, 10, dtype=torch.float64, generator=g) * 1e200
+            X = A[6 * rank : 6 * (rank + 1)].clone().requires_grad_(True)
+            v = cd.condition_number(X, strategy="gram")
+            v.backward()
+            results["overflow"] = (v.detach(), X.grad / world)
+            # NaN features on one rank: the documented error on both
+            X = A[6 * rank : 6 * (rank + 1)].clone() / 1e200
+            if rank == 1:
+                X[0, 0] = float("nan")
+            try:
+                cd.r_ill(X, strategy="gram")
+                results["nan"] = "no error"
+            except ValueError as exc:
+                results["nan"] = str(exc)
             torch.save(results, f"{out}/quantities{rank}.pt")
         finally:
             # both ranks done with every collective before the teardown (gloo on torch 2.13
@@ -168,6 +184,21 @@ def test_torch_distributed_gram_all_reduce_and_gather_match_single_process(torch
     r0, r1 = (torch.load(tmp_path / f"quantities{r}.pt") for r in (0, 1))
     assert r0.pop("auto_choice") == ("gram", "gather")
     r1.pop("auto_choice")
+    for r in (r0, r1):
+        assert "NaN or Inf" in r.pop("nan")
+    g = torch.Generator().manual_seed(3)
+    A = (torch.randn(12, 10, dtype=torch.float64, generator=g) * 1e200).requires_grad_(True)
+    want = condreg.condition_number(A, gram=True)
+    want.backward()
+    (v0, g0), (v1, g1) = r0.pop("overflow"), r1.pop("overflow")
+    for v in (v0, v1):
+        np.testing.assert_allclose(float(v), float(want.detach()), rtol=1e-10)
+    np.testing.assert_allclose(
+        torch.cat([g0, g1]).numpy(),
+        A.grad.numpy(),
+        rtol=1e-8,
+        atol=1e-10 * float(A.grad.abs().max()),
+    )
     seen = set()
     for (D, strategy, q), (v0, g0) in r0.items():
         rows = (5, 7) if D == 10 else (6, 6)

@@ -199,12 +199,14 @@ def test_grad_of_grad_and_hessian(name):
 
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 @pytest.mark.parametrize("name", ["r_ill"])
-def test_torch_compile_smoke(name):
-    """One full graph (no graph break) with the aot_eager backend: value and gradient."""
+@pytest.mark.parametrize("batch", [2, None], ids=["batch", "single"])
+def test_torch_compile_smoke(name, batch):
+    """One full graph (no graph break) with the aot_eager backend: value and gradient (a
+    single matrix too, which eagerly takes the eager host Function)."""
     torch._dynamo.reset()
     f = FUNCTIONS[name][0]
     compiled = torch.compile(lambda X: f(X, gram=True), backend="aot_eager", fullgraph=True)
-    S = generic(5, 3, batch=2).requires_grad_()
+    S = generic(5, 3, batch=batch).requires_grad_()
     out = compiled(S)
     out.sum().backward()
     close(out.detach(), f(S.detach(), gram=True))

@@ -56,8 +56,8 @@ def test_taken_for_an_eligible_call_only():
     assert grad_fn(X, gram=True, check_finite=False) == "_SpectralValueWithJvpBackward"
     batch = torch.randn(2, 8, 30, dtype=torch.float64, requires_grad=True)
     assert grad_fn(batch, gram=True) == "_SpectralValueWithJvpBackward"
-    big = torch.randn(130, 140, dtype=torch.float64, requires_grad=True)  # EXTREME_MIN
-    assert grad_fn(big, gram=True) == "_SpectralValueWithJvpBackward"
+    big = torch.randn(130, 140, dtype=torch.float64, requires_grad=True)  # the extreme path
+    assert grad_fn(big, gram=True) == "_EagerHostGramBackward"
     with torch.no_grad():
         assert condreg.r_ill(X, gram=True).grad_fn is None
     assert condreg.r_ill(F, gram=True).grad_fn is None  # no gradient asked for
@@ -218,3 +218,96 @@ def test_an_overflowing_gram_takes_the_exact_path_everywhere(name, backend):
         assert out == pytest.approx(ref, rel=1e-10)
     else:
         assert out == shape_scale
+
+
+@pytest.mark.parametrize("name", QUANTITIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape", [pytest.param((130, 200), id="N<D"), pytest.param((200, 130), id="N>D")]
+)
+def test_large_batches_equal_the_general_function(monkeypatch, name, dtype, shape):
+    """From ``EXTREME_MIN`` on, both Functions assemble ``P`` from the extreme clusters'
+    vectors only (counted); the same value and gradient, also at exact ties at both ends."""
+    N, D = shape
+    n = min(N, D)
+    s = np.linspace(3.0, 1.0, n)
+    tied = s.copy()
+    tied[:3], tied[-4:] = 3.0, 1.0
+    calls = []
+    original = condreg._spectrum.extreme_gram_product
+
+    def spy(*args, **kwargs):
+        P = original(*args, **kwargs)
+        calls.append(P is not None)
+        return P
+
+    monkeypatch.setattr(condreg._spectrum, "extreme_gram_product", spy)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for seed, spectrum in enumerate([s, tied]):
+        F = torch.tensor(matrix_with_spectrum(spectrum, N, D, seed=seed), dtype=dtype)
+        v, G = _value_and_grad(name, F, weight=0.75)
+        w, H = _general(monkeypatch, name, F, weight=0.75)
+        assert abs(float(v) - float(w)) <= tol * abs(float(w))
+        assert _rel(G, H) < tol, (name, seed)
+    assert calls == [True] * 4
+
+
+def test_batched_incoming_gradients(monkeypatch):
+    """``autograd.grad(..., is_grads_batched=True)`` and ``gradcheck(check_batched_grad=True)``:
+    the backward cannot scale in place by a batched incoming gradient (both Functions)."""
+    F = torch.tensor(matrix_with_spectrum(np.geomspace(3.0, 1.0, 4), 4, 9, seed=6))
+    weights = torch.tensor([1.0, -2.0, 0.5], dtype=F.dtype)
+
+    def batched():
+        X = F.clone().requires_grad_()
+        v = condreg.r_ill(X, gram=True)
+        (G,) = torch.autograd.grad(v, X, grad_outputs=weights, is_grads_batched=True)
+        return G
+
+    G = batched()
+    with monkeypatch.context() as m:
+        m.setattr(condreg.torch, "eager_host", lambda S: False)
+        G2 = batched()
+    _, one = _value_and_grad("r_ill", F)
+    for i, w in enumerate(weights):
+        assert _rel(G[i], w * one) < 1e-12 and _rel(G2[i], w * one) < 1e-12
+    X = F.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda A: condreg.r_ill(A, gram=True), (X,), check_batched_grad=True
+    )
+
+
+def test_the_value_stays_on_the_cpu_under_another_default_device():
+    F = torch.tensor(matrix_with_spectrum(np.geomspace(3.0, 1.0, 4), 4, 9, seed=9))
+    _, want = _value_and_grad("r_ill", F)
+    X = F.clone().requires_grad_()
+    with torch.device("meta"):
+        v = condreg.r_ill(X, gram=True)
+        assert v.device.type == "cpu"
+        v.backward()
+    assert X.grad.device.type == "cpu" and _rel(X.grad, want) < 1e-12
+
+
+def test_nan_input_is_reported_before_invalid_tolerances():
+    X = torch.randn(5, 9, dtype=torch.float64)
+    X[1, 1] = math.nan
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        condreg.r_ill(X.requires_grad_(), gram=True, tie_rtol=-1.0)
+
+
+def test_forced_gram_method_of_an_overflowing_gram_is_nan_not_the_identity():
+    """``method="gram"`` (internal: no exact fallback) on a Gram that overflows: its values
+    are NaN, not those of the identity the eigh ran on instead (NumPy, PyTorch, batches)."""
+    from condreg import _spectrum
+
+    X = matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=7) * 1e200
+    for F in (X, torch.tensor(X), torch.tensor(np.stack([X, X / 1e200]))):
+        from array_api_compat import array_namespace
+
+        s = _spectrum.gram_spectrum(F, array_namespace(F), vectors=False, rtol=0.0, method="gram")[
+            0
+        ]
+        s = np.asarray(s)
+        assert np.isnan(s[..., 0, :] if s.ndim == 2 else s).all()
+        if s.ndim == 2:  # the batch's second matrix fits: its values are computed
+            assert np.isfinite(s[1]).all() and s[1][0] == pytest.approx(4.0)

@@ -21,12 +21,18 @@ computes ``d value / d mu`` and keeps what the closed form needs (with ``gram=Tr
 side's matrix ``P = 2 Q diag(g) Qᵀ``); the backward is then one GEMM with ``F`` (``P F`` or
 ``F P``) and the scaling, without decomposing again. Without a gradient the forward computes
 values only. For a single CPU matrix with readable values two shortcuts apply
-(:mod:`condreg._spectrum`): below ``min(N, D) = 128`` the spectrum's small per-value arithmetic
-runs in NumPy on zero-copy arrays (``decompose_host``); from 128 on, ``eigvalsh`` plus the
-eigenvectors of the extreme tie sets only (``extreme_gram_product``: every quantity's
-derivative is ``a·mu + h`` with ``h`` on those sets), with the full ``eigh`` of the same Gram
-matrix as the fallback where a tie set is not well separated (the one case with a second
-decomposition).
+(:mod:`condreg._spectrum`): the spectrum's small per-value arithmetic runs in NumPy on
+zero-copy arrays (``decompose_host``), and from ``min(N, D) = 128`` on the forward runs
+``eigvalsh`` plus the eigenvectors of the extreme tie sets only (``extreme_gram_product``: every
+quantity's derivative is ``a·mu + h`` with ``h`` on those sets), with the full ``eigh`` of the
+same Gram matrix as the fallback where a tie set is not well separated (the one case with a
+second decomposition).
+
+The most common call — one plain CPU feature batch, ``gram=True``, checks on, a gradient asked
+for, eagerly — goes through a leaner Function of the same rule (``_EagerHostGram``: classic
+``forward(ctx, ...)`` style, one output, its own input checks, finiteness read off the Gram
+matrix it forms); under ``torch.func`` transforms and ``torch.compile``, for batches, on a GPU
+and with ``check_finite=False`` the general one runs.
 
 Second order
 ------------
@@ -183,7 +189,8 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     pole = empty if r.pole is None else r.pole
     if hp is not xp:  # NumPy values of a CPU spectrum: zero-copy tensors
         value, g, first, second, pole = (
-            torch.as_tensor(a) for a in (r.value, r.g, first, second, pole)
+            a if isinstance(a, torch.Tensor) else torch.from_numpy(hp.asarray(a))
+            for a in (r.value, r.g, first, second, pole)
         )
         r = r._replace(value=value, g=g)
     if not gram:
@@ -216,8 +223,22 @@ def _backward(ctx, grad_value: torch.Tensor, vectors: bool) -> torch.Tensor:
         G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
     else:
         G = (A * g[..., None, :]) @ B
+    if _batched(grad_value):  # is_grads_batched / check_batched_grad: no in-place update
+        return (G * (first * grad_value[..., None, None])) * second
     # G is a fresh tensor and nothing differentiates this branch: scale it in place.
     return G.mul_(first * grad_value[..., None, None]).mul_(second)
+
+
+def _batched(x: torch.Tensor) -> bool:
+    """Whether the incoming gradient ``x`` is batched (``autograd.grad(...,
+    is_grads_batched=True)`` and ``gradcheck(check_batched_grad=True)`` vmap over it, with
+    PyTorch's legacy vmap or functorch's), where an in-place update of an unbatched tensor by
+    it is refused. False while compiling (dynamo cannot trace the test; its graph is not
+    batched this way)."""
+    if torch.compiler.is_compiling():
+        return False
+    functorch = torch._C._functorch
+    return functorch.is_legacy_batchedtensor(x) or functorch.is_batchedtensor(x)
 
 
 class _SpectralValue(torch.autograd.Function):
@@ -254,10 +275,7 @@ class _SpectralValue(torch.autograd.Function):
         # The top-level finite check saw a batched tensor and could not read it; the batch is
         # concrete here, so the documented ValueError comes before any decomposition.
         if check and _concrete_or_skip(check)(torch.all(torch.isfinite(S))) is False:
-            raise ValueError(
-                f"{quantity}: the input contains NaN or Inf (pass check_finite=False to skip this "
-                "check)"
-            )
+            raise _validation.nonfinite_error(quantity)
         outs = _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)
         dims = tuple(None if (bdim is None or o.numel() == 0) else 0 for o in outs)
         return outs, dims
@@ -291,28 +309,42 @@ def _needs_vectors(S: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and S.requires_grad
 
 
-def _host_parts(S: torch.Tensor, quantity: str, rtol, tie_rtol) -> tuple | None:
+def _host_parts(S: torch.Tensor, quantity: str, rtol, tie_rtol) -> tuple:
     """``(value, P, first, second, pole)`` of :class:`_EagerHostGram`: the value (0-d tensor),
     the small side's ``P = 2 Q diag(g) Qᵀ`` (the gradient is ``P F`` or ``F P`` times
     ``first · second``, Python floats, ``second`` None when it is 1) and, for ``r_ill``, whether
     the value is at its pole (a Python bool). Raises ``ValueError`` for NaN/Inf input and an
     invalid ``rtol``/``tie_rtol``, :class:`RankError` for a zero matrix."""
     np = _numpy()
-    tie = _core.check_tie_rtol(tie_rtol)
     F = S.detach()
     M = _spectrum.host_gram(F)
     # NaN/Inf input gives a non-finite diagonal; a finite one may still overflow (the exact path)
     if not math.isfinite(float(np.trace(M.numpy()))) and _validation.nonfinite_input(F):
-        raise _validation.nonfinite_error(quantity)
-    sp = _spectrum.decompose_host(F, array_namespace(F), rtol=rtol, M=M)
+        raise _validation.nonfinite_error(quantity)  # before the tolerances, as validation does
+    tie = _core.check_tie_rtol(tie_rtol)
+    xp = array_namespace(F)
+    if min(F.shape) < _spectrum.EXTREME_MIN:
+        sp, unit = _spectrum.decompose_host(F, xp, rtol=rtol, M=M), None
+    else:
+        sp, unit = _spectrum.decompose_host_extreme(F, xp, rtol=rtol, M=M)
     r = _core.value_and_dmu(quantity, sp, np, tie_rtol=tie, subgradient="min_norm")
     # With gram the gradient is assembled on F itself, which carries one power of s_1.
     first, second = _spectrum.power_factors(r.s1[..., None], 2 * _core._DEGREE[quantity], np)
     first, second = float(first.reshape(())), float(second.reshape(()))
-    Q = sp.U if sp.U is not None else sp.Vh.mT
-    P = (Q * torch.from_numpy(2.0 * r.g)) @ Q.mT
+    P = None
+    if unit is not None:  # the Gram path without vectors: the extreme clusters' only
+        P = _spectrum.extreme_gram_product(unit, r.a, r.h, xp)
+        if P is None:  # a tie set not well separated: all the vectors of the same Gram matrix
+            Q = torch.linalg.eigh(unit.M)[1].flip(-1).to(F.dtype)
+        else:
+            P = P.to(F.dtype)
+    else:
+        Q = sp.U if sp.U is not None else sp.Vh.mT
+    if P is None:
+        P = (Q * torch.from_numpy(2.0 * r.g)) @ Q.mT
     pole = r.pole is not None and bool(r.pole)
-    return torch.as_tensor(r.value), P, first, (None if second == 1.0 else second), pole
+    value = torch.from_numpy(np.asarray(r.value))  # on the CPU, whatever the default device
+    return value, P, first, (None if second == 1.0 else second), pole
 
 
 class _EagerHostGram(torch.autograd.Function):
@@ -350,6 +382,9 @@ class _EagerHostGram(torch.autograd.Function):
         if pole:
             _core.check_pole(True, _core.eager)
         G = P @ S if S.shape[-2] < S.shape[-1] else S @ P
+        if _batched(grad_value):  # is_grads_batched / check_batched_grad: no in-place update
+            G = G * (grad_value * first)
+            return (G if second is None else G * second), None, None, None
         # G is a fresh tensor and nothing differentiates this branch: scale it in place.
         G.mul_(grad_value * first)
         if second is not None:
@@ -369,19 +404,18 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def eager_host(S: torch.Tensor) -> bool:
     """Whether ``condreg``'s values with ``gram=True`` and checks on take
     :class:`_EagerHostGram` for ``S``: a gradient is asked for (grad mode on,
-    ``S.requires_grad``) of a plain 2-D float32/float64 CPU tensor whose small side is between
-    1 and :data:`condreg._spectrum.EXTREME_MIN` − 1, eagerly (no ``torch.func`` transform
-    active, not compiling)."""
+    ``S.requires_grad``) of a plain non-empty 2-D float32/float64 CPU tensor, eagerly (no
+    ``torch.func`` transform active, not compiling)."""
     return (
         type(S) in _PLAIN
         and S.requires_grad
         and S.ndim == 2
-        and 0 < min(S.shape) < _spectrum.EXTREME_MIN
+        and min(S.shape) > 0
         and (S.dtype == torch.float64 or S.dtype == torch.float32)
         and S.device.type == "cpu"
         and torch.is_grad_enabled()
-        and not torch._C._are_functorch_transforms_active()
         and not torch.compiler.is_compiling()
+        and not torch._C._are_functorch_transforms_active()
     )
 
 

@@ -152,7 +152,13 @@ def _value(
         H = A.mT @ A
         dist.all_reduce(H, group=group)
         if not bool(torch.isfinite(H).all()):
-            raise ValueError(f"{quantity}: the features contain NaN or Inf (on some rank)")
+            # NaN/Inf features on some rank, or finite ones whose Gram overflows: one more
+            # collective (a flag) tells them apart, on this rare path only
+            bad = (~torch.isfinite(A).all()).to(A.dtype).reshape(1)
+            dist.all_reduce(bad, group=group)
+            if bool(bad[0] > 0):
+                raise ValueError(f"{quantity}: the features contain NaN or Inf (on some rank)")
+            # an overflowing H: eigh_gram refuses it (never decomposed), the gather path decides
         _, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(H, (n_total, D), xp, False, Fv.dtype)
         tol = _spectrum.resolve_rtol(rtol, (n_total, D), Fv.dtype, xp)
         acc = _spectrum.gram_accuracy(xp, Fv.dtype)
