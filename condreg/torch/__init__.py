@@ -195,18 +195,23 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
         r = r._replace(value=value, g=g)
     if not gram:
         return r.value, sp.U, sp.Vh, r.g, first, second, pole
-    P = None
+    P = _small_side_matrix(sp, unit, r, r.g, S.dtype, xp)
+    return r.value, P, empty, S.new_empty(0), first, second, pole
+
+
+def _small_side_matrix(sp, unit, r, g: torch.Tensor, dtype, xp) -> torch.Tensor:
+    """``P = 2 Q diag(g) Qᵀ`` on the small side (the gradient is ``P F`` or ``F P``): from the
+    extreme clusters' vectors where the forward kept the :class:`condreg._spectrum.UnitGram`
+    (``unit``), with all the vectors of the same Gram matrix where a tie set is not well
+    separated; else from the spectrum's vectors. In ``dtype``."""
     if unit is not None:
         P = _spectrum.extreme_gram_product(unit, r.a, r.h, xp)
-        if P is None:  # a tie set not well separated: all the vectors of the same Gram matrix
-            Q = torch.linalg.eigh(unit.M)[1].flip(-1).to(S.dtype)
-        else:
-            P = P.to(S.dtype)
+        if P is not None:
+            return P.to(dtype)
+        Q = torch.linalg.eigh(unit.M)[1].flip(-1).to(dtype)
     else:
         Q = sp.U if sp.U is not None else sp.Vh.mT
-    if P is None:
-        P = (Q * (2.0 * r.g)[..., None, :]) @ Q.mT
-    return r.value, P, empty, S.new_empty(0), first, second, pole
+    return (Q * (2.0 * g)[..., None, :]) @ Q.mT
 
 
 def _backward(ctx, grad_value: torch.Tensor, vectors: bool) -> torch.Tensor:
@@ -331,17 +336,7 @@ def _host_parts(S: torch.Tensor, quantity: str, rtol, tie_rtol) -> tuple:
     # With gram the gradient is assembled on F itself, which carries one power of s_1.
     first, second = _spectrum.power_factors(r.s1[..., None], 2 * _core._DEGREE[quantity], np)
     first, second = float(first.reshape(())), float(second.reshape(()))
-    P = None
-    if unit is not None:  # the Gram path without vectors: the extreme clusters' only
-        P = _spectrum.extreme_gram_product(unit, r.a, r.h, xp)
-        if P is None:  # a tie set not well separated: all the vectors of the same Gram matrix
-            Q = torch.linalg.eigh(unit.M)[1].flip(-1).to(F.dtype)
-        else:
-            P = P.to(F.dtype)
-    else:
-        Q = sp.U if sp.U is not None else sp.Vh.mT
-    if P is None:
-        P = (Q * torch.from_numpy(2.0 * r.g)) @ Q.mT
+    P = _small_side_matrix(sp, unit, r, torch.from_numpy(r.g), F.dtype, xp)
     pole = r.pole is not None and bool(r.pole)
     value = torch.from_numpy(np.asarray(r.value))  # on the CPU, whatever the default device
     return value, P, first, (None if second == 1.0 else second), pole
