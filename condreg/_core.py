@@ -244,8 +244,9 @@ def _rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
     """``x · scale**power`` one factor at a time (for values: a few operations on ``(...)``
     arrays; each step moves monotonically toward the result, so nothing over- or underflows
     that the result does not)."""
-    for _ in range(abs(power)):
-        x = x * scale if power > 0 else x / scale
+    with _quiet(x):  # NumPy: an over- or underflowing value is the documented result
+        for _ in range(abs(power)):
+            x = x * scale if power > 0 else x / scale
     return x
 
 

@@ -437,7 +437,8 @@ def eigh_gram(
     A Gram matrix whose trace is not below that upper bound (it overflowed, or NaN input under
     a trace or with checks off) is never decomposed: LAPACK does not converge on ``inf``
     entries (NumPy and PyTorch raise). Its eigh runs on the identity instead, its values are
-    NaN and ``in_range`` is false, so the exact path decides (``"auto"``). The bound is on the
+    NaN (its vectors the identity's) and ``in_range`` is false, so the exact path decides
+    (``"auto"``). The bound is on the
     trace, not on ``mu_1 <= trace``: a Gram within a factor ``min(N, D)`` of it also takes the
     exact path (equally accurate)."""
     M, fits = _finite_gram(M, shape, xp)
@@ -459,8 +460,9 @@ def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Arra
     """``(M, fits)``: ``fits`` (one boolean per matrix) says that the trace of ``M`` is below
     ``max / (4·max(N, D))`` (False for NaN): then every entry is finite (``|M_ij| <=
     √(M_ii·M_jj)``) and ``mu_1`` inside :func:`eigh_gram`'s range. Where it does not, ``M`` is
-    replaced by the identity (an array select: no host read, traceable). A NumPy ``M`` that
-    fits entirely is returned as it is, with ``fits = None`` (no copy, nothing to mask)."""
+    replaced by the identity (an array select: traceable, no host read except for NumPy). A
+    NumPy ``M`` that fits entirely is returned as it is, with ``fits = None`` (no copy, nothing
+    to mask)."""
     big = _finfo(xp, M.dtype)[2]
     diagonal = getattr(xp.linalg, "diagonal", None)
     d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
@@ -607,7 +609,8 @@ def gram_spectrum(
 
 class UnitGram(NamedTuple):
     """The Gram matrix divided by its largest eigenvalue (``M / mu_1``, in the Gram dtype) and
-    its eigenvalues (descending, the same dtype): what the extreme-cluster assembly needs."""
+    its eigenvalues (descending, the same dtype; a NumPy array from
+    :func:`decompose_host_extreme`): what the extreme-cluster assembly needs."""
 
     M: Array
     mu: Array

@@ -22,6 +22,15 @@ QUANTITIES = ["r_ill", "r_well", "condition_number"]
 SHAPES = [pytest.param(160, 240, id="N<D"), pytest.param(240, 160, id="N>D")]
 
 
+@pytest.fixture(autouse=True, params=["eager", "general"])
+def function(request, monkeypatch):
+    """Every test for both PyTorch Functions: the eager host one (a single CPU batch whose
+    gradient is asked for) and the general one (batches, transforms, compile, GPU)."""
+    if request.param == "general":
+        monkeypatch.setattr(condreg.torch, "eager_host", lambda S: False)
+    return request.param
+
+
 @pytest.fixture
 def paths(monkeypatch):
     """Counts how the forward assembled ``P``: ``ext`` (extreme clusters) or ``fallback``."""

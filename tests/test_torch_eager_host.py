@@ -181,7 +181,8 @@ def test_forward_mode_agrees_with_reverse_mode():
 
 @pytest.mark.parametrize("name", QUANTITIES)
 @pytest.mark.parametrize(
-    "backend", ["numpy", "torch-batch", "torch-no-grad", "torch-tall-extreme", "jax"]
+    "backend",
+    ["numpy", "torch-batch", "torch-no-grad", "torch-tall-large", "torch-wide-large", "jax"],
 )
 def test_an_overflowing_gram_takes_the_exact_path_everywhere(name, backend):
     """F = 1e200·X (dense, float64): every entry of FᵀF overflows. The Gram path must not hand
@@ -203,8 +204,9 @@ def test_an_overflowing_gram_takes_the_exact_path_everywhere(name, backend):
         A = torch.tensor(X) * 1e200
         if backend == "torch-batch":
             A = torch.stack([A, A])
-        elif backend == "torch-tall-extreme":  # min side >= EXTREME_MIN: the extreme path
-            A = torch.tensor(matrix_with_spectrum(np.geomspace(4.0, 1.0, 130), 300, 130, seed=8))
+        elif backend.endswith("-large"):  # min side >= EXTREME_MIN (the exact path decides)
+            shape = (300, 130) if backend == "torch-tall-large" else (130, 300)
+            A = torch.tensor(matrix_with_spectrum(np.geomspace(4.0, 1.0, 130), *shape, seed=8))
             ref = float(getattr(condreg, name)(A, gram=True))
             A = A * 1e200
         grad = backend != "torch-no-grad"
@@ -298,12 +300,12 @@ def test_nan_input_is_reported_before_invalid_tolerances():
 def test_forced_gram_method_of_an_overflowing_gram_is_nan_not_the_identity():
     """``method="gram"`` (internal: no exact fallback) on a Gram that overflows: its values
     are NaN, not those of the identity the eigh ran on instead (NumPy, PyTorch, batches)."""
+    from array_api_compat import array_namespace
+
     from condreg import _spectrum
 
     X = matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=7) * 1e200
     for F in (X, torch.tensor(X), torch.tensor(np.stack([X, X / 1e200]))):
-        from array_api_compat import array_namespace
-
         s = _spectrum.gram_spectrum(F, array_namespace(F), vectors=False, rtol=0.0, method="gram")[
             0
         ]

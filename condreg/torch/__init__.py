@@ -21,18 +21,19 @@ computes ``d value / d mu`` and keeps what the closed form needs (with ``gram=Tr
 side's matrix ``P = 2 Q diag(g) Qᵀ``); the backward is then one GEMM with ``F`` (``P F`` or
 ``F P``) and the scaling, without decomposing again. Without a gradient the forward computes
 values only. For a single CPU matrix with readable values two shortcuts apply
-(:mod:`condreg._spectrum`): the spectrum's small per-value arithmetic runs in NumPy on
-zero-copy arrays (``decompose_host``), and from ``min(N, D) = 128`` on the forward runs
-``eigvalsh`` plus the eigenvectors of the extreme tie sets only (``extreme_gram_product``: every
-quantity's derivative is ``a·mu + h`` with ``h`` on those sets), with the full ``eigh`` of the
-same Gram matrix as the fallback where a tie set is not well separated (the one case with a
-second decomposition).
+(:mod:`condreg._spectrum`): from ``min(N, D) = 128`` on the forward runs ``eigvalsh`` plus the
+eigenvectors of the extreme tie sets only (``extreme_gram_product``: every quantity's
+derivative is ``a·mu + h`` with ``h`` on those sets), with the full ``eigh`` of the same Gram
+matrix as the fallback where a tie set is not well separated (the one case with a second
+decomposition); below 128 the spectrum's small per-value arithmetic runs in NumPy on zero-copy
+arrays (``decompose_host``).
 
 The most common call — one plain CPU feature batch, ``gram=True``, checks on, a gradient asked
 for, eagerly — goes through a leaner Function of the same rule (``_EagerHostGram``: classic
 ``forward(ctx, ...)`` style, one output, its own input checks, finiteness read off the Gram
-matrix it forms); under ``torch.func`` transforms and ``torch.compile``, for batches, on a GPU
-and with ``check_finite=False`` the general one runs.
+matrix it forms), whose spectrum's values live in NumPy at every size (``decompose_host``,
+``decompose_host_extreme``); under ``torch.func`` transforms and ``torch.compile``, for
+batches, on a GPU and with ``check_finite=False`` the general one runs.
 
 Second order
 ------------
@@ -346,12 +347,14 @@ class _EagerHostGram(torch.autograd.Function):
     """:class:`_SpectralValueWithJvp` for the most common call, with less per-call machinery: a
     single plain CPU matrix with ``gram=True``, checks on, a gradient asked for, eagerly (no
     ``torch.func`` transform, not compiling; :func:`eager_host`). The same rule: the forward
-    is the host path (:func:`condreg._spectrum.decompose_host`, values in NumPy) and keeps
-    ``P``; the backward is the GEMM with ``F`` and the scaling (and, for higher order, the same
-    differentiable recomputation). Written in the classic ``forward(ctx, ...)`` style, which
-    PyTorch applies without binding the arguments to the signature on every call (as it does
-    for a ``setup_context`` Function), with one output instead of seven; such a Function cannot
-    run under ``torch.func`` transforms, hence the eligibility test.
+    is the host path (values in NumPy: :func:`condreg._spectrum.decompose_host`, and from
+    ``min(N, D) = 128`` on :func:`condreg._spectrum.decompose_host_extreme` with
+    :func:`condreg._spectrum.extreme_gram_product`) and keeps ``P``; the backward is the GEMM
+    with ``F`` and the scaling (and, for higher order, the same differentiable recomputation).
+    Written in the classic ``forward(ctx, ...)`` style, which PyTorch applies without binding
+    the arguments to the signature on every call (as it does for a ``setup_context``
+    Function), with one output instead of seven; such a Function cannot run under
+    ``torch.func`` transforms, hence the eligibility test.
 
     The input is validated here (:func:`eager_host` implies every check of
     :func:`condreg._validation.matrix` except finiteness): a non-finite Gram matrix means

@@ -19,6 +19,9 @@ from the global batch size ``N_total = Σ_r N_r`` and the feature dimension ``D`
 
 Communication per step and rank, in numbers: ``"gram"`` ``D² + 1``; ``"gather"``
 ``2·N_total·D + 1`` (the ``+1`` is the all-reduce of the batch size that picks the strategy).
+Where the all-reduced ``H`` is not finite, one more number tells NaN/Inf features (an error on
+every rank) from finite ones whose ``H`` overflows (then the gather strategy, as when ``H`` does
+not resolve the spectrum).
 
 Gradient scale (both strategies, so the automatic switch changes nothing): every rank holds the
 same replicated loss, and the gradient reaching ``F_local`` is ``world_size ×`` the gradient of
