@@ -438,9 +438,8 @@ def eigh_gram(
     a trace or with checks off) is never decomposed: LAPACK does not converge on ``inf``
     entries (NumPy and PyTorch raise). Its eigh runs on the identity instead, its values are
     NaN (its vectors the identity's) and ``in_range`` is false, so the exact path decides
-    (``"auto"``). The bound is on the
-    trace, not on ``mu_1 <= trace``: a Gram within a factor ``min(N, D)`` of it also takes the
-    exact path (equally accurate)."""
+    (``"auto"``). The bound is on the trace, not on ``mu_1 <= trace``: a Gram within a factor
+    ``min(N, D)`` of it also takes the exact path (equally accurate)."""
     M, fits = _finite_gram(M, shape, xp)
     if vectors:
         mu, W = xp.linalg.eigh(M)
