@@ -455,6 +455,12 @@ def eigh_gram(
     return s, W, mu_rel, err_rel, in_range
 
 
+def gram_trace_limit(shape: tuple[int, ...], big: float) -> float:
+    """``max / (4·max(N, D))`` for the Gram dtype's largest number ``big``: a Gram matrix whose
+    trace is below it is finite and its ``mu_1`` inside :func:`eigh_gram`'s range."""
+    return big / (4.0 * max(shape[-2], shape[-1]))
+
+
 def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array | None]:
     """``(M, fits)``: ``fits`` (one boolean per matrix) says that the trace of ``M`` is below
     ``max / (4·max(N, D))`` (False for NaN): then every entry is finite (``|M_ij| <=
@@ -462,10 +468,9 @@ def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Arra
     replaced by the identity (an array select: traceable, no host read except for NumPy). A
     NumPy ``M`` that fits entirely is returned as it is, with ``fits = None`` (no copy, nothing
     to mask)."""
-    big = _finfo(xp, M.dtype)[2]
     diagonal = getattr(xp.linalg, "diagonal", None)
     d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
-    fits = xp.sum(d, axis=-1) < big / (4.0 * max(shape))
+    fits = xp.sum(d, axis=-1) < gram_trace_limit(shape, _finfo(xp, M.dtype)[2])
     if is_numpy_array(M) and bool(xp.all(fits)):
         return M, None
     n = M.shape[-1]
@@ -489,7 +494,7 @@ def _eigh_tail(
     e, tiny, big = _finfo(xp, gdtype)
     err = (e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)
     lo = tiny / (e * e)
-    hi = big / (4.0 * m)
+    hi = gram_trace_limit(shape, big)
     in_range = xp.all((top > lo) & (top < hi))  # False for NaN and for a zero matrix
     safe_top = xp.where(top > 0, top, 1.0)
     s, mu_rel, err_rel = xp.sqrt(mu), mu / safe_top, err / safe_top
@@ -808,7 +813,7 @@ def _decompose_host(
     W = unit = None
     # mu_1 <= trace < max/(4m): every entry finite (|M_ij| <= √(M_ii M_jj)) and mu_1 inside
     # eigh_gram's range; otherwise (NaN, overflow) the exact path, without an eigh of inf
-    ok = float(np.trace(M.numpy())) < big / (4.0 * m)
+    ok = float(np.trace(M.numpy())) < gram_trace_limit(F.shape, big)
     if ok:
         if extreme:
             mu = torch.linalg.eigvalsh(M)

@@ -229,10 +229,18 @@ def _backward(ctx, grad_value: torch.Tensor, vectors: bool) -> torch.Tensor:
         G = A @ S if S.shape[-2] < S.shape[-1] else S @ A
     else:
         G = (A * g[..., None, :]) @ B
-    if _batched(grad_value):  # is_grads_batched / check_batched_grad: no in-place update
-        return (G * (first * grad_value[..., None, None])) * second
-    # G is a fresh tensor and nothing differentiates this branch: scale it in place.
-    return G.mul_(first * grad_value[..., None, None]).mul_(second)
+    return _scaled(G, first * grad_value[..., None, None], second, grad_value)
+
+
+def _scaled(G: torch.Tensor, factor, second, grad_value: torch.Tensor) -> torch.Tensor:
+    """``G · factor · second`` (``second`` None: 1): in place — ``G`` is a fresh tensor and
+    nothing differentiates the first-order backward — unless the incoming gradient is batched
+    (:func:`_batched`), where an in-place update by it is refused."""
+    if _batched(grad_value):
+        G = G * factor
+        return G if second is None else G * second
+    G.mul_(factor)
+    return G if second is None else G.mul_(second)
 
 
 def _batched(x: torch.Tensor) -> bool:
@@ -380,14 +388,7 @@ class _EagerHostGram(torch.autograd.Function):
         if pole:
             _core.check_pole(True, _core.eager)
         G = P @ S if S.shape[-2] < S.shape[-1] else S @ P
-        if _batched(grad_value):  # is_grads_batched / check_batched_grad: no in-place update
-            G = G * (grad_value * first)
-            return (G if second is None else G * second), None, None, None
-        # G is a fresh tensor and nothing differentiates this branch: scale it in place.
-        G.mul_(grad_value * first)
-        if second is not None:
-            G.mul_(second)
-        return G, None, None, None
+        return _scaled(G, grad_value * first, second, grad_value), None, None, None
 
     @staticmethod
     def jvp(ctx, S_dot, *_):  # type: ignore[override]
