@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from condreg.data import DataError
+from condreg.experiments.data import DataError
 from condreg.experiments import EXPERIMENTS, UsageError
 
 __all__ = ["main", "build_parser", "parse_pairs"]
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``condreg`` console script; returns the exit status.
 
     Bad options and unusable data (:class:`condreg.experiments.UsageError`,
-    :class:`condreg.data.DataError`, missing files) print one line and return 2, and the output
+    :class:`condreg.experiments.data.DataError`, missing files) print one line and return 2, and the output
     folder is removed if this run created it and left it empty. Anything else is a bug and
     propagates with its traceback.
     """

@@ -291,7 +291,7 @@ def test_experiment_smoke(tmp_path):
     ],
 )
 def test_experiment_rejects_bad_options_before_work(tmp_path, bad):
-    from condreg.data import DataError
+    from condreg.experiments.data import DataError
     from condreg.experiments import UsageError, attacks
 
     out = tmp_path / "never"

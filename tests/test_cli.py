@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from condreg import cli
-from condreg.data import house_price_dir
+from condreg.experiments.data import house_price_dir
 from condreg.experiments import _report
 
 HOUSE_DIR = house_price_dir()  # shipped inside the package

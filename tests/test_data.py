@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from condreg import data
+from condreg.experiments import data
 
 HOUSE_DIR = data.house_price_dir()  # shipped inside the package
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -54,12 +54,12 @@ def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
 
 
 def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
-    """Raise :class:`condreg.data.DataError` unless both tasks' inputs have rank >= 2.
+    """Raise :class:`condreg.experiments.data.DataError` unless both tasks' inputs have rank >= 2.
 
     κ needs two nonzero singular values, R_ill a rank >= 2: data that fail this (constant or
     duplicated columns, too few rows) are a problem of the data, reported before any run.
     """
-    from condreg.data import DataError
+    from condreg.experiments.data import DataError
 
     for X, task in ((X_p, "pre-training task D_P"), (X_h, "harmful task D_H")):
         rank = kappa_features(X)[1]

