@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import math
 import pathlib
 import signal
 import sys
@@ -28,8 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from condreg.experiments.data import DataError
 from condreg.experiments import EXPERIMENTS, UsageError
+from condreg.experiments import options as opt
+from condreg.experiments.data import DataError
+from condreg.experiments.options import parse_pairs
 
 __all__ = ["main", "build_parser", "parse_pairs"]
 
@@ -41,67 +42,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def parse_pairs(text: str) -> list[tuple[int, int]]:
-    """Parse ``"0-1,3-8"`` into ``[(0, 1), (3, 8)]`` (ordered (P, H) digit pairs, P ≠ H)."""
-    pairs = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        parts = item.split("-")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise argparse.ArgumentTypeError(
-                f"bad pair {item!r}: write pairs as P-H digits, comma-separated, e.g. 0-1,3-8"
-            )
-        p, h = (int(x) for x in parts)
-        if not (0 <= p <= 9 and 0 <= h <= 9) or p == h:
-            raise argparse.ArgumentTypeError(f"bad pair {item!r}: digits must be 0-9 and P != H")
-        pairs.append((p, h))
-    if not pairs:
-        raise argparse.ArgumentTypeError("--pairs is empty")
-    return pairs
-
-
-def _positive(convert, kind: str):
-    """An argparse type: ``convert(text)``, required to be > 0 (``kind`` names it in errors)."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _positive(int, "integer")
-_positive_float = _positive(float, "finite number")
-
-
-def _fraction(text: str) -> float:
-    """An argparse type: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return value
-
-
-def _methods(text: str) -> list[str]:
-    """An argparse type: comma-separated, known, distinct method names."""
-    from condreg.experiments._report import check_methods
-
-    try:
-        return check_methods([m.strip() for m in text.split(",") if m.strip()])
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) -> None:
     p.add_argument(
         "--out",
@@ -111,7 +51,7 @@ def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) ->
     )
     p.add_argument(
         "--seeds",
-        type=_positive_int,
+        type=opt.positive_int,
         default=seeds_default,
         help=f"repeat with seeds 0..N-1 and report mean ± std (default {seeds_default})",
     )
@@ -124,38 +64,11 @@ def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) ->
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=opt.positive_int,
         default=None,
         help="BLAS threads (default 1: the matrices here are small, and one thread "
         "is as fast and never oversubscribes a busy machine); for deepnet also torch's "
         "intra-op threads",
-    )
-
-
-def _linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> None:
-    p.add_argument(
-        "--epochs",
-        type=_positive_int,
-        default=None,
-        help=f"training epochs (default: the paper's, {epochs_default})",
-    )
-    p.add_argument(
-        "--lr", type=_positive_float, default=None, help="step size η (default: the paper's, 0.005)"
-    )
-    p.add_argument(
-        "--methods",
-        type=_methods,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
-
-
-def _resume_option(p: argparse.ArgumentParser, unit: str) -> None:
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help=f"keep every {unit} already finished in --out/units/ with the same settings and "
-        "compute only the rest (each one is saved there as soon as it is done)",
     )
 
 
@@ -189,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="ordinal",
         help="categorical encoding, fit on both tasks (default ordinal)",
     )
-    _linear_options(hp, epochs_default="100")
-    _resume_option(hp, "seed")
+    opt.add_linear_options(hp, epochs_default="100")
+    opt.add_resume_option(hp, "seed")
     _common(hp, "house-prices")
 
     mn = exps.add_parser("mnist-pairs", help="Table 2 and Fig. 2: 90 ordered MNIST digit pairs")
@@ -215,21 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mn.add_argument(
         "--pool",
-        type=_positive_int,
+        type=opt.positive_int,
         default=None,
         help="pooled inputs: average-pool images by POOL×POOL, a divisor of 28 "
         "(default 2; 1 keeps 28×28)",
     )
     mn.add_argument(
         "--min-pixel-activity",
-        type=_fraction,
+        type=opt.fraction,
         default=None,
         help="pooled inputs: keep pixels nonzero in more than this fraction of the images, "
         "in [0, 1) (default 0.05; 0 keeps all)",
     )
     mn.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=opt.positive_int,
         default=None,
         help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
         "(default: the number of CPU cores, at most 8 and at most half the units)",
@@ -241,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute every run's κ's from independent NumPy SVDs of Xθ and report the "
         "largest difference (about 6%% more time on raw pixels)",
     )
-    _linear_options(mn, epochs_default="30")
-    _resume_option(mn, "(seed, pair)")
+    opt.add_linear_options(mn, epochs_default="30")
+    opt.add_resume_option(mn, "(seed, pair)")
     _common(mn, "mnist-pairs")
 
     cv = exps.add_parser("convergence", help="Fig. 1: linear-probing convergence (Eq. 16)")
@@ -257,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cv.add_argument(
         "--steps",
-        type=_positive_int,
+        type=opt.positive_int,
         default=None,
         help="probing gradient steps (exact line search; default 500, --quick 50)",
     )
     cv.add_argument(
         "--methods",
-        type=_methods,
+        type=opt.method_list,
         default=None,
         help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
     )
@@ -301,11 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dn.add_argument(
         "--methods",
-        type=_methods,
+        type=opt.method_list,
         default=None,
         help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
     )
-    _resume_option(dn, "seed")
+    opt.add_resume_option(dn, "seed")
     _common(dn, "deepnet", seeds_default=5)
 
     at = exps.add_parser(
@@ -316,10 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", type=parse_pairs, default=None, help="MNIST (P, H) pairs (default 0-1,3-8,1-7)"
     )
     at.add_argument(
-        "--steps", type=_positive_int, default=None, help="probing steps (5000; --quick 1000)"
+        "--steps", type=opt.positive_int, default=None, help="probing steps (5000; --quick 1000)"
     )
-    at.add_argument("--epochs", type=_positive_int, default=None, help="immunization epochs")
-    at.add_argument("--methods", type=_methods, default=None, help="subset of the methods")
+    at.add_argument("--epochs", type=opt.positive_int, default=None, help="immunization epochs")
+    at.add_argument("--methods", type=opt.method_list, default=None, help="subset of the methods")
     at.add_argument(
         "--attackers",
         type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
@@ -382,8 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``condreg`` console script; returns the exit status.
 
     Bad options and unusable data (:class:`condreg.experiments.UsageError`,
-    :class:`condreg.experiments.data.DataError`, missing files) print one line and return 2, and the output
-    folder is removed if this run created it and left it empty. Anything else is a bug and
+    :class:`condreg.experiments.data.DataError`, missing files) print one line and return
+    2, and the output folder is removed if this run created it and left it empty. Anything else
+    is a bug and
     propagates with its traceback.
     """
     parser = build_parser()
