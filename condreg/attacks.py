@@ -317,6 +317,51 @@ def _float_dtype(xp: Any, a: Array, name: str) -> Array:
     raise TypeError(f"probe: {name} must have a real floating (or integer) dtype, got {a.dtype}")
 
 
+def _inputs(theta: Array | None, X: Array, y: Array, w0: Array | None) -> tuple:
+    """``(xp, A = Xθ, y, w0)`` checked: shapes, dtypes (integers promoted), finite values."""
+    named = {"theta": theta, "X": X, "y": y, "w0": w0}
+    xp = _validation.named_namespace("probe", {k: a for k, a in named.items() if a is not None})
+    _matrix(X, "X", 2)
+    X = _float_dtype(xp, X, "X")
+    N, D = X.shape
+    if theta is None:
+        A = X
+    else:
+        _matrix(theta, "theta", 2)
+        if theta.shape[0] != D:
+            raise ValueError(
+                f"probe: theta must have D = {D} rows (X is {N}×{D}), got shape "
+                f"{tuple(theta.shape)}"
+            )
+        A = X @ _float_dtype(xp, theta, "theta")
+    K = A.shape[1]
+    if tuple(y.shape) == (N, 1):
+        y = xp.reshape(y, (N,))
+    if tuple(y.shape) != (N,):
+        raise ValueError(f"probe: y must have shape ({N},) or ({N}, 1), got {tuple(y.shape)}")
+    y = xp.astype(_float_dtype(xp, y, "y"), A.dtype)
+    if w0 is None:
+        w0 = xp.zeros((K,), dtype=A.dtype, device=_device(A))
+    else:
+        if tuple(w0.shape) != (K,):
+            raise ValueError(f"probe: w0 must have shape ({K},), got {tuple(w0.shape)}")
+        w0 = xp.astype(_float_dtype(xp, w0, "w0"), A.dtype)
+    for a, name in ((A, "X @ theta"), (y, "y"), (w0, "w0")):
+        if not bool(xp.all(xp.isfinite(a))):
+            raise ValueError(f"probe: {name} contains NaN or Inf")
+    return xp, A, y, w0
+
+
+def _least_squares(xp: Any, A: Array, y: Array, rtol: float) -> tuple[Array, int, Array]:
+    """Singular values of ``A`` (descending), the rank (``σ_i > rtol·σ₁``) and ``w* = A⁺y``."""
+    U, s, Vt = xp.linalg.svd(A, full_matrices=False)
+    s1 = float(s[0])
+    keep = s > rtol * s1 if s1 > 0 else s > 0
+    rank = int(xp.sum(xp.astype(keep, xp.int32)))
+    inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
+    return s, rank, Vt.T @ (inv * (U.T @ y))
+
+
 def probe(
     theta: Array | None,
     X: Array,
@@ -374,48 +419,13 @@ def probe(
     params = {**spec.defaults, **options}
     _check_params(attacker, params)
 
-    named = {"theta": theta, "X": X, "y": y, "w0": w0}
-    xp = _validation.named_namespace("probe", {k: a for k, a in named.items() if a is not None})
-    _matrix(X, "X", 2)
-    X = _float_dtype(xp, X, "X")
-    N, D = X.shape
-    if theta is None:
-        A = X
-    else:
-        _matrix(theta, "theta", 2)
-        if theta.shape[0] != D:
-            raise ValueError(
-                f"probe: theta must have D = {D} rows (X is {N}×{D}), got shape "
-                f"{tuple(theta.shape)}"
-            )
-        A = X @ _float_dtype(xp, theta, "theta")
-    K = A.shape[1]
-    if tuple(y.shape) == (N, 1):
-        y = xp.reshape(y, (N,))
-    if tuple(y.shape) != (N,):
-        raise ValueError(f"probe: y must have shape ({N},) or ({N}, 1), got {tuple(y.shape)}")
-    y = xp.astype(_float_dtype(xp, y, "y"), A.dtype)
-    if w0 is None:
-        w0 = xp.zeros((K,), dtype=A.dtype, device=_device(A))
-    else:
-        if tuple(w0.shape) != (K,):
-            raise ValueError(f"probe: w0 must have shape ({K},), got {tuple(w0.shape)}")
-        w0 = xp.astype(_float_dtype(xp, w0, "w0"), A.dtype)
-    for a, name in ((A, "X @ theta"), (y, "y"), (w0, "w0")):
-        if not bool(xp.all(xp.isfinite(a))):
-            raise ValueError(f"probe: {name} contains NaN or Inf")
-
+    xp, A, y, w0 = _inputs(theta, X, y, w0)
     eps = float(xp.finfo(A.dtype).eps)
-    rtol = max(N, K) * eps if rtol is None else float(rtol)
+    rtol = max(A.shape[0], A.shape[1]) * eps if rtol is None else float(rtol)
     if not (math.isfinite(rtol) and 0 <= rtol < 1):
         raise ValueError(f"probe: rtol must be in [0, 1), got {rtol!r}")
-    U, s, Vt = xp.linalg.svd(A, full_matrices=False)
-    s1 = float(s[0])
-    keep = s > rtol * s1 if s1 > 0 else s > 0
-    rank = int(xp.sum(xp.astype(keep, xp.int32)))
-    inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
-    w_star = Vt.T @ (inv * (U.T @ y))
-    kappa = (s1 / float(s[rank - 1])) ** 2 if rank else math.nan
+    s, rank, w_star = _least_squares(xp, A, y, rtol)
+    kappa = (float(s[0]) / float(s[rank - 1])) ** 2 if rank else math.nan
 
     problem = _Problem(xp, A, y, w0, s, rank, rtol, eps)
     if attacker == "lstsq":
