@@ -376,30 +376,57 @@ def probe(
     """Linear probing of the features ``A = Xθ`` by ``attacker`` (module docstring).
 
     Minimises ``L(w) = ‖Aw − y‖²`` for ``steps`` iterations from ``w0`` and records the loss and
-    Eq. 16's norm ratio after every step.
+    Eq. 16's norm ratio ``‖w_t − w*‖² / ‖w_0 − w*‖²`` after every step.
 
     Parameters
     ----------
-    theta : ``(D, K)`` array, or ``None`` for θ = I (``A = X``).
-    X : ``(N, D)`` array; ``y``: ``(N,)`` or ``(N, 1)``. Same namespace (and device) as ``theta``;
-        integer inputs are promoted to floating point, the result dtype is ``A``'s.
-    attacker : one of :data:`ATTACKERS` (default ``"gd_exact"``, the paper's).
-    steps : number of iterations, an integer ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and
-        stays).
-    w0 : ``(K,)`` start (default zeros).
-    rtol : rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
-        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as :func:`condreg.condition_number`).
-    **options : the attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta``
-        (momentum), ``betas``, ``eps`` (adam), ``history`` (lbfgs).
+    theta : array of shape (D, K) or None
+        The immunized map; ``None`` for θ = I (``A = X``).
+    X : array of shape (N, D)
+        Inputs, same namespace (and device) as ``theta``; integer inputs are promoted to
+        floating point, the result dtype is ``A``'s.
+    y : array of shape (N,) or (N, 1)
+        Probing targets.
+    attacker : str, default "gd_exact"
+        One of :data:`ATTACKERS` (``"gd_exact"`` is the paper's).
+    steps : int, default 100
+        Number of iterations, ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and stays).
+    w0 : array of shape (K,), optional
+        The start (default zeros).
+    rtol : float, optional
+        Rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
+        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as
+        :func:`condreg.condition_number`).
+    **options
+        The attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta`` (momentum),
+        ``betas``, ``eps`` (adam), ``history`` (lbfgs).
+
+    Returns
+    -------
+    ProbeResult
+        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min = L(w*)``, the
+        final head, ``w*``, ``κ(AᵀA)`` over the nonzero spectrum, the rank and the resolved
+        settings.
 
     Raises
     ------
-    ValueError : unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
+    ValueError
+        Unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
         ``≥ 1``, shapes that do not fit, empty or non-finite input, a bad option value.
-    TypeError : non-arrays or arrays of different libraries, non-real dtypes, an option the
-        attacker does not take.
+    TypeError
+        Non-arrays or arrays of different libraries, non-real dtypes, an option the attacker
+        does not take.
 
-    Example: ``probe(theta, X_h, y_h, attacker="adam", steps=500).steps_to(0.99)``.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.attacks import probe
+    >>> X = np.diag([1.0, 0.1])
+    >>> y = np.array([1.0, 1.0])
+    >>> probe(None, X, y, attacker="lstsq", steps=1).steps_to(0.99)
+    1
+    >>> probe(None, X, y, attacker="gd", steps=500).steps_to(0.99) > 100  # κ(AᵀA) = 100
+    True
     """
     if attacker not in _REGISTRY:
         raise ValueError(

@@ -248,29 +248,48 @@ def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
     assert calls["seeds"] is None and calls["resume"] is True and calls["target"] == "theta"
 
 
-def _without_torch(code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter in which ``import torch`` fails."""
-    prelude = "import sys; sys.modules['torch'] = None; from condreg import cli; "
-    return subprocess.run(
-        [sys.executable, "-c", prelude + code], capture_output=True, text=True, check=False
-    )
+_WITHOUT_TORCH = """
+import contextlib, io, json, sys
+sys.modules["torch"] = None  # `import torch` raises ImportError
+from condreg import cli
+res = {}
+for key, argv in json.loads(sys.argv[1]).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    res[key] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(res))
+"""
 
 
 def test_help_works_without_torch_and_deepnet_says_one_line(tmp_path):
     """``reproduce --help`` lists every experiment and ``reproduce deepnet --help`` its options
     without torch; running deepnet without torch is one line and exit status 2."""
-    out = _without_torch("cli.main(['reproduce', '--help'])")
-    assert out.returncode == 0, out.stderr
-    for name in ("house-prices", "mnist-pairs", "convergence", "deepnet", "attacks", "ablation"):
-        assert name in out.stdout
-    out = _without_torch("cli.main(['reproduce', 'deepnet', '--help'])")
-    assert out.returncode == 0, out.stderr
-    assert "--arch" in out.stdout and "--quick" in out.stdout and "--seeds" in out.stdout
     dest = tmp_path / "dn"
-    code = f"sys.exit(cli.main(['reproduce', 'deepnet', '--quick', '--out', {str(dest)!r}]))"
-    out = _without_torch(code)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    calls = {
+        "list": ["reproduce", "--help"],
+        "deepnet": ["reproduce", "deepnet", "--help"],
+        "run": ["reproduce", "deepnet", "--quick", "--out", str(dest)],
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    res = json.loads(done.stdout)
+    code, out, _ = res["list"]
+    assert code == 0
+    for name in ("house-prices", "mnist-pairs", "convergence", "deepnet", "attacks", "ablation"):
+        assert name in out
+    code, out, _ = res["deepnet"]
+    assert code == 0 and "--arch" in out and "--quick" in out and "--seeds" in out
+    code, _, err = res["run"]
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
     assert "needs PyTorch" in lines[0] and "torch==2.13.0" in lines[0] and not dest.exists()
 
 

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"a small, fast version: house prices and the pair {quick_pairs}, the quick "
         f"immunization settings of house-prices and mnist-pairs, {QUICK_STEPS} probing steps "
-        "per attacker; QUICKTIME on a 2-core CPU",
+        "per attacker; about 10 s on a 2-core CPU",
     )
 
 

@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a small, fast version: the quick immunization settings of house-prices and "
         f"mnist-pairs (fewer epochs, 250 positive images), {QUICK_STEPS} probing steps; "
-        "QUICKTIME on a 2-core CPU",
+        "about 3 s on a 2-core CPU",
     )
 
 
