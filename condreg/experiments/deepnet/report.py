@@ -349,6 +349,7 @@ def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag
         for c in range(2):
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+        axes[r, 2].minorticks_off()  # log-axis minor ticks cost more to draw than they show
         axes[r, 2].set_xlabel("probe steps t")
         axes[r, 2].set_ylabel("−log₁₀ ‖w_t − w*‖²/‖w_0 − w*‖²\n(lower = slower probing)")
         for ax in axes[r]:
