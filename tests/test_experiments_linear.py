@@ -11,6 +11,7 @@ import pytest
 from condreg.experiments import UsageError
 from condreg.experiments import _linear as lin
 from condreg.experiments import _report as rp
+from condreg.experiments import _mnist_units as units_mod
 from condreg.experiments import mnist_pairs as mp
 
 
@@ -39,13 +40,13 @@ def test_mnist_resume_computes_only_the_missing_pairs(tmp_path, monkeypatch):
     assert saved == ["seed0_pair0-1.json", "seed0_pair2-3.json"]
 
     calls = []
-    real = mp._run_unit
+    real = units_mod.run_unit
 
     def counting(seed, pair, *args):
         calls.append(pair)
         return real(seed, pair, *args)
 
-    monkeypatch.setattr(mp, "_run_unit", counting)
+    monkeypatch.setattr(units_mod, "run_unit", counting)
     second = _run(out, [(0, 1), (2, 3), (4, 5)], resume=True)
     assert calls == [(4, 5)]  # only the new pair is computed
     timing = second["results"]["timing"]
