@@ -181,9 +181,10 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[
     return text
 
 
-def plots(out_dir: pathlib.Path, identity, method_results, *, quick: bool) -> list[pathlib.Path]:
-    """``rir.png`` (Eq. 15 per method, ours beside the paper's) and ``kappa_history.png``
-    (κ(H_P(θ_t)), κ(H_H(θ_t)) per epoch, with κ at θ = I as reference lines)."""
+def plots(out_dir: pathlib.Path, identity, method_results, *, quick: bool) -> list[Any]:
+    """Write ``rir.png`` (Eq. 15 per method, ours beside the paper's) and
+    ``kappa_history.png`` (κ(H_P(θ_t)), κ(H_H(θ_t)) per epoch, with κ at θ = I as reference
+    lines); returns the Matplotlib figures."""
     tag = "[quick run] " if quick else ""
     paths = [_rir_plot(out_dir, method_results, tag)]
     have = [
@@ -197,7 +198,7 @@ def plots(out_dir: pathlib.Path, identity, method_results, *, quick: bool) -> li
     return paths
 
 
-def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> pathlib.Path:
+def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> Any:
     from matplotlib.patches import Patch
 
     methods = [m for m in rp.METHODS if m in method_results]
@@ -239,10 +240,11 @@ def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> pathlib.Path:
         f"{tag}House prices: Eq. 15 per method (log scale; dashed: θ = I); "
         "✓ / ✗: ours succeeds / fails Def. 3.1 (a) + (b)"
     )
-    return rp.save_figure(fig, out_dir / "rir.png")
+    rp.save_figure(fig, out_dir / "rir.png")
+    return fig
 
 
-def _history_plot(out_dir, identity, method_results, have, tag: str) -> pathlib.Path:
+def _history_plot(out_dir, identity, method_results, have, tag: str) -> Any:
     fig, axes = rp.new_figure(1, 2, figsize=(11, 4.0))
     for m in have:
         h = method_results[m]["runs"][0]["history"]
@@ -262,4 +264,5 @@ def _history_plot(out_dir, identity, method_results, have, tag: str) -> pathlib.
         ax.legend(fontsize=7)
     axes[0].set_ylabel("κ (nonzero spectrum, log scale)")
     fig.suptitle(f"{tag}House prices: κ during immunization (seed 0; dashed: κ at θ_0 = I)")
-    return rp.save_figure(fig, out_dir / "kappa_history.png")
+    rp.save_figure(fig, out_dir / "kappa_history.png")
+    return fig

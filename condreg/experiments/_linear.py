@@ -35,7 +35,6 @@ __all__ = [
     "PairSpectra",
     "score",
     "spectrum_numbers",
-    "rir_numbers",
     "tolerance_robustness",
     "immunize_method",
     "stopped_early",
@@ -264,27 +263,6 @@ def score(
         numbers["check_rel_diff"] = tolerance["1x"]["check_rel_diff"]
     numbers["rtol"] = float(rtol)
     numbers["tolerance"] = tolerance
-    return numbers
-
-
-def rir_numbers(
-    theta: np.ndarray,
-    X_p: np.ndarray,
-    X_h: np.ndarray,
-    *,
-    rtol: float,
-    pair: PairSpectra | None = None,
-    cross_check: bool = True,
-) -> dict[str, Any]:
-    """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus (``cross_check``) the SVD
-    cross-check of :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its
-    ``"tolerance"`` (``check_rel_diff`` None without the cross-check).
-
-    The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
-    largest relative difference to the independent recomputation; ``rtol`` is recorded.
-    """
-    numbers = score(theta, X_p, X_h, rtol=rtol, pair=pair, cross_check=cross_check)
-    numbers.pop("tolerance")
     return numbers
 
 

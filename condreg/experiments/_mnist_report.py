@@ -372,12 +372,13 @@ def _draw_panel(ax, m, grid, bad, digits, vmax):
     return image
 
 
-def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> pathlib.Path:
+def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> Any:
     """Fig. 2 as the paper draws it: ln RIR per ordered (P, H) pair, one panel per method,
     rows = pre-training digit P, columns = harmful digit H (the digits of the pairs run; the
     diagonal P = H, not an experiment, grey; a pair not run, blank). A pair failing Definition
     3.1 (a) + (b) in any seed is hatched. The colour bar marks the paper's range of Ours
-    (8.6–523); the paper publishes no per-pair values (:data:`PAPER_PER_PAIR_NOTE`)."""
+    (8.6–523); the paper publishes no per-pair values (:data:`PAPER_PER_PAIR_NOTE`). Writes
+    ``ln_rir_heatmap.png`` and returns the Matplotlib figure."""
     from matplotlib.patches import Patch
 
     ordered = [m for m in rp.METHODS if m in methods]
@@ -417,4 +418,5 @@ def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> 
         f"The paper's per-pair values are not published: no per-pair comparison",
         fontsize=9,
     )
-    return rp.save_figure(fig, out_dir / "ln_rir_heatmap.png")
+    rp.save_figure(fig, out_dir / "ln_rir_heatmap.png")
+    return fig
