@@ -502,3 +502,19 @@ def test_resolve_data_dir():
 
     assert hpm.resolve_data_dir(None) == house_price_dir()
     assert hpm.resolve_data_dir("x/y") == __import__("pathlib").Path("x/y")
+
+
+def test_best_loss_at_full_rank_takes_the_same_column_space_from_qr():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((200, 6)) @ np.diag(np.logspace(0, -7, 6))
+    y = rng.standard_normal(200)
+    cls = (y > 0).astype(float)
+    for task, target in (("regression", y), ("classification", cls)):
+        svd = lin.best_loss(X, target, task=task, rtol=1e-12)
+        assert lin.best_loss(X, target, task=task, rtol=1e-12, rank=6) == pytest.approx(
+            svd, rel=1e-8
+        )
+    # below full rank the SVD's cut decides (rank is only a hint for the full-rank case)
+    assert lin.best_loss(X, y, task="regression", rtol=1e-5) > lin.best_loss(
+        X, y, task="regression", rtol=1e-12
+    )

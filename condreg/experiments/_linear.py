@@ -354,7 +354,7 @@ def immunize_method(
     losses = out["history"].get("loss") or [float("nan")]
     out["loss_initial"], out["loss_final"] = float(losses[0]), float(losses[-1])
     # the best any head reaches on X_pθ (Definition 3.1 (c), min over ω; :func:`best_loss`)
-    out["loss_best"] = best_loss(X_p @ theta, y_p, task=task, rtol=rtol)
+    out["loss_best"] = best_loss(X_p @ theta, y_p, task=task, rtol=rtol, rank=out["rank_H_P"])
     out["theta_finite"] = bool(np.all(np.isfinite(theta)))
     out.update(
         lam_p=float(result.lam_p),
@@ -376,7 +376,9 @@ def immunize_method(
 SEPARABLE_LOSS = 1e-6
 
 
-def best_loss(F: np.ndarray, y: np.ndarray, *, task: str, rtol: float) -> float:
+def best_loss(
+    F: np.ndarray, y: np.ndarray, *, task: str, rtol: float, rank: int | None = None
+) -> float:
     """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)``: the lowest D_P loss a linear head reaches on
     the features ``F = X_pθ``, in the units of the trained head's loss.
 
@@ -386,7 +388,9 @@ def best_loss(F: np.ndarray, y: np.ndarray, *, task: str, rtol: float) -> float:
     invertible θ (the same rank as ``X``) it equals the input's. ``task="regression"``: the
     least-squares relative error ``min mean((Fω − y)²)/mean(y²)`` (exact); ``"classification"``:
     the mean logistic loss of a converged probe (SciPy's L-BFGS-B to a gradient norm of 1e-9),
-    about 0 (below :data:`SEPARABLE_LOSS`) when D_P is linearly separable on ``F``.
+    about 0 (below :data:`SEPARABLE_LOSS`) when D_P is linearly separable on ``F``. ``rank``:
+    the rank of ``F`` at ``rtol`` where the caller knows it; at full column rank the basis comes
+    from a QR factorization (the same column space, half the cost of the SVD).
 
     Examples
     --------
@@ -394,8 +398,12 @@ def best_loss(F: np.ndarray, y: np.ndarray, *, task: str, rtol: float) -> float:
     >>> best_loss(X, y, task="regression", rtol=1e-12) < 1e-20
     True
     """
-    U, s, _ = np.linalg.svd(np.asarray(F, dtype=np.float64), full_matrices=False)
-    Q = U[:, s > float(rtol) * s[0]] if s.size and s[0] > 0 else U[:, :0]
+    F = np.asarray(F, dtype=np.float64)
+    if rank is not None and rank == F.shape[1] <= F.shape[0]:
+        Q = np.linalg.qr(F)[0]
+    else:
+        U, s, _ = np.linalg.svd(F, full_matrices=False)
+        Q = U[:, s > float(rtol) * s[0]] if s.size and s[0] > 0 else U[:, :0]
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     if task == "regression":
         scale = float(np.mean(y * y))

@@ -82,7 +82,9 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
         "seed": seed,
         "pair": list(pair),
         "kappas": {k: first[k] for k in kappas},
-        "loss_best_input": best_loss(tp.X, tp.y, task="classification", rtol=first["rtol"]),
+        "loss_best_input": best_loss(
+            tp.X, tp.y, task="classification", rtol=first["rtol"], rank=first["rank_K_P"]
+        ),
         "methods": by_method,
         "seconds": time.perf_counter() - start,
         "cpu_s": time.process_time() - cpu_start,
