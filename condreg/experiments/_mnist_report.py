@@ -363,10 +363,9 @@ def _draw_panel(ax, m, grid, bad, digits, vmax):
             ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="0.85"))
         if not np.isfinite(v):
             continue
-        if bad[r, c]:
-            ax.add_patch(
-                Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///", ec="0.2", lw=0)
-            )
+        if bad[r, c]:  # a failure: paled and hatched
+            cell = Rectangle((c - 0.5, r - 0.5), 1, 1, fc=(1, 1, 1, 0.55), hatch="//", ec="0.3")
+            ax.add_patch(cell)
         box = {"boxstyle": "round,pad=0.1", "fc": "w", "ec": "none", "alpha": 0.8}
         ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=6, bbox=box)
     return image
@@ -408,7 +407,7 @@ def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> 
     )
     bar.ax.plot([0.5, 0.5], [paper_lo, paper_hi], color="k", lw=3)
     handles = [
-        Patch(facecolor="w", edgecolor="0.2", hatch="///", label="fails Def. 3.1 (a) + (b)"),
+        Patch(facecolor="w", edgecolor="0.3", hatch="//", label="fails Def. 3.1 (a) + (b)"),
         Patch(facecolor="0.85", label="P = H: not an experiment"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
