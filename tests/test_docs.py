@@ -188,3 +188,38 @@ def test_site_builds_strict(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "reference" / "condreg" / "index.html").is_file()
+
+
+def _readme_commands() -> list[str]:
+    """The command lines of README.md's first ```bash block (comments dropped)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^```bash\n(.*?)^```", text, re.S | re.M)
+    assert block, "README.md starts with a bash block of commands"
+    return [ln for ln in block[1].splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_readme_commands_are_the_ci_commands():
+    """Command 2 of the README installs what CI installs and runs CI's test command; the
+    package itself asks only a loose lower bound of torch."""
+    demo, tests = _readme_commands()
+    assert "condreg reproduce mnist-pairs --quick" in demo
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    extras = re.compile(r'pip install (?:--quiet )?-e "\.\[([^\]]+)\]"')
+    assert extras.findall(tests) == extras.findall(ci) != []
+    assert "pip install torch==2.13.0" in tests and '"torch==2.13.0"' in ci
+    ci_lines = [ln for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert tests.split("&&")[-1].strip() == ci_lines[-1].strip()
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    torch_reqs = re.findall(r'"torch([^"]*)"', pyproject)
+    assert torch_reqs and all(r.startswith(">=") for r in torch_reqs), torch_reqs
+
+
+def test_distribution_name_is_condreg_ml():
+    """The index's ``condreg`` is an unrelated project: the distribution is ``condreg-ml``."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["name"] == "condreg-ml"
+    assert project["optional-dependencies"]["all"] == [
+        "condreg-ml[torch,jax,scipy,experiments,optax,lightning,hf]"
+    ]
+    assert project["scripts"] == {"condreg": "condreg.cli:main"}
