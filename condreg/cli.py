@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from condreg import _cli_fallback as _fallback  # transitional: see condreg/_cli_fallback.py
 from condreg.experiments import EXPERIMENTS, UsageError
 from condreg.experiments import options as opt
 from condreg.experiments.data import DataError
@@ -96,11 +95,8 @@ def _add_experiment(exps, name: str) -> None:
         p = exps.add_parser(name, help=f"(unavailable: {exc})")
         p.set_defaults(unavailable=" ".join(str(exc).split()) or type(exc).__name__)
         return
-    declare = getattr(module, "add_arguments", None) or _fallback.DECLARATIONS.get(name)
-    text = getattr(module, "HELP", None) or _fallback.HELP.get(name, name)
-    p = exps.add_parser(name, help=text, description=text)
-    if declare is not None:
-        declare(p)
+    p = exps.add_parser(name, help=module.HELP, description=module.HELP)
+    module.add_arguments(p)
     _add_common(p, name)
 
 
