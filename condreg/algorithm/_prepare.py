@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -225,23 +226,40 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
-    """The start-of-run values a resumed run reuses: θ, ω, λ's, IMMA's inner step, rtol."""
-    if resume is None:
-        return given
-    if not isinstance(resume, ImmunizationResult):
-        raise TypeError(
-            f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
-        )
-    for key in ("method", "task"):
-        if given[key] != getattr(resume, key):
-            raise ValueError(
-                f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
-                f"{key}={given[key]!r}"
-            )
+#: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.
+DEFAULTS = MappingProxyType(
+    {"method": "condreg", "task": "regression", "lr": 0.005, "max_step": 0.3, "imma_steps": 5,
+     "seed": 0}
+)  # fmt: skip
+
+#: The options a result records and ``resume=`` reuses where not given.
+RESUMED = ("method", "task", "lam_p", "lam_h", "lr", "max_step", "ridge", "imma_steps",
+           "imma_lr", "rtol", "paths", "seed", "y_h")  # fmt: skip
+
+
+def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
+    """The options of a run: those ``given``, else (``resume``) the resumed run's — its θ, ω
+    and every option it recorded — else :data:`DEFAULTS`."""
     out = dict(given)
-    out["theta0"], out["omega0"] = resume.theta, resume.omega
-    for key in ("lam_p", "lam_h", "imma_lr", "rtol", "paths"):
+    if resume is not None:
+        if not isinstance(resume, ImmunizationResult):
+            raise TypeError(
+                f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
+            )
+        for key in ("method", "task"):
+            if given[key] is not None and given[key] != getattr(resume, key):
+                raise ValueError(
+                    f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
+                    f"{key}={given[key]!r}"
+                )
+        out["theta0"], out["omega0"] = resume.theta, resume.omega
+        saved = resume.resume_state
+        recorded = {key: getattr(resume, key, None) for key in RESUMED}
+        recorded["y_h"] = None if saved is None else saved.y_h
+        for key in RESUMED:
+            if out[key] is None:
+                out[key] = recorded[key]
+    for key, value in DEFAULTS.items():
         if out[key] is None:
-            out[key] = getattr(resume, key)
+            out[key] = value
     return out

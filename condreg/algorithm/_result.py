@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 Array = Any
 
@@ -28,6 +28,19 @@ SUCCESS_MARGIN = 1e-6
 
 #: Prefixes of :attr:`ImmunizationResult.stopped` for a run that ended before ``epochs``.
 STOP_REASONS = ("completed", "stopped by callback", "diverged", "rank collapse")
+
+
+class ResumeState(NamedTuple):
+    """What ``resume=`` continues from, beyond a result's options: the loop's factored iterate
+    (θ's parts, the head in the algorithm's units, the features ``Aθ``, the epochs since θ was
+    last summed), ``head_scale`` (the units of the head: a resumed run on other data starts
+    from ``theta`` and ``omega`` instead), ``references`` (the loss and ranks the run's health
+    checks compare with, those of its ``θ_0``) and the harmful labels ``y_h`` it was given."""
+
+    iterate: Any
+    head_scale: float
+    references: tuple[float, tuple[float, float] | None]
+    y_h: Any = None
 
 
 class ImmunizationWarning(UserWarning):
@@ -83,14 +96,20 @@ class ImmunizationResult:
     rtol: float = 0.0
     imma_lr: float | None = None
     paths: tuple[str, str] | None = None
-    #: ``(iterate, head_scale)``: the loop's factored iterate (θ's parts, the head in the
-    #: algorithm's units, the features ``Aθ``), so that ``resume=`` continues from the exact
-    #: iterate (``theta`` is its sum and ``omega`` in raw units round-trip only up to rounding).
-    resume_state: tuple[Any, float] | None = field(default=None, repr=False)
+    #: :class:`ResumeState`: the loop's exact iterate and the references of its health checks,
+    #: so that ``resume=`` continues exactly (``theta`` is the iterate's sum and ``omega`` in raw
+    #: units: they round-trip only up to rounding)
+    resume_state: ResumeState | None = field(default=None, repr=False)
     #: the :class:`condreg.metrics.RIRSpectra` behind ``metrics`` (singular values of ``X_p``,
     #: ``X_h``, ``X_pθ``, ``X_hθ`` at ``rtol``): ``res.spectra.rir(10 * res.rtol)`` re-thresholds
     #: the verdict at a coarser tolerance without a new decomposition
     spectra: Any = field(default=None, repr=False)
+    #: the preconditioner's ridge (None: pseudo-inverse)
+    ridge: float | None = None
+    #: IMMA's inner steps (recorded for every method)
+    imma_steps: int = 5
+    #: the seed of IMMA's surrogate harmful labels
+    seed: int = 0
 
     @property
     def rir(self) -> float:
