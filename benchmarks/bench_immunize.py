@@ -85,14 +85,14 @@ def epoch_cost(
     (:func:`condreg.algorithm._step.advance` on the factored iterate); ``"step"``, the public
     :func:`condreg.algorithm.step` (θ dense); ``"full"``, that step with the full decomposition
     (:func:`full_decomposition`)."""
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", condreg.ImmunizationWarning)
         problem, state = algorithm.prepare(X_p, y_p, X_h, method=method, task=task)
     if kind == "loop":
-        cross = _step.cross_basis(problem)
-        box = [_step.Tracked.start(problem, state)]
+        cross = _factored.cross_basis(problem)
+        box = [_factored.Tracked.start(problem, state)]
 
         def advance() -> None:
             box[0] = _step.advance(problem, box[0], cross)[0]

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from condreg.algorithm._factored import Tracked, cross_basis, is_identity
 from condreg.algorithm._prepare import prepare, run_options
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import (
@@ -20,14 +21,7 @@ from condreg.algorithm._result import (
     ResumeState,
 )
 from condreg.algorithm._setup import DataSetup
-from condreg.algorithm._step import (
-    Tracked,
-    advance,
-    cross_basis,
-    evaluate,
-    is_identity,
-    is_linalg_error,
-)
+from condreg.algorithm._step import advance, evaluate, is_linalg_error
 
 Array = Any
 
