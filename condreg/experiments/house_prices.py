@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: One line for ``condreg reproduce --help``.
-HELP = "Table 1: the four methods on Ames house prices (D_P: LotArea, D_H: SalePrice)"
+HELP = "Table 1: house prices (Ames; D_P LotArea, D_H SalePrice)"
 
 PAPER_SETTINGS = {"epochs": 100, "lr": 0.005}
 QUICK_SETTINGS = {"epochs": 20, "lr": 0.005}
