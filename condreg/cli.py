@@ -48,39 +48,23 @@ class _Parser(argparse.ArgumentParser):
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
     """``--out``, ``--seeds``, ``--no-progress``, ``--threads``: every experiment's, except one
     the experiment declared itself (deepnet declares its own ``--seeds``)."""
-    common = [
-        (
-            ("--out",),
-            dict(
-                type=pathlib.Path, default=None, help=f"output directory (default: results/{name}/)"
-            ),
+    common = {
+        "--out": dict(type=pathlib.Path, help=f"output directory (default: results/{name}/)"),
+        "--seeds": dict(
+            type=opt.positive_int,
+            default=1,
+            help="repeat with seeds 0..N-1 and report mean ± std (default 1)",
         ),
-        (
-            ("--seeds",),
-            dict(
-                type=opt.positive_int,
-                default=1,
-                help="repeat with seeds 0..N-1 and report mean ± std (default 1)",
-            ),
+        "--no-progress": dict(dest="progress", action="store_false", help="no progress bars"),
+        "--threads": dict(
+            type=opt.positive_int,
+            help="BLAS threads (default 1: the matrices here are small, and one thread is as fast "
+            "and never oversubscribes a busy machine); for deepnet also torch's intra-op threads",
         ),
-        (
-            ("--no-progress",),
-            dict(dest="progress", action="store_false", help="no progress bars"),
-        ),
-        (
-            ("--threads",),
-            dict(
-                type=opt.positive_int,
-                default=None,
-                help="BLAS threads (default 1: the matrices here are small, and one thread is as "
-                "fast and never oversubscribes a busy machine); for deepnet also torch's "
-                "intra-op threads",
-            ),
-        ),
-    ]
-    for flags, kwargs in common:
+    }
+    for flag, kwargs in common.items():
         try:
-            p.add_argument(*flags, **kwargs)
+            p.add_argument(flag, **kwargs)
         except argparse.ArgumentError:  # declared by the experiment itself
             pass
 

@@ -323,13 +323,11 @@ def test_an_experiment_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch
 
 
 def test_digits_closed_separates_ratios_near_one():
-    from condreg.experiments.convergence import digits_closed, steps_to_digits
+    from condreg.experiments.convergence import digits_closed
 
     d = digits_closed([1.0, 1 - 1e-9, 1e-3, 0.0, float("nan")])
     assert d[0] == 1e-16 and d[1] == pytest.approx(1e-9 / math.log(10), rel=1e-6)
     assert d[2] == pytest.approx(3.0) and d[3] == 40.0 and d[4] == 1e-16
-    assert steps_to_digits([1.0, 0.5, 0.009, 1e-4], 2) == 2
-    assert steps_to_digits([1.0, 0.5], 2) is None
 
 
 # ------------------------------------------------------------------------------------------

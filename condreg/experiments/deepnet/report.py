@@ -236,19 +236,15 @@ def failures(per_arch: dict[str, list[dict]]) -> list[str]:
 
 def setup(per_arch: dict[str, list[dict]], s) -> dict[str, dict[str, Any]]:
     """What was immunized, per arch (from the first seed's record)."""
-    out = {}
-    for a, rows in per_arch.items():
-        r = rows[0]
-        out[a] = {
-            "immunized": r["immunized"],
-            "immunized_weights": r["immunized_weights"],
-            "immunized_parameters": r["immunized_parameters"],
-            "feature_dim": r["feature_dim"],
+    keys = ("immunized", "immunized_weights", "immunized_parameters", "feature_dim", "n_train")
+    return {
+        a: {k: rows[0][k] for k in keys}
+        | {
             "rir_group_size": s.rir_group_size,
-            "feature_dim_exceeds_group_size": r["feature_dim"] > s.rir_group_size,
-            "n_train": r["n_train"],
+            "feature_dim_exceeds_group_size": rows[0]["feature_dim"] > s.rir_group_size,
         }
-    return out
+        for a, rows in per_arch.items()
+    }
 
 
 def _label(m: str) -> str:
@@ -349,6 +345,7 @@ def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag
         for c in range(2):
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+        axes[r, 2].minorticks_off()  # log-axis minor ticks cost more to draw than they show
         axes[r, 2].set_xlabel("probe steps t")
         axes[r, 2].set_ylabel("−log₁₀ ‖w_t − w*‖²/‖w_0 − w*‖²\n(lower = slower probing)")
         for ax in axes[r]:
