@@ -5,7 +5,10 @@ strategies, the Hugging Face ``Trainer`` under ``torchrun`` / ``accelerate launc
 of :mod:`condreg.torch.nn` compute on the rows of every rank together:
 
 - the regularizer's values through :mod:`condreg.torch.distributed` (a ``D×D`` Gram all-reduce or
-  a feature all-gather, chosen there);
+  a feature all-gather, chosen there), :func:`global_quantity`: ranks with fewer rows (token
+  features after their padding is dropped) add zero rows up to the largest rank's count (zero rows
+  change no Gram ``FᵀF``; the default rank tolerance is that of the true ``N_total``), so the
+  gather also works for uneven rows — one more all-gather of ``W`` row counts;
 - the feature normalisation from the global Frobenius norm (one all-reduced number);
 - the dummy layer's sample-axis preconditioner from the global ``K = Σ_r x_rᵀx_r`` (below).
 
@@ -40,9 +43,10 @@ import torch.distributed as dist
 from array_api_compat import array_namespace
 
 from condreg import _precondition
+from condreg.torch import distributed as cdist
 from condreg.torch.distributed import choose_strategy
 
-__all__ = ["process_group", "global_norm", "global_sample_precondition"]
+__all__ = ["process_group", "global_norm", "global_quantity", "global_sample_precondition"]
 
 
 def process_group(local: bool, group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -68,6 +72,23 @@ def _row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[
     counts = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(counts, mine, group=group)
     return [int(c.item()) for c in counts]
+
+
+def global_quantity(
+    quantity: str, F: torch.Tensor, group: dist.ProcessGroup, rtol: float | None = None
+) -> torch.Tensor:
+    """``condreg.torch.distributed.<quantity>`` of the rows ``F`` (``N_r×D``) of every rank,
+    uneven row counts included (see the module documentation)."""
+    counts = _row_counts(F.shape[0], F.device, group)
+    top, n_total = max(counts), sum(counts)
+    if F.shape[0] < top:
+        F = torch.cat([F, F.new_zeros((top - F.shape[0], F.shape[1]))], dim=0)
+    fn = getattr(cdist, quantity)
+    if quantity == "r_well":
+        return fn(F, group=group)
+    if rtol is None:
+        rtol = _precondition.resolve_rtol(None, (n_total, F.shape[1]), F.dtype, array_namespace(F))
+    return fn(F, group=group, rtol=rtol)
 
 
 def _gram_route(

@@ -43,8 +43,7 @@ import torch
 from torch import nn
 
 import condreg
-from condreg.torch import distributed as cdist
-from condreg.torch._data_parallel import process_group
+from condreg.torch._data_parallel import global_quantity, process_group
 from condreg.torch.nn import ConditionRegularizer, Precondition, rows
 
 __all__ = ["ImmunizationModule"]
@@ -165,7 +164,7 @@ class ImmunizationModule(L.LightningModule):
             if group is None:
                 kp, kh = (condreg.condition_number(f, gram=True) for f in (fp, fh))
             else:
-                kp, kh = (cdist.condition_number(f, group=group) for f in (fp, fh))
+                kp, kh = (global_quantity("condition_number", f, group) for f in (fp, fh))
         return {"kappa_hp": kp, "kappa_hh": kh}
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:

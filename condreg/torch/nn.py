@@ -51,8 +51,12 @@ from torch import nn
 
 import condreg
 from condreg import _precondition
-from condreg.torch import distributed as cdist
-from condreg.torch._data_parallel import global_norm, global_sample_precondition, process_group
+from condreg.torch._data_parallel import (
+    global_norm,
+    global_quantity,
+    global_sample_precondition,
+    process_group,
+)
 
 __all__ = [
     "ConditionRegularizer",
@@ -184,7 +188,7 @@ class ConditionRegularizer(nn.Module):
         kw = {"rtol": self.rtol} if quantity == "r_ill" else {}
         if group is None:
             return getattr(condreg, quantity)(F, gram=True, **kw)
-        return getattr(cdist, quantity)(F, group=group, **kw)
+        return global_quantity(quantity, F, group, self.rtol)
 
     def forward(
         self, features_p: torch.Tensor | None = None, features_h: torch.Tensor | None = None
