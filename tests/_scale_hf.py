@@ -89,7 +89,7 @@ def main(out: str) -> None:
         immunized="bert.encoder.layer.0.attention.self.query",
         lam_p=1.0,
         lam_h=0.1,
-        local=bool(os.environ.get("LOCALREG")),
+        local=bool(os.environ.get("CONDREG_TEST_LOCAL")),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
