@@ -69,9 +69,20 @@ def test_is_an_optax_transformation_and_chain_passes_the_batches(reg):
     )
     np.testing.assert_allclose(np.asarray(u["theta"]), -0.01 * expected, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(np.asarray(u["w"]), -0.02 * np.ones(3))
-    # without the batches the transformation is the identity (no term has data)
-    u0, _ = chain.update(grads, chain.init(params), params)
-    np.testing.assert_allclose(np.asarray(u0["theta"]), -0.01 * np.asarray(grads["theta"]))
+    # without the batches, or with them misspelled, no silent identity: a clear error
+    with pytest.raises(ValueError, match=r"lam_p=0.7 needs the batch x_p=.*received: \[\]"):
+        chain.update(grads, chain.init(params), params)
+    with pytest.raises(ValueError, match=r"x_p=.*\['X_h', 'X_p'\].*did you mean"):
+        chain.update(grads, chain.init(params), params, X_p=X_p, X_h=X_h)
+    with pytest.raises(ValueError, match="x_h="):
+        chain.update(grads, chain.init(params), params, x_p=jnp.asarray(X_p))
+    with pytest.raises(ValueError, match="columns"):
+        chain.update(grads, chain.init(params), params, x_p=X_p[:, :5], x_h=X_h)
+    with pytest.raises(ValueError, match="token features"):
+        chain.update(grads, chain.init(params), params, x_p=X_p[0], x_h=X_h)
+    # under jit too (shapes are static): the error is raised while tracing
+    with pytest.raises(ValueError, match="x_p="):
+        jax.jit(lambda g, p: chain.update(g, chain.init(p), p))(grads, params)
 
 
 def test_nested_key_and_bare_params(reg):
