@@ -50,6 +50,7 @@ from condreg.algorithm._result import (
     ImmunizationResult,
     ImmunizationWarning,
 )
+from condreg.algorithm._setup import DataSetup, setup_data
 from condreg.algorithm._step import RECORD_FIELDS, evaluate, step
 
 #: The supervised tasks.
@@ -61,6 +62,8 @@ __all__ = [
     "ImmunizationWarning",
     "preconditioned_gradient",
     "prepare",
+    "setup_data",
+    "DataSetup",
     "step",
     "evaluate",
     "Problem",

@@ -6,6 +6,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from condreg.algorithm._prepare import prepare, result_defaults
 from condreg.algorithm._problem import Problem, State
 from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
+from condreg.algorithm._setup import DataSetup
 from condreg.algorithm._step import (
     Tracked,
     advance,
@@ -204,6 +206,7 @@ def immunize(
     callback: Callable[[int, dict[str, float]], bool | None] | None = None,
     warn: bool = True,
     xp: Any = None,
+    setup: DataSetup | None = None,
 ) -> ImmunizationResult:
     """Immunize a linear feature extractor θ against linear probing on ``X_h`` (Algorithm 1).
 
@@ -260,7 +263,7 @@ def immunize(
     )  # fmt: skip
     problem, state = prepare(
         X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
-        imma_steps=imma_steps, warn=warn, xp=xp, **kw,
+        imma_steps=imma_steps, warn=warn, xp=xp, setup=setup, **kw,
     )  # fmt: skip
     start: State | Tracked = state
     if resume is not None and resume.resume_state is not None:
@@ -276,13 +279,21 @@ def immunize(
 
 
 def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
-    """``problem.tasks`` (prepare's spectra of the data) when it is of these arrays."""
+    """The setup's spectra of the data (``problem.setup.tasks``) when they are of these
+    arrays."""
     from condreg.metrics import rir_spectra
 
-    tasks = problem.tasks
+    tasks = None if problem.setup is None else problem.setup.tasks
     if tasks is not None and X_p.dtype == tasks.s_kp.dtype:
         return tasks
     return rir_spectra(None, X_p, X_h, rtol=problem.rtol)
+
+
+def _detached(kept: Tracked) -> Tracked:
+    """The iterate without the setup's spectra at ``θ = I`` (a result keeps its own state
+    only; ``resume=`` reattaches the tasks of its run's setup)."""
+    P, H = (replace(task, at_identity=()) for task in (kept.P, kept.H))
+    return kept._replace(P=P, H=H)
 
 
 def _validate_epochs(epochs: Any) -> int:
@@ -330,7 +341,7 @@ def _result(
         rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
         paths=problem.paths,
-        resume_state=(kept, problem.head_scale),
+        resume_state=(_detached(kept), problem.head_scale),
         spectra=spectra,
     )
     if warn:

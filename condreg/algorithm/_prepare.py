@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -10,22 +9,20 @@ from typing import Any
 
 import numpy as np
 from array_api_compat import device as _device
-from array_api_compat import is_numpy_array
 
-from condreg.algorithm import _step
 from condreg.algorithm import _validate as v
 from condreg.algorithm._methods import REGISTRY
-from condreg.algorithm._problem import Problem, State, build_task, robust_rms
+from condreg.algorithm._problem import Problem, State, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
+from condreg.algorithm._setup import DataSetup, build_setup
 from condreg.algorithm._step import (
     PATHS,
     gram_was_used,
     initial_features,
     is_linalg_error,
-    read_only,
     spectrum,
 )
-from condreg.metrics import rir_spectra, run_rtol
+from condreg.metrics import run_rtol
 
 Array = Any
 
@@ -44,22 +41,8 @@ class _Data:
 def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
     named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
     xp = v.namespace(named, xp)
-    v.check_matrix(X_p, "X_p")
-    v.check_matrix(X_h, "X_h")
-    if X_p.shape[1] != X_h.shape[1]:
-        raise ValueError(
-            f"immunize: X_p and X_h must have the same number of features, got {X_p.shape[1]} "
-            f"and {X_h.shape[1]}"
-        )
-    D = X_p.shape[1]
-    dtype = v.float_dtype(xp, X_p, X_h)
-    dev = _device(X_p)
-    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
-    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        if not v.finite(X, xp):
-            raise ValueError(f"immunize: {name} contains NaN or Inf")
-        if not bool(xp.any(X != 0)):
-            raise ValueError(f"immunize: {name} is all zeros (rank 0); nothing to immunize")
+    X_p, X_h = v.data_matrices(X_p, X_h, xp)
+    D, dtype, dev = X_p.shape[1], X_p.dtype, _device(X_p)
     yp = v.labels(y_p, X_p.shape[0], "y_p", task, xp, dtype, dev)
     yh = None if y_h is None else v.labels(y_h, X_h.shape[0], "y_h", task, xp, dtype, dev)
     theta = xp.eye(D, dtype=dtype, device=dev)
@@ -178,6 +161,7 @@ def prepare(
     paths: tuple[str, str] | None = None,
     warn: bool = True,
     xp: Any = None,
+    setup: DataSetup | None = None,
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
@@ -199,77 +183,29 @@ def prepare(
     d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     xp = d.xp
     rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
+    if setup is None:
+        setup = build_setup(X_p, X_h, d.X_p, d.X_h, xp, rtol, opts["ridge"])
+    elif not isinstance(setup, DataSetup):
+        raise TypeError(f"immunize: setup must be a DataSetup, got {type(setup).__name__}")
+    else:
+        setup.check(X_p, X_h, rtol=rtol, ridge=opts["ridge"], xp=xp)
     m = REGISTRY[method]
-    key = _data_key(d, rtol, opts["ridge"])
-    cached = _LAST_DATA.get(key) if key is not None else None
-    if cached is None:
-        if key is not None:
-            clear_caches()  # the previous data's setup and its spectra at θ = I
-        tasks = rir_spectra(None, d.X_p, d.X_h, rtol=rtol)  # κ(K_P), κ(K_H) as metrics.rir
-        kappas = tasks.rir()
-        P = build_task(d.X_p, xp, rtol, opts["ridge"], kappas.kappa_kp)
-        H = build_task(d.X_h, xp, rtol, opts["ridge"], kappas.kappa_kh)
-        cached = _DataSetup(tasks, P, H, {})
-        if key is not None:  # shared by later runs on the same data: never written to
-            read_only((P, H, tasks._parts))
-    tasks, P, H = cached.tasks, cached.P, cached.H
-    if H.rank < m.min_rank_h:
+    if setup.H.rank < m.min_rank_h:
         raise ValueError(
-            f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
+            f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {setup.H.rank})"
         )
     y_unit = (robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
     yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
-        m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, xp, tasks=tasks,
+        m, task, setup.P, setup.H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
+        opts["imma_steps"], 0.0, setup.rtol, setup.P.scale * y_unit, xp, setup=setup,
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)
     if not paths:
-        paths = cached.paths.get("identity") if theta0 is None else None
-        paths = paths or _paths(problem, d.theta)
-        if theta0 is None:
-            cached.paths["identity"] = paths
-    if key is not None:
-        _LAST_DATA[key] = cached
+        paths = setup.paths if theta0 is None else _paths(problem, d.theta)
     problem = replace(problem, paths=tuple(paths))
     return _weights(problem, state, opts, warn), state
-
-
-@dataclass(frozen=True)
-class _DataSetup:
-    """What :func:`prepare` derives from the data alone: the tasks' spectra (κ(K) exactly as
-    :func:`condreg.metrics.rir`), both :class:`TaskData` and the engine's paths at ``θ_0 = I``."""
-
-    tasks: Any
-    P: Any
-    H: Any
-    paths: dict[str, tuple[str, str]]
-
-
-#: The last data :func:`prepare` set up, by content (:func:`_data_key`): running several methods
-#: on the same NumPy arrays (a comparison of methods, ``condreg reproduce``) decomposes them once.
-_LAST_DATA: dict[tuple, _DataSetup] = {}
-
-
-def clear_caches() -> None:
-    """Forget the last data's setup (:data:`_LAST_DATA`) and the task spectra at ``θ = I``
-    shared with it (:data:`condreg.algorithm._step._AT_IDENTITY`)."""
-    _LAST_DATA.clear()
-    _step._AT_IDENTITY.clear()
-
-
-def _data_key(d: _Data, rtol: float, ridge: float | None) -> tuple | None:
-    """A key that identifies the data by content (a BLAKE2b digest of both arrays' bytes, with
-    shapes, dtype and memory layout: the setup's sums depend on the order) and the options the
-    setup depends on; None for non-NumPy arrays."""
-    if not (is_numpy_array(d.X_p) and is_numpy_array(d.X_h)):
-        return None
-    digests = []
-    for X in (d.X_p, d.X_h):
-        h = hashlib.blake2b(np.ascontiguousarray(X).view(np.uint8), digest_size=32)
-        digests.append((X.shape, X.strides, str(X.dtype), h.digest()))
-    return (*digests, float(rtol), None if ridge is None else float(ridge))
 
 
 def _paths(problem: Problem, theta: Array) -> tuple[str, str]:

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields, is_dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
 from array_api_compat import array_namespace, is_numpy_array, is_torch_array
 from array_api_compat import device as _device
 
@@ -49,12 +47,15 @@ def spectrum(
     small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``).
 
     ``F``: the features ``Aθ`` where the caller has them (the loop carries them from epoch to
-    epoch, :class:`Tracked`); ``theta`` is then not read."""
+    epoch, :class:`Tracked`); ``theta`` is then not read. Given the task's factor itself
+    (``F is task.A``: ``θ = I``), the spectrum the data's setup keeps for that path and
+    tolerance is returned (``task.at_identity``, :func:`condreg.algorithm.setup_data`)."""
     if F is None:
         F = task.A @ theta
     if _eager(F):
-        if _shared_factor(task, F):
-            return _identity_spectrum(F, rtol, xp, vectors=vectors, path=path)
+        for p, hs in task.at_identity:
+            if p == path and hs.sp.F is F and hs.rtol == rtol:
+                return hs if vectors else hs._replace(ext=None)
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
@@ -63,59 +64,9 @@ def spectrum(
     return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
 
 
-#: Spectra of ``F = A`` (``θ = I``) of shared task factors (:func:`_shared_factor`): every
-#: method run on the same data starts there (prepare's default weights, epoch 0), so they are
-#: decomposed once. Keyed by the factor's identity (the entry holds the factor, so its id stays
-#: valid), the tolerance and the path; the last :data:`_AT_IDENTITY_SIZE` only.
-_AT_IDENTITY: dict[tuple[int, float, str], tuple[Array, Any]] = {}
-_AT_IDENTITY_SIZE = 4
-
-
-def _shared_factor(task: TaskData, F: Array) -> bool:
-    """``F`` is the task's own factor as prepare's data setup shares it: read-only NumPy that
-    owns its data (not a view of a writable array), so its spectrum cannot change under the
-    cache."""
-    return F is task.A and is_numpy_array(F) and not F.flags.writeable and F.base is None
-
-
-def read_only(obj: Any, depth: int = 4) -> Any:
-    """Mark the NumPy arrays in ``obj`` (tuples, dataclasses, nested) read-only; returns
-    ``obj``."""
-    if isinstance(obj, np.ndarray):
-        obj.flags.writeable = False
-    elif depth > 0 and isinstance(obj, tuple):
-        for item in obj:
-            read_only(item, depth - 1)
-    elif depth > 0 and is_dataclass(obj):
-        for f in fields(obj):
-            read_only(getattr(obj, f.name), depth - 1)
-    return obj
-
-
-def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
-    """:func:`_eager_spectrum` of a shared factor, from :data:`_AT_IDENTITY` when decomposed
-    before (with vectors on demand; ``vectors=False`` drops them)."""
-    key = (id(F), float(rtol), path)
-    hit = _AT_IDENTITY.get(key)
-    if hit is None:
-        hs = read_only(_eager_spectrum(F, rtol, xp, vectors=True, path=path))
-        hs.ext.shared = True  # what it finds later is read-only too: the methods share it
-        keys = [key]
-        if path == "auto" and hs.ext.R is not None:  # the Gram did not resolve it: exact path
-            keys.append((id(F), float(rtol), "exact"))
-        for k in keys:
-            _AT_IDENTITY.pop(k, None)
-            _AT_IDENTITY[k] = (F, hs)
-        for old in list(_AT_IDENTITY)[:-_AT_IDENTITY_SIZE]:
-            _AT_IDENTITY.pop(old, None)
-    else:
-        hs = hit[1]
-    return hs if vectors else hs._replace(ext=None)
-
-
 def initial_features(task: TaskData, theta: Array) -> Array:
     """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
-    so that a shared factor's spectrum is reused (:func:`_identity_spectrum`)."""
+    so that the setup's spectrum at ``θ = I`` is reused (:func:`spectrum`)."""
     A = task.A
     same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
     if same and is_numpy_array(theta) and is_numpy_array(A):
@@ -184,7 +135,6 @@ class Extremes:
         self._full: Array | None = None
         self._clusters: dict[tuple[int, int], Array] = {}
         self.fallbacks = 0  # clusters that needed the full decomposition (for tests)
-        self.shared = False  # a spectrum of the cache at θ = I: its arrays are made read-only
 
     @property
     def G(self) -> Array:
@@ -197,11 +147,7 @@ class Extremes:
                 self._G = self.R.T @ self.R
             else:
                 self._G = _left_gram(self.F, self.gdtype, xp)
-            self._G = self._frozen(self._G)
         return self._G
-
-    def _frozen(self, x: Array) -> Array:
-        return read_only(x) if self.shared else x
 
     def gram(self) -> Array:
         """``G = FFᵀ`` in the dtype of ``F``."""
@@ -218,7 +164,7 @@ class Extremes:
             else:
                 _, _, Vh = xp.linalg.svd(self.R, full_matrices=False)
                 W = Vh.T
-            self._full = self._frozen(xp.astype(W, self.F.dtype))
+            self._full = xp.astype(W, self.F.dtype)
         return self._full
 
     def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
@@ -231,15 +177,15 @@ class Extremes:
 
     def cluster(self, lo: int, hi: int) -> Array:
         """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition); kept,
-        since a shared spectrum (:func:`_identity_spectrum`) is asked again."""
+        since the setup's spectrum at ``θ = I`` is asked again by every method run on it."""
         if (lo, hi) not in self._clusters:
-            self._clusters[(lo, hi)] = self._frozen(self._cluster(lo, hi))
+            self._clusters[(lo, hi)] = self._cluster(lo, hi)
         return self._clusters[(lo, hi)]
 
     def _cluster(self, lo: int, hi: int) -> Array:
         # Certified first even when the full decomposition exists (another cluster's fallback,
         # or all the vectors asked for): a cluster is then the same whatever was asked before
-        # (a shared spectrum is asked by several methods, in their order).
+        # (the setup's spectrum at θ = I is asked by several methods, in their order).
         xp = self.xp
         V = None
         n = self.sp.s.shape[-1]
