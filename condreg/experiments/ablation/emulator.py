@@ -21,7 +21,18 @@ import numpy as np
 
 from condreg.experiments.ablation.released import RELEASED_CONFIG, ridge_floor_spectrum
 
-__all__ = ["Protocol", "Trained", "emulate", "regularizer_gradient", "batches"]
+__all__ = [
+    "Protocol",
+    "Trained",
+    "emulate",
+    "regularizer_gradient",
+    "batches",
+    "Adam",
+    "TaskArrays",
+    "prepare_task",
+    "precondition",
+    "initial_parameters",
+]
 
 _EPS = np.finfo(np.float64).eps
 
@@ -134,7 +145,7 @@ def batches(n_pairs: int, protocol: Protocol, rng: np.random.Generator) -> list[
 
 
 @dataclass
-class _Task:
+class TaskArrays:
     """One task's data as the loop sees it: inputs (scaled for condreg's supervised loss),
     labels, K⁺ of the full task (condreg's preconditioner), the released ridge."""
 
@@ -146,7 +157,10 @@ class _Task:
     ridge: float
 
 
-def _task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> _Task:
+def prepare_task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> TaskArrays:
+    """:class:`TaskArrays` of one task: K⁺ from the SVD of ``X`` (rank tolerance
+    ``max(N, D)·eps``), the inputs scaled by ``√N/σ₁(X)`` and (regression) the labels by their
+    root mean square, as ``condreg.immunize`` scales its supervised loss."""
     _, s, Vh = np.linalg.svd(X, full_matrices=False)
     keep = s > max(X.shape) * _EPS * s[0]
     pinv = (Vh[keep].T / s[keep] ** 2) @ Vh[keep]
@@ -155,7 +169,7 @@ def _task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> _Task
     if y is not None:
         rms = math.sqrt(float(np.mean(y * y))) or 1.0
         ys = y / rms if task == "regression" else y
-    return _Task(X, y, X * scale, ys, pinv, ridge)
+    return TaskArrays(X, y, X * scale, ys, pinv, ridge)
 
 
 def _loss_derivative(z: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:
@@ -164,7 +178,7 @@ def _loss_derivative(z: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z)) - y
 
 
-def _supervised(t: _Task, rows, theta, bias, omega, protocol: Protocol):
+def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
     """Gradients of the D_P loss with respect to θ, the bias and ω on ``rows`` (condreg's
     scaled loss under gradient descent, the released raw loss under Adam)."""
     raw = protocol.on("adam")
@@ -179,7 +193,7 @@ def _supervised(t: _Task, rows, theta, bias, omega, protocol: Protocol):
     return g_theta, g_bias, phi.T @ d1
 
 
-def _precondition(g: np.ndarray, t: _Task, B: np.ndarray, protocol: Protocol) -> np.ndarray:
+def precondition(g: np.ndarray, t: TaskArrays, B: np.ndarray, protocol: Protocol) -> np.ndarray:
     """K⁻¹ on the left (condreg) or the right (released); K⁺ of the full task, or the batch's
     ``(BᵀB + ridge·I)⁻¹`` (released mini-batches)."""
     right = protocol.on("right_precond")
@@ -199,7 +213,7 @@ def _term(method: str, which: str) -> str | None:
     return table.get(method, {}).get(which)
 
 
-def _reg_direction(method, which, t: _Task, rows, theta, bias, protocol: Protocol):
+def _reg_direction(method, which, t: TaskArrays, rows, theta, bias, protocol: Protocol):
     """The (unweighted) descent direction of one regularizer term: θ part (preconditioned for
     condreg and R_ill only) and bias part; ``None`` when the method has no such term."""
     quantity = _term(method, which)
@@ -219,11 +233,11 @@ def _reg_direction(method, which, t: _Task, rows, theta, bias, protocol: Protoco
     dF = 2.0 * F @ G
     g_theta = B.T @ dF
     if method != "opt_kappa":
-        g_theta = _precondition(g_theta, t, B, protocol)
+        g_theta = precondition(g_theta, t, B, protocol)
     return g_theta, (None if bias is None else dF.sum(axis=0))
 
 
-def _imma_direction(t: _Task, rows, theta, protocol: Protocol, alpha: float):
+def _imma_direction(t: TaskArrays, rows, theta, protocol: Protocol, alpha: float):
     """IMMA's descent direction: minus the gradient of the attacker's adapted loss
     (:func:`condreg.algorithm.imma_gradient`, condreg's scaled inputs), so descent = ascent."""
     from condreg.algorithm import imma_gradient
@@ -233,7 +247,7 @@ def _imma_direction(t: _Task, rows, theta, protocol: Protocol, alpha: float):
     return -grad, None
 
 
-def _gradients(method, P: _Task, H: _Task, rows, theta, bias, omega, protocol, alpha):
+def _gradients(method, P: TaskArrays, H: TaskArrays, rows, theta, bias, omega, protocol, alpha):
     """Every gradient of one step on one device: ``{"sup": (θ, bias, ω), "p": …, "h": …}``."""
     out = {"sup": _supervised(P, rows, theta, bias, omega, protocol)}
     out["p"] = _reg_direction(method, "p", P, rows, theta, bias, protocol)
@@ -290,7 +304,7 @@ def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> 
     return min(1.0, protocol.max_step / size) if size > 0 else 1.0
 
 
-class _Adam:
+class Adam:
     """Adam as torch.optim.Adam with its defaults (β = 0.9, 0.999; ε = 1e-8; no decay)."""
 
     def __init__(self, lr: float) -> None:
@@ -309,7 +323,7 @@ class _Adam:
         return out
 
 
-def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: _Adam | None):
+def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | None):
     """The new ``{"theta", "bias", "omega"}`` after one step with the averaged gradients."""
     g_theta, g_bias, g_omega = g["sup"]
     if adam is not None:
@@ -334,7 +348,7 @@ def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: _Adam |
     return {"theta": theta, "bias": bias, "omega": params["omega"] - lr * g_omega}
 
 
-def _initial(D: int, protocol: Protocol, rng: np.random.Generator) -> dict[str, Any]:
+def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> dict[str, Any]:
     """condreg's θ = I, no bias, ω = 0; or (``linear_init``) nn.Linear's default θ and bias,
     U(±1/√D), and the released head ω ~ N(0, 1)."""
     if not protocol.on("linear_init"):
@@ -362,13 +376,13 @@ def emulate(
     finite one and ``stopped`` says why."""
     epochs, lr = protocol.schedule()
     ridge = protocol.config
-    P = _task(X_p, y_p, protocol.task, float(ridge["ridge_p"]))
-    H = _task(X_h, y_h, protocol.task, float(ridge["ridge_h"]))
+    P = prepare_task(X_p, y_p, protocol.task, float(ridge["ridge_p"]))
+    H = prepare_task(X_h, y_h, protocol.task, float(ridge["ridge_h"]))
     rng = np.random.default_rng(seed)
-    params = _initial(X_p.shape[1], protocol, rng)
+    params = initial_parameters(X_p.shape[1], protocol, rng)
     top = np.linalg.norm(H.Xs @ params["theta"], 2) ** 2 / H.Xs.shape[0]
     alpha = 1.0 / ((2.0 if protocol.task == "regression" else 0.25) * top)
-    adam = _Adam(lr) if protocol.on("adam") else None
+    adam = Adam(lr) if protocol.on("adam") else None
     n_pairs = min(X_p.shape[0], X_h.shape[0])
     lam: dict[str, float] | None = None
     stopped, epoch = "completed", 0

@@ -21,7 +21,7 @@ def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
     from condreg.experiments import _report as rp
 
     n = len(plan.datasets)
-    fig, axes = rp.new_figure(1, n, figsize=(6.2 * n, 0.42 * len(plan.protocols) + 2.2),
+    fig, axes = rp.new_figure(1, n, figsize=(6.6 * n, 0.6 * len(plan.protocols) + 2.4),
                               squeeze=False)  # fmt: skip
     for ax, dataset in zip(axes[0], plan.datasets, strict=True):
         rows = [r for r in results["rows"] if r["dataset"] == dataset]
@@ -52,7 +52,7 @@ def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
         ax.axvspan(-lim, 0, color="tab:green", alpha=0.07)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlim(-lim, lim)
-        ax.set_yticks(y, [_row_label(r) for r in rows], fontsize=8)
+        ax.set_yticks(y, [_row_label(r) for r in rows], fontsize=7)
         ax.set_xlabel("log10(RIR Ours / RIR Opt κ)  (median over runs)")
         ax.text(
             0.98,
@@ -70,15 +70,25 @@ def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
                      fontsize=9)  # fmt: skip
     quick = " (quick)" if plan.quick else ""
     fig.suptitle(f"Which released-code switch moves the Ours-vs-Opt κ ranking{quick}")
+    fig.supxlabel(
+        "† some runs diverged or stopped early (θ = the last finite one). "
+        "◇ on rank-deficient Hessians the ridge-floor κ is ≈ λ_max/1e-6 or not, by the "
+        "sign of rounding errors (docs/ablation.md).",
+        fontsize=7,
+    )
     rp.save_figure(fig, path)
 
 
 def _row_label(row: dict[str, Any]) -> str:
-    if row["protocol"] == "condreg":
-        return "condreg default"
-    if row["protocol"] == "released":
-        return "RELEASED (all switches)"
-    return "+ " + row["protocol"]
+    """The protocol, then how many runs succeed (nonzero-σ κ) for Ours and Opt κ, and whether
+    any run of the row stopped early (diverged)."""
+    name = {"condreg": "condreg default", "released": "RELEASED (all switches)"}.get(
+        row["protocol"], "+ " + row["protocol"]
+    )
+    ours, opt = (row["methods"][m]["nonzero"] for m in ("condreg", "opt_kappa"))
+    tail = " †" if row["stopped_early"] else ""
+    counts = f"Ours {ours['successes']}/{ours['n']}, Opt κ {opt['successes']}/{opt['n']}"
+    return f"{name}{tail}\nsuccess: {counts}"
 
 
 def schedule(plan, results: dict[str, Any], path: pathlib.Path) -> None:
@@ -112,7 +122,7 @@ def schedule(plan, results: dict[str, Any], path: pathlib.Path) -> None:
             ax.set_yscale("log")
             ax.axhline(1.0, color="k", lw=0.8, ls=":")
         top.set_xlabel("epoch")
-        top.set_ylabel("RIR (κ over nonzero σ; geometric mean over runs)")
+        top.set_ylabel("RIR (nonzero-σ κ; geometric mean)")
         bottom.axvline(0.3, color="k", ls="--", lw=0.8)
         bottom.set_xlabel("max_step (dashed: default 0.3; ★: chosen by the D_P-only rule)")
         bottom.set_ylabel("RIR at the last epoch")

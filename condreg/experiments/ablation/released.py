@@ -32,6 +32,7 @@ __all__ = [
     "ridge_floor_kappa",
     "ridge_floor_spectrum",
     "released_house_prices",
+    "encode_column",
 ]
 
 #: The released code's choices this experiment can emulate, one switch each (name -> what it
@@ -177,7 +178,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _encode_column(values: Sequence[str]) -> np.ndarray:
+def encode_column(values: Sequence[str]) -> np.ndarray:
     """One column as pandas reads it, after ``fillna(0)`` and (object columns) LabelEncoder on
     ``astype(str)``: numeric when every present value is a number (an all-missing column too),
     missing → 0; else the sorted distinct strings' codes, missing → the string ``"0"``."""
@@ -200,7 +201,7 @@ def _released_file(path: pathlib.Path, label: str, rows: int) -> tuple[np.ndarra
     if len(table) < rows + 1:
         raise DataError(f"{path}: {len(table)} rows; the released protocol needs more than {rows}")
     columns = [c for c in header if c not in ("LotArea", "SalePrice")]
-    data = {c: _encode_column([r[j] for r in table]) for j, c in enumerate(header)}
+    data = {c: encode_column([r[j] for r in table]) for j, c in enumerate(header)}
     X = np.stack([data[c] for c in columns], axis=1)
     std = X.std(axis=0, ddof=1)
     X = (X - X.mean(axis=0)) / np.where(std == 0, 1.0, std)

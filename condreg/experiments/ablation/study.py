@@ -213,6 +213,7 @@ def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
         "units": len(specs), "units_resumed": len(specs) - len(todo),
         "compute_wall_s": time.perf_counter() - compute_start,
         "unit_seconds_total": float(sum(done[k]["seconds"] for k, _, _ in todo)),
+        "unit_cpu_s_total": float(sum(done[k].get("cpu_s", 0.0) for k, _, _ in todo)),
     }  # fmt: skip
     results = report.assemble(plan, data, defaults, [(k, s) for k, _, s in specs], done)
     results["timing"] = timing
