@@ -165,14 +165,16 @@ def _sweep(plan, specs, done) -> dict[str, Any]:
                                "n": len(rs),
                                "dp_loss": float(np.mean([r["loss_final"] for r in rs]))}
                            for m, rs in by_step[ms].items()} for ms in MAX_STEPS}  # fmt: skip
-        chosen = {}
+        chosen, passed = {}, {}
         for m in METHODS:
             ok = [ms for ms in MAX_STEPS if ref_loss is not None
                   and table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]  # fmt: skip
             chosen[m] = max(ok) if ok else min(MAX_STEPS)
+            passed[m] = bool(ok)
         out[dataset] = {
             "max_steps": list(MAX_STEPS), "by_max_step": table, "head_only_dp_loss": ref_loss,
             "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen,
+            "any_step_passes": passed,
             "rir_by_epoch": {m: _geomean_curve(c) for m, c in curves.items()},
         }  # fmt: skip
     return out

@@ -97,7 +97,11 @@ def _sweep_table(results: dict[str, Any], dataset: str) -> str:
         rows.append([f"{ms:g}" + (" (default)" if ms == 0.3 else "")] + [
             f"{_fmt(entry[m]['geomean_rir'])} ({entry[m]['successes']}/{entry[m]['n']}), "
             f"{_fmt(entry[m]['dp_loss'], 3)}" for m in METHODS])  # fmt: skip
-    chosen = ", ".join(f"{_LABEL[m]} {s['chosen_max_step'][m]:g}" for m in METHODS)
+    chosen = ", ".join(
+        f"{_LABEL[m]} {s['chosen_max_step'][m]:g}"
+        + ("" if s["any_step_passes"][m] else " (no step passes: the smallest)")
+        for m in METHODS
+    )
     return markdown_table(
         ["max_step", *(f"{_LABEL[m]}: RIR (success), D_P loss" for m in METHODS)], rows
     ) + (  # fmt: skip
