@@ -148,7 +148,7 @@ def test_cli_declaration():
     parser = argparse.ArgumentParser()
     ablation.add_arguments(parser)
     args = parser.parse_args(["--quick", "--switches", "adam,released", "--pairs", "0-1"])
-    assert args.quick and args.switches == ["condreg", "adam", "released"]
+    assert args.quick and args.switches == ["adam", "released"]
     assert args.pairs == [(0, 1)]
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["--switches", "adam+ridge_kappa"])

@@ -61,7 +61,7 @@ DATASETS = ("house", "mnist")
 def _protocol_list(text: str) -> list[str]:
     """An argparse type for ``--switches``: comma-separated switch names or ``released``."""
     try:
-        return protocols([t.strip() for t in text.split(",") if t.strip()], DATASETS)
+        return protocols([t.strip() for t in text.split(",") if t.strip()], DATASETS)[1:]
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -19,7 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from condreg.experiments.ablation.released import RELEASED_CONFIG, ridge_floor_spectrum
+from condreg.experiments.ablation.released import (
+    RELEASED_CONFIG,
+    RIDGE_FLOOR,
+    ridge_floor_spectrum,
+)
 
 __all__ = [
     "Protocol",
@@ -117,7 +121,8 @@ def regularizer_gradient(
     if quantity == "r_well":
         p = normaliser or F.shape[1]
         return s_max * np.outer(v_max, v_max) - S / p, 0.5 * s_max**2 - fro2 / (2 * p)
-    k = normaliser or (lo + 1 if not ridge_kappa else int(np.sum(mu > 0)))
+    # the rank: the eigenvalues κ counts (nonzero singular values; above the ridge floor)
+    k = normaliser or (int(np.sum(mu > RIDGE_FLOOR)) if ridge_kappa else lo + 1)
     den = fro2 / (2 * k) - 0.5 * s_min**2
     if not 0 < den < 1e150:
         raise FloatingPointError(f"R_ill's denominator is {den:.3g} (pole, or θ blew up)")
