@@ -576,16 +576,16 @@ def test_a_shared_spectrum_gives_each_method_what_it_gives_alone():
 
 
 def test_initial_features_are_the_factor_only_at_the_identity():
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     X_p, y_p, X_h = _pair(7, N_h=30)
     problem, state = algorithm.prepare(X_p, y_p, X_h, method="condreg", task="regression")
     A, D = problem.P.A, X_p.shape[1]
-    assert _step.initial_features(problem.P, np.eye(D)) is A
+    assert _factored.initial_features(problem.P, np.eye(D)) is A
     tiny = np.eye(D)
     tiny[0, 1] = 1e-300
     for theta in (np.eye(D) * (1 + 2**-52), tiny, np.eye(D, dtype=np.float32)):
-        F = _step.initial_features(problem.P, theta)
+        F = _factored.initial_features(problem.P, theta)
         assert F is not A
         np.testing.assert_array_equal(F, A @ theta)
     # the setup's spectrum serves the factor itself only, at its path and tolerance
@@ -603,7 +603,7 @@ def test_the_carried_features_do_not_drift_in_float32():
     """The loop moves F = Aθ with each step instead of recomputing it; every REFRESH_EVERY
     epochs it sums θ and recomputes F, so the carried features stay within a few float32
     rounding units of Aθ (without the refresh: ~50 units after 400 epochs on this problem)."""
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     rng = np.random.default_rng(0)
     D = 8
@@ -615,7 +615,7 @@ def test_the_carried_features_do_not_drift_in_float32():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         problem, state = algorithm.prepare(X_p, y, X_h, lr=1e-3)
-    tr, cross = _step.Tracked.start(problem, state), _step.cross_basis(problem)
+    tr, cross = _factored.Tracked.start(problem, state), _factored.cross_basis(problem)
     worst = 0.0
     for _ in range(400):
         tr, _ = _step.advance(problem, tr, cross)

@@ -518,3 +518,54 @@ def test_best_loss_at_full_rank_takes_the_same_column_space_from_qr():
     assert lin.best_loss(X, y, task="regression", rtol=1e-5) > lin.best_loss(
         X, y, task="regression", rtol=1e-12
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# the data decomposed once per pair: condreg.algorithm.setup_data, held by the unit
+# ---------------------------------------------------------------------------------------------
+
+
+def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypatch):
+    import condreg
+    from condreg.experiments.data import load_mnist, mnist_digit_task
+
+    X, y = load_mnist()
+    X, _ = mp.prepare_inputs(X, 2, 0.05)
+    tp, th = (mnist_digit_task(X, y, d, n_positive=40) for d in (3, 8))
+    shared = (list(rp.METHODS), 3, 0.005, {}, False)
+    setups, real_immunize = [], condreg.immunize
+
+    def recording(*args, **kwargs):
+        setups.append(kwargs.get("setup"))
+        return real_immunize(*args, **kwargs)
+
+    monkeypatch.setattr(condreg, "immunize", recording)
+    unit = units_mod.run_unit(0, (3, 8), tp, th, shared)
+    assert len(setups) == 4 and setups[0] is not None
+    assert all(s is setups[0] for s in setups)  # one setup, built in the unit, for all four
+    assert setups[0].X_p is tp.X and setups[0].X_h is th.X
+    monkeypatch.undo()
+    for method in rp.METHODS:  # each method alone, decomposing the data itself: the same run
+        alone = lin.immunize_method(
+            method, tp.X, tp.y, th.X, y_h=th.y, task="classification", epochs=3, lr=0.005, seed=0
+        )
+        got = unit["methods"][method]
+        for key in ("rir", "i", "ii", "loss_final", "loss_best", "lam_p", "lam_h"):
+            assert got[key] == alone[key], (method, key)
+
+
+def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypatch):
+    import condreg.algorithm
+    from condreg.experiments import house_prices as hpm
+
+    calls, real = [], condreg.algorithm.setup_data
+    monkeypatch.setattr(
+        condreg.algorithm, "setup_data", lambda *a, **k: calls.append(k) or real(*a, **k)
+    )
+    kw = {"epochs": 2, "methods": ["condreg", "opt_kappa"], "progress": False}
+    payload = hpm.run(tmp_path / "hp", seeds=2, **kw)
+    assert calls == [{"rtol": None, "ridge": None}]  # two seeds × two methods, one setup
+    assert "setup" not in payload["settings"]["options"]
+    # ... and --resume with every seed saved decomposes nothing
+    hpm.run(tmp_path / "hp", seeds=2, resume=True, **kw)
+    assert len(calls) == 1

@@ -5,23 +5,19 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from array_api_compat import device as _device
 
 from condreg.algorithm import _validate as v
+from condreg.algorithm._factored import initial_features
 from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
 from condreg.algorithm._setup import DataSetup, build_setup
-from condreg.algorithm._step import (
-    PATHS,
-    gram_was_used,
-    initial_features,
-    is_linalg_error,
-    spectrum,
-)
+from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
 from condreg.metrics import run_rtol
 
 Array = Any
@@ -165,11 +161,48 @@ def prepare(
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
-    The arguments are those of :func:`condreg.immunize` (same defaults and errors); weights left
-    ``None`` are chosen by the method's balancing rule at ``θ_0``; so are the engine's
-    decomposition ``paths`` (one of ``"auto"``, ``"exact"`` per task; pass a result's ``paths``
-    to reproduce it bit for bit). Iterate :func:`condreg.algorithm.step` from the returned state
+    What :func:`condreg.immunize` runs before its loop: all checks (before any decomposition),
+    the data's setup (:func:`condreg.algorithm.setup_data`, or ``setup``), the rescaled labels,
+    and the values left to their defaults: the weights balanced at ``θ_0``,
+    ``λ = max_step / size``, ``size`` the method's update per unit weight there (condreg:
+    ``2η·max|d_i|``, ``d`` the derivative of R_well or R_ill in the Hessian's eigenvalues), IMMA's
+    inner step ``1/L`` (``L`` the probe loss's smoothness at ``θ_0``) and the engine's
+    decomposition path per task. Iterate :func:`condreg.algorithm.step` from the returned state
     for the epochs of ``immunize``.
+
+    Parameters
+    ----------
+    X_p, y_p, X_h, method, task, lam_p, lam_h, lr, theta0, omega0, seed, y_h, max_step, ridge, \
+imma_steps, imma_lr, rtol, warn, xp, setup
+        As in :func:`condreg.immunize` (same defaults and errors).
+    paths : tuple of two str, optional
+        The engine's decomposition path per task, ``"auto"`` (the Gram eigendecomposition
+        where it resolves the spectrum) or ``"exact"``; default: chosen at ``θ_0``. Pass a
+        result's ``paths`` to reproduce it bit for bit.
+
+    Returns
+    -------
+    problem : Problem
+        Everything an epoch needs, immutable (``dataclasses.replace`` to vary it).
+    state : State
+        ``(θ_0, ω̂_0)``, the head in the problem's scaled units (``problem.raw_omega``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`condreg.immunize`; ``ValueError`` for ``paths`` that are not two of
+        :data:`PATHS`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg import algorithm
+    >>> rng = np.random.default_rng(0)
+    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
+    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
+    >>> problem.method.name, problem.paths, state.theta.shape
+    ('condreg', ('auto', 'auto'), (6, 6))
+    >>> state, record = algorithm.step(problem, state)
     """
     if paths is not None and (
         isinstance(paths, str) or len(paths) != 2 or any(p not in PATHS for p in paths)
@@ -225,23 +258,40 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
-    """The start-of-run values a resumed run reuses: θ, ω, λ's, IMMA's inner step, rtol."""
-    if resume is None:
-        return given
-    if not isinstance(resume, ImmunizationResult):
-        raise TypeError(
-            f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
-        )
-    for key in ("method", "task"):
-        if given[key] != getattr(resume, key):
-            raise ValueError(
-                f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
-                f"{key}={given[key]!r}"
-            )
+#: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.
+DEFAULTS = MappingProxyType(
+    {"method": "condreg", "task": "regression", "lr": 0.005, "max_step": 0.3, "imma_steps": 5,
+     "seed": 0}
+)  # fmt: skip
+
+#: The options a result records and ``resume=`` reuses where not given.
+RESUMED = ("method", "task", "lam_p", "lam_h", "lr", "max_step", "ridge", "imma_steps",
+           "imma_lr", "rtol", "paths", "seed", "y_h")  # fmt: skip
+
+
+def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
+    """The options of a run: those ``given``, else (``resume``) the resumed run's — its θ, ω
+    and every option it recorded — else :data:`DEFAULTS`."""
     out = dict(given)
-    out["theta0"], out["omega0"] = resume.theta, resume.omega
-    for key in ("lam_p", "lam_h", "imma_lr", "rtol", "paths"):
+    if resume is not None:
+        if not isinstance(resume, ImmunizationResult):
+            raise TypeError(
+                f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
+            )
+        for key in ("method", "task"):
+            if given[key] is not None and given[key] != getattr(resume, key):
+                raise ValueError(
+                    f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
+                    f"{key}={given[key]!r}"
+                )
+        out["theta0"], out["omega0"] = resume.theta, resume.omega
+        saved = resume.resume_state
+        recorded = {key: getattr(resume, key, None) for key in RESUMED}
+        recorded["y_h"] = None if saved is None else saved.y_h
+        for key in RESUMED:
+            if out[key] is None:
+                out[key] = recorded[key]
+    for key, value in DEFAULTS.items():
         if out[key] is None:
-            out[key] = getattr(resume, key)
+            out[key] = value
     return out

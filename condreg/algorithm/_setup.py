@@ -15,8 +15,9 @@ import numpy as np
 from array_api_compat import device as _device
 
 from condreg.algorithm import _validate as v
+from condreg.algorithm._factored import initial_features
 from condreg.algorithm._problem import TaskData, build_task
-from condreg.algorithm._step import gram_was_used, initial_features, is_linalg_error, spectrum
+from condreg.algorithm._step import gram_was_used, is_linalg_error, spectrum
 from condreg.metrics import rir_spectra, run_rtol
 
 Array = Any

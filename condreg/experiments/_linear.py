@@ -42,6 +42,7 @@ __all__ = [
     "success",
     "best_loss",
     "SEPARABLE_LOSS",
+    "data_setup",
 ]
 
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
@@ -107,11 +108,14 @@ class PairSpectra:
     :func:`condreg.metrics.rir_spectra`; ``svd()``: NumPy's singular values of ``X_p`` and
     ``X_h``, for the independent cross-check (:func:`spectrum_numbers`). κ(K_P) and κ(K_H) do
     not depend on the method: without this every method decomposed both tasks twice more.
+    ``tasks``: the :class:`condreg.metrics.RIRSpectra` of θ = I at its ``rtol`` where the caller
+    has it already (:func:`data_setup`'s ``tasks``).
     """
 
-    def __init__(self, X_p: np.ndarray, X_h: np.ndarray) -> None:
+    def __init__(self, X_p: np.ndarray, X_h: np.ndarray, tasks: Any = None) -> None:
         self.X_p, self.X_h = X_p, X_h
-        self._tasks: dict[float, Any] = {}
+        # ``tasks``: the spectra of θ = I where the caller has them (a DataSetup's ``tasks``)
+        self._tasks: dict[float, Any] = {} if tasks is None else {float(tasks.rtol): tasks}
         self._svd: tuple[np.ndarray, np.ndarray] | None = None
 
     def tasks(self, rtol: float) -> Any:
@@ -128,6 +132,16 @@ class PairSpectra:
         if self._svd is None:
             self._svd = (_svdvals(self.X_p), _svdvals(self.X_h))
         return self._svd
+
+
+def data_setup(X_p: np.ndarray, X_h: np.ndarray, options: Mapping[str, Any]) -> Any:
+    """:func:`condreg.algorithm.setup_data` of ``X_p``, ``X_h`` at the runs' ``rtol`` and
+    ``ridge`` (from ``options``, the keyword arguments for :func:`condreg.immunize`): the
+    tasks decomposed once, for every :func:`immunize_method` on these very arrays
+    (``setup=``; the runs equal runs without it)."""
+    from condreg.algorithm import setup_data
+
+    return setup_data(X_p, X_h, rtol=options.get("rtol"), ridge=options.get("ridge"))
 
 
 def _pair_of(pair: PairSpectra | None, X_p: np.ndarray, X_h: np.ndarray) -> PairSpectra:
@@ -318,7 +332,8 @@ def immunize_method(
 
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
     the attacker's fine-tuning on D_H; the other methods never see harmful labels. ``pair``: a
-    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them.
+    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them; ``setup=`` (in
+    ``kwargs``): their :func:`data_setup`, likewise shared.
     ``cross_check``: recompute the numbers from independent NumPy SVDs (:func:`score`).
     """
     import condreg

@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import PairSpectra, best_loss, immunize_method, kappa_features
+from condreg.experiments._linear import (
+    PairSpectra,
+    best_loss,
+    data_setup,
+    immunize_method,
+    kappa_features,
+)
 
 __all__ = ["default_jobs", "largest_first", "run_unit", "run_units", "limit_worker_threads"]
 
@@ -47,7 +53,9 @@ def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> lis
 
 
 def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared) -> dict:
-    """One (seed, pair): every method on (D_P = task ``tp``, D_H = task ``th``).
+    """One (seed, pair): every method on (D_P = task ``tp``, D_H = task ``th``), the tasks
+    decomposed once for all of them (:func:`condreg.experiments._linear.data_setup`, built here,
+    in the worker).
 
     Returns ``{"seed", "pair", "kappas", "loss_best_input", "methods", "seconds", "cpu_s",
     "worker"}``; ``methods`` maps each method to :func:`condreg.experiments._linear.
@@ -57,7 +65,8 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
     methods, epochs, lr, options, cross_check = shared
     start, cpu_start = time.perf_counter(), time.process_time()
     by_method = {}
-    pair_spectra = PairSpectra(tp.X, th.X)  # κ(K_P), κ(K_H) once for all methods
+    setup = data_setup(tp.X, th.X, options)  # the tasks decomposed once for all methods
+    pair_spectra = PairSpectra(tp.X, th.X, tasks=setup.tasks)  # κ(K_P), κ(K_H) likewise
     for method in methods:
         res = immunize_method(
             method,
@@ -71,6 +80,7 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
             seed=seed,
             pair=pair_spectra,
             cross_check=cross_check,
+            setup=setup,
             **options,
         )
         res.pop("_theta")

@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 #: One line for ``condreg reproduce --help``.
-HELP = "Table 2 and Fig. 2: the four methods on 90 ordered MNIST digit pairs"
+HELP = "Table 2 and Fig. 2: 90 ordered MNIST digit pairs"
 
 ALL_PAIRS: list[tuple[int, int]] = [(p, h) for p in range(10) for h in range(10) if p != h]
 QUICK_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8)]
