@@ -28,6 +28,7 @@ class Plan:
     jobs: int | None
     resume: bool
     progress: bool
+    max_steps: list[float]
 
     def schedule(self, dataset: str) -> dict[str, Any]:
         """condreg's default settings of ``dataset`` (the default experiments', quick or not)."""
@@ -95,7 +96,7 @@ def load_data(plan: Plan) -> dict[str, Any]:
 
 def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
     """Every unit: ``(key, data key, spec)``; ``kind`` default / emulated / sweep."""
-    from condreg.experiments.ablation import MAX_STEPS, switches_of
+    from condreg.experiments.ablation import switches_of
 
     out = []
     for dataset in plan.datasets:
@@ -116,7 +117,7 @@ def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
                     spec = {**base, "kind": kind, "protocol": name, "switches": sw,
                             "key": f"{dataset}_{name}{tail}"}  # fmt: skip
                     out.append((spec["key"], key, spec))
-                for ms in MAX_STEPS:
+                for ms in plan.max_steps:
                     if ms != 0.3:
                         key = (
                             (dataset, "condreg") if dataset == "house" else (dataset, (seed, pair))
@@ -195,6 +196,7 @@ def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
         "quick": plan.quick, "protocols": plan.protocols, "datasets": plan.datasets,
         "pairs": [list(p) for p in plan.pairs], "house": plan.schedule("house"),
         "mnist": plan.schedule("mnist"), "methods": list(un.METHODS),
+        "max_steps": plan.max_steps,
     }  # fmt: skip
     defaults = _defaults(plan)
     specs = unit_specs(plan)
