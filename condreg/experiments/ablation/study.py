@@ -129,15 +129,6 @@ def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
     return out
 
 
-def _limit_threads() -> None:
-    """Worker initializer: one BLAS thread per process (the workers share the cores)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is in the experiments extra
-        return
-    threadpool_limits(limits=1)
-
-
 def _lookup(data: dict[str, Any], key: tuple) -> dict[str, Any]:
     return data[key[0]][key[1]]
 
@@ -160,8 +151,10 @@ def _run_units(plan: Plan, data, todo, store, done: dict[str, Any]) -> None:
         for a in rp.progress(args, enabled=plan.progress, desc="ablation", total=len(args)):
             finish(un.run_unit(*a))
         return
+    from condreg.experiments._mnist_units import limit_worker_threads
+
     context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=_limit_threads) as workers:
+    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
         results = workers.imap_unordered(un.run_unit_packed, args)
         for result in rp.progress(results, enabled=plan.progress, desc="ablation",
                                   total=len(args)):  # fmt: skip
