@@ -222,20 +222,12 @@ class ConditionRegularizer(nn.Module):
         if features_p is None and features_h is None:
             raise ValueError("ConditionRegularizer needs features_p and/or features_h")
         group = process_group(self.local, self.group)
-        batches = {"features_p": features_p, "features_h": features_h}
-        F = {k: None if v is None else rows(v, k) for k, v in batches.items()}
-        total = None
-        for name, lam, quantity in (
-            ("features_p", self.lam_p, "r_well"),
-            ("features_h", self.lam_h, "r_ill"),
-        ):
-            if F[name] is None or lam == 0:
-                continue
-            term = lam * self._term(F[name], quantity, group)
-            total = term if total is None else total + term
-        if total is None:
-            ref = F["features_p"] if F["features_p"] is not None else F["features_h"]
-            return ref.new_zeros(())
+        Fp = None if features_p is None else rows(features_p, "features_p")
+        Fh = None if features_h is None else rows(features_h, "features_h")
+        total = (Fp if Fp is not None else Fh).new_zeros(())
+        for F, lam, quantity in ((Fp, self.lam_p, "r_well"), (Fh, self.lam_h, "r_ill")):
+            if F is not None and lam != 0:
+                total = total + lam * self._term(F, quantity, group)
         return total
 
     def extra_repr(self) -> str:
