@@ -4,7 +4,8 @@
 steps on its rows of every case below (inside ``DistributedDataParallel``), rank 0 saves the
 trained weights to ``OUT/ddp.pt``. The cases cover both routes of the regularizer and of the
 preconditioner (N_total >= D: Gram all-reduce; N_total < D, or rank-deficient inputs: gather),
-uneven row counts and ``local=True``."""
+uneven row counts and ``local=True``; the last entry is ``CASES[0]`` under FSDP2
+(``fully_shard``)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,15 @@ class Model(torch.nn.Module):
         return task + self.reg(self.pre(f_p, x_p), self.pre(f_h, x_h))
 
 
-def train(case, rows=slice(None), ddp=False):
+def train(case, rows=slice(None), ddp=False, fsdp=False):
     x_p, x_h, y = data(case)
     model = Model(case[2], case[3], case[5])
     net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    if fsdp:  # FSDP2: the parameters sharded over the ranks, gradients averaged as under DDP
+        from torch.distributed.fsdp import fully_shard
+
+        net = fully_shard(model)
+        ddp = True
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     # the mean over the global batch, also for uneven shards (DDP averages over ranks)
     scale = (2 if ddp else 1) / len(y)
@@ -69,7 +75,8 @@ def train(case, rows=slice(None), ddp=False):
         opt.zero_grad()
         net(x_p[rows], x_h[rows], y[rows], scale).backward()
         opt.step()
-    return model.immunized.weight.detach().clone()
+    weight = model.immunized.weight
+    return (weight.full_tensor() if fsdp else weight).detach().clone()
 
 
 def worker(rank, port, out):
@@ -80,6 +87,7 @@ def worker(rank, port, out):
         for case in CASES:
             start = 0 if rank == 0 else case[0]
             weights.append(train(case, slice(start, start + case[rank]), ddp=True))
+        weights.append(train(CASES[0], slice(32 * rank, 32 * rank + 32), fsdp=True))
         if rank == 0:
             torch.save(weights, os.path.join(out, "ddp.pt"))
     finally:

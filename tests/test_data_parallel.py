@@ -59,11 +59,12 @@ def _script(name):
     return module
 
 
-def test_ddp_regularizer_and_preconditioner_are_those_of_the_global_batch(tmp_path):
+def test_ddp_and_fsdp_regularizer_and_preconditioner_are_those_of_the_global_batch(tmp_path):
     script = _script("_scale_ddp")
     _run([sys.executable, str(HERE / "_scale_ddp.py"), str(tmp_path)], tmp_path)
     weights = torch.load(tmp_path / "ddp.pt")
-    for case, w in zip(script.CASES, weights, strict=True):
+    assert _rel(weights[-1], script.train(script.CASES[0])) < 1e-8  # FSDP2 (fully_shard)
+    for case, w in zip(script.CASES, weights[:-1], strict=True):
         one = script.train(case)
         local = case[-1]
         if local:  # each rank its own rows: a different training (the test can fail)

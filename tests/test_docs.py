@@ -223,3 +223,86 @@ def test_distribution_name_is_condreg_ml():
         "condreg-ml[torch,jax,scipy,experiments,optax,lightning,hf]"
     ]
     assert project["scripts"] == {"condreg": "condreg.cli:main"}
+
+
+def _reference_objects():
+    """``(identifier, members or None)`` of every ``::: identifier`` on the API reference pages."""
+    out = []
+    for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r":::\s*(\S+)", line)
+            if not m:
+                continue
+            members, j = None, i + 1
+            while j < len(lines) and (not lines[j].strip() or lines[j].startswith(" ")):
+                if lines[j].strip() == "members:":
+                    members = []
+                elif members is not None and lines[j].strip().startswith("- "):
+                    members.append(lines[j].strip()[2:].strip())
+                j += 1
+            out.append((m[1], members))
+    return out
+
+
+def _undocumented_parameters() -> tuple[dict[str, list[str]], list[str]]:
+    """The public functions, methods and constructors the API pages render: those whose numpydoc
+    ``Parameters`` section leaves out parameters of the signature (with them), and those that
+    have parameters but no such section."""
+    griffe = pytest.importorskip("griffe")
+    pkg = griffe.load(
+        "condreg",
+        search_paths=[str(ROOT)],
+        docstring_parser="numpy",
+        docstring_options={"warnings": False},
+        resolve_aliases=True,
+    )
+
+    def documented(obj) -> set[str]:
+        if obj.docstring is None:
+            return set()
+        sections = obj.docstring.parse("numpy", warnings=False)
+        kinds = ("parameters", "other parameters")
+        return {p.name.lstrip("*") for s in sections if s.kind.value in kinds for p in s.value}
+
+    def check(path: str, func, doc_obj, gaps: dict) -> None:
+        names = [p.name.lstrip("*") for p in func.parameters if p.name not in ("self", "cls")]
+        listed = documented(doc_obj)
+        if names and not listed:
+            without.append(path)
+        elif missing := [n for n in names if n not in listed]:
+            gaps[path] = missing
+
+    def visit(path: str, obj, gaps: dict, members=None) -> None:
+        obj = obj.final_target if obj.is_alias else obj
+        if obj.is_function:
+            check(path, obj, obj, gaps)
+        elif obj.is_class:
+            init = obj.members.get("__init__")
+            if init is not None and init.is_function and "dataclass" not in obj.labels:
+                check(path, init, obj, gaps)  # merge_init_into_class: the class documents it
+            for name, member in obj.members.items():
+                # a method renders (and so must list its parameters) when it has a docstring
+                if not name.startswith("_") and not member.is_alias and member.is_function:
+                    if "property" not in member.labels and member.docstring is not None:
+                        check(f"{path}.{name}", member, member, gaps)
+        elif obj.is_module:
+            for name, member in obj.members.items():
+                if (members is None or name in members) and member.is_public:
+                    target = member.final_target if member.is_alias else member
+                    if not target.is_module:
+                        visit(f"{path}.{name}", member, gaps)
+
+    gaps: dict[str, list[str]] = {}
+    without: list[str] = []
+    for identifier, members in _reference_objects():
+        obj = pkg[identifier[len("condreg.") :]] if identifier != "condreg" else pkg
+        visit(identifier, obj, gaps, members)
+    return gaps, sorted(without)
+
+
+def test_api_reference_parameter_tables_are_complete():
+    """The API pages render a numpydoc ``Parameters`` table (mkdocs.yml): where a public
+    function, method or constructor has one, it lists every parameter of the signature."""
+    gaps, _ = _undocumented_parameters()
+    assert not gaps, "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(gaps.items()))

@@ -53,6 +53,8 @@ class DataSetup:
     paths : tuple of str
         The engine's decomposition path per task at ``θ_0 = I``: ``"auto"`` where the Gram
         eigendecomposition resolves the spectrum, else ``"exact"``.
+    built : tuple
+        ``(shape, dtype)`` of ``X_p`` and of ``X_h`` when the setup was built.
 
     Examples
     --------

@@ -32,6 +32,12 @@ Gradients that flow *below* ``x`` (into earlier trainable layers) through the re
 are the preconditioned ones too; feed ``x.detach()`` to the immunized map on the regularizer path
 if earlier layers should not receive them.
 
+Feature batches are ``(N, D)`` rows or ``(B, T, D)`` token features, tokens as rows
+(:func:`rows`). Under an initialised ``torch.distributed`` process group (DDP, FSDP, Lightning,
+the Hugging Face ``Trainer`` on several processes) :class:`ConditionRegularizer` and
+:class:`Precondition` work on the **global** batch, the rows of every process (``local=True``:
+each process's own); docs/scaling.md says what is communicated.
+
 :func:`layer_gram` / :func:`left_precondition`
     The same left preconditioner for the weights of a real network's own layers (``nn.Linear``,
     ``nn.Conv2d``, any number of them): ``K`` is the Gram matrix of the layer's *input* on the
@@ -216,20 +222,12 @@ class ConditionRegularizer(nn.Module):
         if features_p is None and features_h is None:
             raise ValueError("ConditionRegularizer needs features_p and/or features_h")
         group = process_group(self.local, self.group)
-        batches = {"features_p": features_p, "features_h": features_h}
-        F = {k: None if v is None else rows(v, k) for k, v in batches.items()}
-        total = None
-        for name, lam, quantity in (
-            ("features_p", self.lam_p, "r_well"),
-            ("features_h", self.lam_h, "r_ill"),
-        ):
-            if F[name] is None or lam == 0:
-                continue
-            term = lam * self._term(F[name], quantity, group)
-            total = term if total is None else total + term
-        if total is None:
-            ref = F["features_p"] if F["features_p"] is not None else F["features_h"]
-            return ref.new_zeros(())
+        Fp = None if features_p is None else rows(features_p, "features_p")
+        Fh = None if features_h is None else rows(features_h, "features_h")
+        total = (Fp if Fp is not None else Fh).new_zeros(())
+        for F, lam, quantity in ((Fp, self.lam_p, "r_well"), (Fh, self.lam_h, "r_ill")):
+            if F is not None and lam != 0:
+                total = total + lam * self._term(F, quantity, group)
         return total
 
     def extra_repr(self) -> str:
@@ -429,8 +427,34 @@ def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
       ``Σ ḡ_o p`` over the same patches, so ``K[j]`` is the ``K`` of Theorem 4.2 for the
       reshaped weight ``(out, C/g·kh·kw)``.
 
-    Computed without gradient, in ``x``'s dtype. Raises ``TypeError`` for another layer type and
-    ``ValueError`` for an input whose feature/channel size does not match the layer.
+    Computed without gradient, in ``x``'s dtype, from this process's batch only (under data
+    parallelism, ``torch.distributed.all_reduce(K)`` makes it the global batch's).
+
+    Parameters
+    ----------
+    layer : nn.Linear or nn.Conv2d
+        The layer whose weight gradient is to be preconditioned.
+    x : torch.Tensor
+        The layer's input batch.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(in, in)`` for a Linear, ``(g, C/g·kh·kw, C/g·kh·kw)`` for a Conv2d.
+
+    Raises
+    ------
+    TypeError
+        For another layer type.
+    ValueError
+        For an input whose feature/channel size does not match the layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import layer_gram
+    >>> layer_gram(torch.nn.Linear(3, 2), torch.randn(10, 3)).shape
+    torch.Size([3, 3])
     """
     import torch.nn.functional as F_
 
@@ -507,8 +531,39 @@ def left_precondition(
     ``K = XᵀX``; default ``rtol = √(d·eps(K.dtype))``, the finest an eigendecomposition of ``K``
     resolves). ``ridge > 0`` uses ``(K + ridge·I)⁻¹`` instead (absolute ridge). Computed in
     float64, returned in ``grad_weight``'s dtype and shape. Apply it to the *regularizer's*
-    gradient only; the supervised gradient is not preconditioned. Raises ``TypeError`` for
-    another layer type and ``ValueError`` for mismatched shapes or ``ridge <= 0``.
+    gradient only; the supervised gradient is not preconditioned.
+
+    Parameters
+    ----------
+    layer : nn.Linear or nn.Conv2d
+        The layer.
+    grad_weight : torch.Tensor
+        A gradient of ``layer.weight`` (its shape).
+    K : torch.Tensor
+        :func:`layer_gram` of the layer's input batch.
+    ridge : float, optional
+        ``None``: the pseudo-inverse; ``> 0``: ``(K + ridge·I)⁻¹``.
+    rtol : float, optional
+        The rank tolerance of the pseudo-inverse.
+
+    Returns
+    -------
+    torch.Tensor
+        The preconditioned gradient, ``grad_weight``'s shape and dtype.
+
+    Raises
+    ------
+    TypeError
+        For another layer type.
+    ValueError
+        For mismatched shapes or ``ridge <= 0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import layer_gram, left_precondition
+    >>> layer, x = torch.nn.Linear(3, 2), torch.randn(10, 3)
+    >>> G = left_precondition(layer, torch.ones(2, 3), layer_gram(layer, x))
     """
     if ridge is not None and not ridge > 0:
         raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge}")

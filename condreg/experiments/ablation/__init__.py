@@ -35,6 +35,7 @@ __all__ = [
     "MAX_STEPS",
     "DP_TOLERANCE",
     "add_arguments",
+    "check_max_steps",
     "protocols",
     "run",
 ]
@@ -74,6 +75,23 @@ def _dataset_list(text: str) -> list[str]:
     return names
 
 
+def _step_list(text: str) -> list[float]:
+    try:
+        return check_max_steps([float(t) for t in text.split(",") if t.strip()])
+    except (ValueError, UsageError) as exc:
+        raise argparse.ArgumentTypeError(f"--max-steps: {exc}") from None
+
+
+def check_max_steps(values) -> list[float]:
+    """The sweep's ``max_step`` values, sorted, with the default 0.3; each in (0, 0.5)
+    (:class:`condreg.experiments.UsageError` otherwise)."""
+    values = [float(v) for v in values]
+    bad = [v for v in values if not 0 < v < 0.5]
+    if bad or not values:
+        raise UsageError(f"--max-steps: values must lie in (0, 0.5), got {values!r}")
+    return sorted({*values, 0.3})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ablation's own options (the CLI adds ``--out``, ``--seeds``, ``--no-progress``,
     ``--threads``)."""
@@ -104,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jobs", type=positive_int, default=None, help="worker processes (default: the cores)"
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=_step_list,
+        default=None,
+        help="condreg's max_step values of the schedule sweep, comma-separated in (0, 0.5) "
+        "(default: 0.05,0.1,0.2,0.3,0.4; the default 0.3 is always included)",
     )
 
 
@@ -177,6 +202,7 @@ def run(
     pairs: list[tuple[int, int]] | None = None,
     datasets: list[str] | None = None,
     jobs: int | None = None,
+    max_steps: list[float] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
@@ -190,6 +216,8 @@ def run(
     switches : switch names and/or ``"released"`` (default: all; :func:`protocols`).
     pairs : MNIST pairs (default :data:`ABLATION_PAIRS`, quick :data:`QUICK_PAIRS`).
     datasets : ``["house", "mnist"]`` (default both). jobs : worker processes.
+    max_steps : the schedule sweep's ``max_step`` values (default :data:`MAX_STEPS`; 0.3, the
+        default, always runs).
     resume : keep the units already in ``out_dir/units/`` with the same settings.
 
     Returns
@@ -218,10 +246,12 @@ def run(
     datasets = list(datasets or DATASETS)
     _check(seeds, pairs, datasets, jobs, options)
     names = protocols(switches, datasets)
+    steps = check_max_steps(MAX_STEPS if max_steps is None else max_steps)
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
     plan = study.Plan(
         out_dir=out_dir, quick=quick, seeds=rp.seed_list(seeds), protocols=names,
         pairs=pairs, datasets=datasets, jobs=jobs, resume=resume, progress=progress,
+        max_steps=steps,
     )  # fmt: skip
     data = study.load_data(plan)  # DataError before any work
     return study.execute(plan, data, start)

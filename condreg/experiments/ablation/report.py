@@ -142,11 +142,12 @@ def _inputs(data) -> dict[str, Any]:
 def _sweep(plan, specs, done) -> dict[str, Any]:
     """RIR against ``max_step`` and against the epoch (condreg.immunize, default protocol), and
     the D_P-only choice of ``max_step`` per method."""
-    from condreg.experiments.ablation import DP_TOLERANCE, MAX_STEPS
+    from condreg.experiments.ablation import DP_TOLERANCE
 
     out = {}
+    steps = plan.max_steps
     for dataset in plan.datasets:
-        by_step: dict[float, dict[str, list]] = {ms: {m: [] for m in METHODS} for ms in MAX_STEPS}
+        by_step: dict[float, dict[str, list]] = {ms: {m: [] for m in METHODS} for ms in steps}
         ref, curves = [], {m: [] for m in METHODS}
         for key, spec in specs:
             if spec["dataset"] != dataset or spec["kind"] == "emulated":
@@ -164,15 +165,15 @@ def _sweep(plan, specs, done) -> dict[str, Any]:
                                "successes": int(sum(r["nonzero"]["success"] for r in rs)),
                                "n": len(rs),
                                "dp_loss": float(np.mean([r["loss_final"] for r in rs]))}
-                           for m, rs in by_step[ms].items()} for ms in MAX_STEPS}  # fmt: skip
+                           for m, rs in by_step[ms].items()} for ms in steps}  # fmt: skip
         chosen, passed = {}, {}
         for m in METHODS:
-            ok = [ms for ms in MAX_STEPS if ref_loss is not None
+            ok = [ms for ms in steps if ref_loss is not None
                   and table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]  # fmt: skip
-            chosen[m] = max(ok) if ok else min(MAX_STEPS)
+            chosen[m] = max(ok) if ok else min(steps)
             passed[m] = bool(ok)
         out[dataset] = {
-            "max_steps": list(MAX_STEPS), "by_max_step": table, "head_only_dp_loss": ref_loss,
+            "max_steps": list(steps), "by_max_step": table, "head_only_dp_loss": ref_loss,
             "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen,
             "any_step_passes": passed,
             "rir_by_epoch": {m: _geomean_curve(c) for m, c in curves.items()},

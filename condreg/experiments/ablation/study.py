@@ -28,6 +28,7 @@ class Plan:
     jobs: int | None
     resume: bool
     progress: bool
+    max_steps: list[float]
 
     def schedule(self, dataset: str) -> dict[str, Any]:
         """condreg's default settings of ``dataset`` (the default experiments', quick or not)."""
@@ -95,7 +96,7 @@ def load_data(plan: Plan) -> dict[str, Any]:
 
 def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
     """Every unit: ``(key, data key, spec)``; ``kind`` default / emulated / sweep."""
-    from condreg.experiments.ablation import MAX_STEPS, switches_of
+    from condreg.experiments.ablation import switches_of
 
     out = []
     for dataset in plan.datasets:
@@ -116,7 +117,7 @@ def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
                     spec = {**base, "kind": kind, "protocol": name, "switches": sw,
                             "key": f"{dataset}_{name}{tail}"}  # fmt: skip
                     out.append((spec["key"], key, spec))
-                for ms in MAX_STEPS:
+                for ms in plan.max_steps:
                     if ms != 0.3:
                         key = (
                             (dataset, "condreg") if dataset == "house" else (dataset, (seed, pair))
@@ -126,15 +127,6 @@ def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
                                 "key": f"{dataset}_max_step{ms}{tail}"}  # fmt: skip
                         out.append((spec["key"], key, spec))
     return out
-
-
-def _limit_threads() -> None:
-    """Worker initializer: one BLAS thread per process (the workers share the cores)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is in the experiments extra
-        return
-    threadpool_limits(limits=1)
 
 
 def _lookup(data: dict[str, Any], key: tuple) -> dict[str, Any]:
@@ -159,8 +151,10 @@ def _run_units(plan: Plan, data, todo, store, done: dict[str, Any]) -> None:
         for a in rp.progress(args, enabled=plan.progress, desc="ablation", total=len(args)):
             finish(un.run_unit(*a))
         return
+    from condreg.experiments._mnist_units import limit_worker_threads
+
     context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=_limit_threads) as workers:
+    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
         results = workers.imap_unordered(un.run_unit_packed, args)
         for result in rp.progress(results, enabled=plan.progress, desc="ablation",
                                   total=len(args)):  # fmt: skip
@@ -195,6 +189,7 @@ def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
         "quick": plan.quick, "protocols": plan.protocols, "datasets": plan.datasets,
         "pairs": [list(p) for p in plan.pairs], "house": plan.schedule("house"),
         "mnist": plan.schedule("mnist"), "methods": list(un.METHODS),
+        "max_steps": plan.max_steps,
     }  # fmt: skip
     defaults = _defaults(plan)
     specs = unit_specs(plan)

@@ -142,7 +142,7 @@ def run_unit(data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
             result = _emulated_unit(data, spec, methods)
         else:
             result = _default_unit(data, spec, methods)
-        if spec["kind"] == "sweep":
+        if spec["kind"] == "default":
             result["head_only_loss"] = head_only_loss(
                 data["X_p"], data["y_p"], data["task"], spec["epochs"], spec["lr"]
             )
