@@ -1,7 +1,5 @@
-"""Command-line option types and option groups shared by the experiments.
+"""Command-line option types and option groups shared by the experiments' ``add_arguments``.
 
-Each experiment module declares its own options with these (``add_arguments(parser)``); the
-``condreg`` command line (:mod:`condreg.cli`) builds its parser from those declarations.
 Every type raises :class:`argparse.ArgumentTypeError`, which argparse reports as one line.
 """
 
