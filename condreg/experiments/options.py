@@ -84,6 +84,10 @@ def method_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: The help text of every experiment's ``--methods``.
+METHODS_HELP = "comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)"
+
+
 def add_linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> None:
     """``--epochs``, ``--lr`` and ``--methods`` of the linear experiments."""
     p.add_argument(
@@ -95,12 +99,7 @@ def add_linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> No
     p.add_argument(
         "--lr", type=positive_float, default=None, help="step size η (default: the paper's, 0.005)"
     )
-    p.add_argument(
-        "--methods",
-        type=method_list,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
+    p.add_argument("--methods", type=method_list, default=None, help=METHODS_HELP)
 
 
 def add_resume_option(p: argparse.ArgumentParser, unit: str) -> None:
