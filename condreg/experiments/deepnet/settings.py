@@ -1,9 +1,5 @@
-"""Typed settings of the deep-net study: one frozen dataclass, validated before any work.
-
-:func:`resolve` turns ``run(..., quick=..., **options)`` into a :class:`Settings` and raises
-:class:`condreg.experiments.UsageError` (one line; ``condreg reproduce`` exits 2) for a bad option:
-an unknown key or method, an unknown architecture, a device that does not exist here, torch
-missing, or a large model without its image folders. Nothing here imports torch at module level.
+"""Typed settings of the deep-net study: one frozen dataclass, validated (:func:`resolve`) before
+any work; a bad option raises :class:`condreg.experiments.UsageError`. No torch at import.
 """
 
 from __future__ import annotations
@@ -213,11 +209,8 @@ def _check(s: Settings) -> None:
 
 
 def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
-    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then
-    ``options`` (``None`` values are ignored, except for ``ridge`` and ``imma_inner_lr``).
-
-    Imports torch to check it and the device. Raises :class:`~condreg.experiments.UsageError`
-    for any bad option (before any work).
+    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then ``options``
+    (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``); torch and the device checked.
     """
     unknown = sorted(set(options) - set(_FIELDS))
     if unknown:
