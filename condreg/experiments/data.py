@@ -29,19 +29,9 @@ from condreg.experiments.mnist_data import (
     write_idx,
 )
 
-__all__ = [
-    "DataError",
-    "HousePrices",
-    "house_price_dir",
-    "load_house_prices",
-    "preprocess_house_prices",
-    "read_csv_table",
-    "read_idx",
-    "write_idx",
-    "load_mnist",
-    "mnist_digit_task",
-    "DigitTask",
-]
+__all__ = ["DataError", "HousePrices", "house_price_dir", "load_house_prices"]
+__all__ += ["preprocess_house_prices", "read_csv_table", "read_idx", "write_idx", "load_mnist"]
+__all__ += ["mnist_digit_task", "DigitTask"]
 
 MISSING_TOKENS: frozenset[str] = frozenset({"", "NA"})
 ID_COLUMN = "Id"

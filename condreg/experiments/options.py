@@ -10,16 +10,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "parse_pairs",
-    "positive",
-    "positive_int",
-    "positive_float",
-    "fraction",
-    "method_list",
-    "add_linear_options",
-    "add_resume_option",
-]
+__all__ = ["parse_pairs", "positive", "positive_int", "positive_float", "fraction", "method_list"]
+__all__ += ["add_linear_options", "add_resume_option"]
 
 
 def parse_pairs(text: str) -> list[tuple[int, int]]:

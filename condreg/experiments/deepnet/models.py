@@ -17,18 +17,8 @@ from torch import nn
 
 from condreg.experiments import UsageError
 
-__all__ = [
-    "Parts",
-    "ResCNN",
-    "Target",
-    "TinyViT",
-    "build_large",
-    "build_small",
-    "precond_targets",
-    "split_resnet",
-    "split_vit",
-    "with_theta",
-]
+__all__ = ["Parts", "ResCNN", "Target", "TinyViT", "build_large", "build_small", "precond_targets"]
+__all__ += ["split_resnet", "split_vit", "with_theta"]
 
 
 @dataclasses.dataclass(frozen=True)
