@@ -19,7 +19,7 @@ __all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_
 __all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET"]
 __all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
 __all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
-__all__ += ["to_jsonable", "write_outputs", "write_results", "write_table"]
+__all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
 
 #: The four methods of condreg.immunize, in the paper's table order (Ours last).
 METHODS: tuple[str, ...] = ("r_ill_only", "imma", "opt_kappa", "condreg")
@@ -124,6 +124,13 @@ def prepare_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
         raise NotADirectoryError(f"--out {str(path)!r} exists and is not a directory")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def immunize_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings entries of the options passed on to :func:`condreg.immunize`."""
+    default = "default (condreg.immunize)"
+    lams = {k: options.get(k, default) for k in ("lam_p", "lam_h")}
+    return lams | {"options": {k: v for k, v in options.items() if k not in lams}}
 
 
 def seed_list(seeds: int, base: int = 0) -> list[int]:

@@ -143,22 +143,13 @@ def run(
     datasets, data_dir = _datasets(data, pairs, epochs, quick)  # bad data fails before output
     out_dir = rp.prepare_out_dir(out_dir)
     fractions = sorted({*FRACTIONS, float(fraction)})
-    settings = {
-        "steps": steps,
-        "fraction": fraction,
-        "fractions_recorded": fractions,
-        "methods": methods,
-        "attackers": attackers,
-        "datasets": list(datasets),
-        "epochs": {k: v["epochs"] for k, v in datasets.items()},
-        "lr": {k: v["lr"] for k, v in datasets.items()},
-        "mnist_pairs": [list(p) for p in pairs],
-        "mnist_inputs": {"preset": "pooled", "n_positive": mn_base["n_positive"]},
-        "data_dir": str(data_dir),
-        "quick": quick,
-        "w0": "zeros",
-        "attacker_settings": "condreg.attacks.probe defaults (none tuned)",
-    }
+    settings = dict(steps=steps, fraction=fraction, fractions_recorded=fractions, methods=methods)
+    settings.update(attackers=attackers, datasets=list(datasets))
+    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
+    settings.update(mnist_pairs=[list(p) for p in pairs])
+    settings.update(mnist_inputs={"preset": "pooled", "n_positive": mn_base["n_positive"]})
+    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
+    settings.update(attacker_settings="condreg.attacks.probe defaults (none tuned)")
     thetas = ["identity", *methods]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
     units = _Units(datasets, attackers, steps, fractions, first_seed=seed_values[0])

@@ -204,16 +204,9 @@ def run(
         r for by in numbers.values() for m, rs in by.items() if m != "identity" for r in rs
     ]
     notes = _flip_notes(numbers)
-    settings = {
-        "steps": steps,
-        "methods": methods,
-        "lr": LR,
-        "quick": quick,
-        "mnist_pair": list(pair),
-        "datasets": list(datasets),
-        "epochs": {k: v["epochs"] for k, v in datasets.items()},
-        "probe": "gradient descent with exact line search from w_0 = 0 (Eq. 16)",
-    }
+    settings = dict(steps=steps, methods=methods, lr=LR, quick=quick, mnist_pair=list(pair))
+    settings.update(datasets=list(datasets), epochs={k: v["epochs"] for k, v in datasets.items()})
+    settings.update(probe="gradient descent with exact line search from w_0 = 0 (Eq. 16)")
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
     results["stopped_early"] = stopped_early(immunized)
     payload = rp.write_outputs(

@@ -79,20 +79,11 @@ def _settings(quick, data_dir, epochs, lr, methods, encoding, options) -> dict[s
     if encoding not in ("ordinal", "onehot"):
         raise UsageError(f"--encoding must be ordinal or onehot, got {encoding!r}")
     base = QUICK_SETTINGS if quick else PAPER_SETTINGS
-    return {
-        "epochs": int(epochs or base["epochs"]),
-        "lr": float(lr or base["lr"]),
-        "methods": rp.check_methods(methods),
-        "task": "regression",
-        "theta0": "identity",
-        "lam_p": options.get("lam_p", "default (condreg.immunize)"),
-        "lam_h": options.get("lam_h", "default (condreg.immunize)"),
-        "options": {k: v for k, v in options.items() if k not in ("lam_p", "lam_h")},
-        "encoding": encoding,
-        "quick": quick,
-        "data_dir": str(data_dir),
-        "paper_settings": PAPER_SETTINGS,
-    }
+    settings = dict(epochs=int(epochs or base["epochs"]), lr=float(lr or base["lr"]))
+    settings.update(methods=rp.check_methods(methods), task="regression", theta0="identity")
+    settings.update(rp.immunize_options(options))
+    settings.update(encoding=encoding, quick=quick, data_dir=str(data_dir))
+    return settings | {"paper_settings": PAPER_SETTINGS}
 
 
 def run(
