@@ -43,6 +43,9 @@ def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str,
     return {"per_pair": per_pair, "kappas": kappas, "loss_best_input": inputs}
 
 
+_RANGE = (("min", np.min), ("median", np.median), ("max", np.max))
+
+
 def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
     """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and over
     runs.
@@ -67,9 +70,7 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
             "successes": rp.mean_std(succ[1]),
             "successes_by_rtol": {f"{f}x": rp.mean_std(succ[f]) for f in TOLERANCE_FACTORS},
             "n_pairs": len(pairs),
-            "min_rir": float(np.min(all_rir)),
-            "median_rir": float(np.median(all_rir)),
-            "max_rir": float(np.max(all_rir)),
+            **{f"{k}_rir": float(f(all_rir)) for k, f in _RANGE},
             "pairs_with_i_at_most_1": int(sum(r["i"] <= 1 for r in all_runs)),
             "pairs_with_ii_above_1": int(sum(r["ii"] > 1 for r in all_runs)),
             "pairs_with_rir_at_most_1": int(sum(r["rir"] <= 1 for r in all_runs)),

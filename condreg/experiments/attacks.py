@@ -51,18 +51,17 @@ HELP = "probing steps of θ = I and each method's θ under stronger attackers"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``condreg reproduce attacks`` (keywords of :func:`run`)."""
     add, quick_pairs = parser.add_argument, ",".join(f"{p}-{h}" for p, h in QUICK_PAIRS)
-    add("--data", type=pathlib.Path, default=None, help="house-price directory")
-    add("--pairs", type=opt.parse_pairs, default=None, help="MNIST (P, H) pairs (0-1,3-8,1-7)")
-    add("--steps", type=opt.positive_int, default=None, help=f"probing steps ({FULL_STEPS})")
-    add("--epochs", type=opt.positive_int, default=None, help="immunization epochs")
-    add("--methods", type=opt.method_list, default=None, help="subset of the methods")
+    add("--data", type=pathlib.Path, help="house-price directory")
+    add("--pairs", type=opt.parse_pairs, help="MNIST (P, H) pairs (0-1,3-8,1-7)")
+    add("--steps", type=opt.positive_int, help=f"probing steps ({FULL_STEPS})")
+    add("--epochs", type=opt.positive_int, help="immunization epochs")
+    add("--methods", type=opt.method_list, help="subset of the methods")
     add(
         "--attackers",
         type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
-        default=None,
         help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
     )
-    add("--fraction", type=float, default=None, help=f"loss-reduction target ({FRACTION})")
+    add("--fraction", type=float, help=f"loss-reduction target ({FRACTION})")
     add(
         "--quick",
         action="store_true",

@@ -44,20 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=pathlib.Path,
-        default=None,
         help="house-price directory (default: the Ames data shipped with condreg)",
     )
-    parser.add_argument(
-        "--pair", type=opt.parse_pairs, default=None, help="the MNIST (P, H) pair (default 1-7)"
-    )
+    parser.add_argument("--pair", type=opt.parse_pairs, help="the MNIST (P, H) pair (default 1-7)")
     parser.add_argument(
         "--steps",
         type=opt.positive_int,
-        default=None,
         help=f"probing gradient steps (exact line search; default {PAPER_STEPS}, "
         f"--quick {QUICK_STEPS})",
     )
-    parser.add_argument("--methods", type=opt.method_list, default=None, help=opt.METHODS_HELP)
+    parser.add_argument("--methods", type=opt.method_list, help=opt.METHODS_HELP)
     parser.add_argument(
         "--quick",
         action="store_true",

@@ -47,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=pathlib.Path,
-        default=None,
         help="directory with train.csv (optionally D1.csv, D2.csv); default: the Ames data "
         "shipped with condreg (condreg/datasets/house_price/)",
     )

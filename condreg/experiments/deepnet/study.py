@@ -146,9 +146,7 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
     probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
     target = probe_h["test_acc"][-1] * s.probe_target if target_acc is None else target_acc
     return {
-        "rir_theta0": main["rir_theta0"],
-        "i": main["i"],
-        "ii": main["ii"],
+        **{k: main[k] for k in ("rir_theta0", "i", "ii")},
         "ratios": list(main["ratios"]),
         "rir_by_group_size": {
             str(k): {kk: v[kk] for kk in ("i", "ii", "rir_theta0")} for k, v in by_size.items()
@@ -159,16 +157,14 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
         "acc_p_after": acc_after,
         "probe_h": probe_h,
         "probe_p": probe_p,
-        "probe_h_final_acc": probe_h["test_acc"][-1],
-        "probe_p_final_acc": probe_p["test_acc"][-1],
+        **{f"probe_{t}_final_acc": c["test_acc"][-1] for t, c in (("h", probe_h), ("p", probe_p))},
         "probe_h_converged": conv_h,
         "probe_p_converged": conv_p,
         "probe_target": target,
         "probe_h_steps_to_target": ev.steps_to_accuracy(probe_h, target),
         "norm_ratio_h": ev.norm_ratio_curve(F["h_tr"], prep.Y["h_tr"], prep.n_h, s.probe_steps),
         "attacker_steps_h": ev.attacker_steps(F["h_tr"], prep.Y["h_tr"], steps=s.attack_steps),
-        "lam_p": 0.0 if imm is None else imm.lam.get("p", 0.0),
-        "lam_h": 0.0 if imm is None else imm.lam.get("h", 0.0),
+        **{f"lam_{t}": 0.0 if imm is None else imm.lam.get(t, 0.0) for t in ("p", "h")},
         "history": [] if imm is None else imm.history,
     }
 
