@@ -354,20 +354,18 @@ def probe(
     theta : array of shape (D, K) or None
         The immunized map; ``None`` for θ = I (``A = X``).
     X : array of shape (N, D)
-        Inputs, same namespace (and device) as ``theta``; integer inputs are promoted to
-        floating point, the result dtype is ``A``'s.
+        Inputs, same namespace and device as ``theta`` (integers are promoted to floating point).
     y : array of shape (N,) or (N, 1)
         Probing targets.
     attacker : str, default "gd_exact"
         One of :data:`ATTACKERS` (``"gd_exact"`` is the paper's).
     steps : int, default 100
-        Number of iterations, ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and stays).
+        Number of iterations, ``≥ 1``.
     w0 : array of shape (K,), optional
         The start (default zeros).
     rtol : float, optional
-        Rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
-        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as
-        :func:`condreg.condition_number`).
+        Rank tolerance on the singular values of ``A`` (``σ_i > rtol·σ₁``; default
+        ``max(N, K)·eps``, as :func:`condreg.condition_number`).
     **options
         The attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta`` (momentum),
         ``betas``, ``eps`` (adam), ``history`` (lbfgs).
@@ -375,18 +373,16 @@ def probe(
     Returns
     -------
     ProbeResult
-        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min = L(w*)``, the
-        final head, ``w*``, ``κ(AᵀA)`` over the nonzero spectrum, the rank and the resolved
-        settings.
+        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min``, the final head,
+        ``w*``, ``κ(AᵀA)``, the rank and the resolved settings.
 
     Raises
     ------
     ValueError
-        Unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
-        ``≥ 1``, shapes that do not fit, empty or non-finite input, a bad option value.
+        Unknown attacker, bad ``steps``, shapes that do not fit, empty or non-finite input, a bad
+        option value.
     TypeError
-        Non-arrays or arrays of different libraries, non-real dtypes, an option the attacker
-        does not take.
+        Non-arrays or mixed libraries, non-real dtypes, an option the attacker does not take.
 
     Examples
     --------

