@@ -9,7 +9,12 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import TOLERANCE_FACTORS, stopped_early, summarise_runs
+from condreg.experiments._linear import (
+    RANK_KEPT_TEXT,
+    TOLERANCE_FACTORS,
+    stopped_early,
+    summarise_runs,
+)
 
 __all__ = ["results", "notes", "table", "plots"]
 
@@ -105,10 +110,8 @@ def _loss_text(method_results: Mapping[str, Any], loss_input: float) -> str:
     )
     if kept == n_runs:
         text += (
-            "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what "
-            "X_P spans and the best attainable loss is the input's: θ takes nothing from the "
-            "pre-training task that a head could use; the trained head's loss differs because "
-            "the head is trained jointly for a fixed number of epochs, not to convergence."
+            f"{RANK_KEPT_TEXT}; the trained head's loss differs because the head is trained "
+            "jointly for a fixed number of epochs, not to convergence."
         )
     else:
         text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P."

@@ -19,6 +19,7 @@ from condreg.experiments._report import mean_std
 __all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
 __all__ += ["score", "spectrum_numbers", "tolerance_robustness", "immunize_method", "stopped_early"]
 __all__ += ["summarise_runs", "success", "best_loss", "SEPARABLE_LOSS", "data_setup"]
+__all__ += ["RANK_KEPT_TEXT"]
 
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
 TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
@@ -362,6 +363,14 @@ def summarise_runs(
 ) -> dict[str, Any]:
     """mean ± std over seeds of each key (:func:`condreg.experiments._report.mean_std`)."""
     return {k: mean_std([r[k] for r in runs]) for k in keys}
+
+
+#: Definition 3.1 (c) in words when every run kept the rank of X_P (the tables' explanation).
+RANK_KEPT_TEXT = (
+    "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what X_P spans "
+    "and the best attainable loss is the input's: θ takes nothing from the pre-training task that "
+    "a head could use"
+)
 
 
 def success(numbers: Mapping[str, Any]) -> bool:

@@ -10,7 +10,12 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import SEPARABLE_LOSS, TOLERANCE_FACTORS, stopped_early
+from condreg.experiments._linear import (
+    RANK_KEPT_TEXT,
+    SEPARABLE_LOSS,
+    TOLERANCE_FACTORS,
+    stopped_early,
+)
 
 __all__ = ["collect", "summarise", "timing", "results", "notes", "table", "heatmap"]
 
@@ -225,11 +230,7 @@ def _loss_text(summary, loss_input: float, settings) -> str:
         f"{_best_text(loss_input)}. "
     )
     if kept == n_runs:
-        text += (
-            "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what "
-            "X_P spans and the best attainable loss is the input's: θ takes nothing from the "
-            "pre-training task that a head could use. "
-        )
+        text += f"{RANK_KEPT_TEXT}. "
     else:
         text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P. "
     if separable == n_runs:

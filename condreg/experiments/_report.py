@@ -338,21 +338,10 @@ def write_results(
     return payload
 
 
-def write_outputs(
-    out_dir: str | pathlib.Path,
-    *,
-    experiment: str,
-    settings: Mapping[str, Any],
-    seeds: Sequence[int],
-    results: Mapping[str, Any],
-    runtime_s: float | None,
-    notes: Sequence[str],
-    table: str,
-    title: str,
-) -> dict[str, Any]:
-    """:func:`write_results` then :func:`write_table`; returns the ``results.json`` payload."""
-    fields = dict(experiment=experiment, settings=settings, seeds=seeds, results=results)
-    payload = write_results(out_dir, **fields, runtime_s=runtime_s, notes=notes)
+def write_outputs(out_dir: str | pathlib.Path, *, table: str, title: str, **fields: Any) -> dict:
+    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; returns the
+    ``results.json`` payload."""
+    payload = write_results(out_dir, **fields)
     write_table(out_dir, table, title=title)
     return payload
 

@@ -15,14 +15,8 @@ from condreg.experiments._errors import DataError
 
 __all__ = ["read_idx", "write_idx", "load_mnist", "mnist_digit_task", "DigitTask"]
 
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+_IDX_CODES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _IDX_CODES.items()}
 
 
 def read_idx(path: str | pathlib.Path) -> np.ndarray:
