@@ -219,12 +219,7 @@ def score(
 
 
 def tolerance_robustness(
-    theta: np.ndarray,
-    X_p: np.ndarray,
-    X_h: np.ndarray,
-    *,
-    rtol: float,
-    spectra: Any = None,
+    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float, spectra: Any = None
 ) -> dict[str, Any]:
     """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS`:
     ``{"1x": {rtol, i, ii, rir, success}, "10x": …, "100x": …, "flips": bool}``.

@@ -127,10 +127,7 @@ def select_pixels(X: np.ndarray, min_activity: float) -> np.ndarray:
 
 
 def prepare_inputs(
-    X: np.ndarray,
-    pool: int,
-    min_activity: float,
-    normalize: tuple[float, float] | None = None,
+    X: np.ndarray, pool: int, min_activity: float, normalize: tuple[float, float] | None = None
 ) -> tuple[np.ndarray, int]:
     """Pool, keep the active pixels, then ``(x − mean)/std`` if ``normalize = (mean, std)``;
     ``X`` holds pixels in [0, 1]. Returns (inputs, number kept).
