@@ -316,3 +316,18 @@ def test_readme_links_exist():
     assert len(local) >= 10
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, missing
+
+
+_OLD_NAME = re.compile(r"(?<![\w.-])condreg\[|pip install\s+['\"]?condreg(?![\w-])")
+
+
+def test_install_hints_name_the_distribution():
+    """Every install hint — docs, docstrings, error messages — says ``condreg-ml``."""
+    files = [*_documents(), *sorted((ROOT / "condreg").rglob("*.py"))]
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _OLD_NAME.search(line)
+    ]
+    assert not bad, "\n".join(bad)
