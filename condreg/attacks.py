@@ -77,7 +77,24 @@ class ProbeResult:
         return _reduction(self.loss, self.loss_min)
 
     def steps_to(self, fraction: float = 0.99) -> int | None:
-        """:func:`steps_to_reduction` of this run."""
+        """:func:`steps_to_reduction` of this run: the first step reaching ``fraction`` of the
+        achievable loss reduction.
+
+        Parameters
+        ----------
+        fraction : float
+            The share of ``L(w_0) − L(w*)`` to reach, ``0 < fraction ≤ 1``.
+
+        Returns
+        -------
+        int or None
+            The first such ``t`` (``0`` when nothing can be reduced), ``None`` if never reached.
+
+        Raises
+        ------
+        ValueError
+            Unless ``0 < fraction ≤ 1``.
+        """
         return steps_to_reduction(self.loss, self.loss_min, fraction)
 
 
@@ -257,11 +274,36 @@ def _reduction(loss: Array, loss_min: Array) -> Array:
 
 
 def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0.99) -> int | None:
-    """First ``t`` with ``L(w_0) − L(w_t) ≥ fraction·(L(w_0) − L(w*))``, or ``None`` if the curve
-    never gets there (``0`` when nothing can be reduced).
+    """The first step ``t`` with ``L(w_0) − L(w_t) ≥ fraction·(L(w_0) − L(w*))``.
 
-    ``loss`` is a 1-D loss curve (``ProbeResult.loss``), ``loss_min`` the achievable loss.
-    Raises ``ValueError`` unless ``0 < fraction ≤ 1``.
+    Parameters
+    ----------
+    loss : Array
+        A 1-D loss curve ``L(w_t)``, ``t = 0..steps`` (``ProbeResult.loss``).
+    loss_min : Array or float
+        The achievable loss ``L(w*)`` (``ProbeResult.loss_min``).
+    fraction : float
+        The share of the achievable reduction to reach, ``0 < fraction ≤ 1``.
+
+    Returns
+    -------
+    int or None
+        The first such ``t`` (``0`` when nothing can be reduced, ``L(w_0) ≤ L(w*)``), ``None``
+        if the curve never gets there.
+
+    Raises
+    ------
+    ValueError
+        Unless ``0 < fraction ≤ 1``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.attacks import steps_to_reduction
+    >>> steps_to_reduction(np.asarray([4.0, 2.0, 1.1, 1.0]), 1.0, 0.9)
+    2
+    >>> steps_to_reduction(np.asarray([4.0, 2.0]), 1.0) is None
+    True
     """
     if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
         raise ValueError(f"steps_to_reduction: fraction must be in (0, 1], got {fraction!r}")

@@ -263,10 +263,23 @@ def condition_regularizer(
 ) -> Any:
     """Algorithm 1's preconditioned regularizer gradient as an ``optax`` transformation.
 
-    The same as :func:`condreg.jax.optax.condition_regularizer` (see there for the parameters):
-    a real ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *,
-    x_p, x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
+    The same as :func:`condreg.jax.optax.condition_regularizer`: a real
+    ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *, x_p,
+    x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
     ``optax.chain`` (e.g. ``optax.chain(condition_regularizer(...), optax.sgd(lr))``).
+
+    Parameters
+    ----------
+    lam_p, lam_h : float
+        Weights of ``R_well`` on the pre-training batch and ``R_ill`` on the harmful batch
+        (``>= 0``; 0 leaves a term out).
+    key : optional
+        Where θ sits in the parameter pytree: ``None`` when the parameters *are* θ, a dict key /
+        sequence index, or a tuple of them for a nested path.
+    ridge : float, optional
+        ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹`` instead.
+    axis_name : hashable, optional
+        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first.
 
     Returns
     -------

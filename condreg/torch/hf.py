@@ -184,8 +184,34 @@ class ImmunizationTrainer(transformers.Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """The model's loss plus the preconditioned regularizer (the model's own loss in
-        evaluation)."""
+        """The model's loss plus the preconditioned regularizer of this batch's features and a
+        harmful batch's (the model's own loss in evaluation).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model being trained.
+        inputs : dict
+            The batch: the model's inputs and ``labels``.
+        return_outputs : bool
+            Also return the model's outputs on ``inputs``.
+        num_items_in_batch : optional
+            Passed by ``transformers.Trainer``; used only in evaluation.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            The 0-d loss, or ``(loss, outputs)`` with ``return_outputs=True``.
+
+        Raises
+        ------
+        TypeError
+            If a training batch (or a harmful batch) is not a mapping.
+        ValueError
+            If the model returns no loss (the batch has no ``labels``).
+        RuntimeError
+            If the immunized module does not run exactly once per forward pass.
+        """
         if not model.training:  # evaluation: the model's own loss
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not isinstance(inputs, Mapping):

@@ -129,12 +129,39 @@ class ImmunizationModule(L.LightningModule):
         self.log_kappa = bool(log_kappa)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``head(immunized(backbone(x)))``."""
+        """The logits ``head(immunized(backbone(x)))``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            A batch of the backbone's inputs.
+
+        Returns
+        -------
+        torch.Tensor
+            The head's output.
+        """
         return self.head(self.immunized(self.backbone(x)))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The immunized features ``F = immunized(backbone(x))`` as rows: ``(N, D)``, token
-        features ``(B, T, D)`` as ``(B·T, D)`` (:func:`condreg.torch.nn.rows`)."""
+        """The immunized features ``F = immunized(backbone(x))`` as rows.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            A batch of the backbone's inputs.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(N, D)``; token features ``(B, T, D)`` as ``(B·T, D)``
+            (:func:`condreg.torch.nn.rows`).
+
+        Raises
+        ------
+        ValueError
+            If the features are neither 2-D nor 3-D.
+        """
         return rows(self.immunized(self.backbone(x)))
 
     @staticmethod
@@ -168,7 +195,31 @@ class ImmunizationModule(L.LightningModule):
         return {"kappa_hp": kp, "kappa_hh": kh}
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """Task loss plus the preconditioned regularizer of one combined batch (see the class)."""
+        """Task loss plus the preconditioned regularizer of one combined batch.
+
+        ``task_loss(head(F_P), y_P) + λ_P R_well(F_P) + λ_H R_ill(F_H)`` (plus
+        ``lam_weights·`` the weight-conditioning penalty); the regularizer's gradient through
+        ``immunized`` is preconditioned by :class:`~condreg.torch.nn.Precondition`. The terms are
+        logged.
+
+        Parameters
+        ----------
+        batch : mapping
+            ``{"pretrain": (x_p, y_p), "harmful": x_h or (x_h, ...)}`` (e.g. a
+            ``CombinedLoader`` of two loaders).
+        batch_idx : int
+            The batch's index (unused; Lightning passes it).
+
+        Returns
+        -------
+        torch.Tensor
+            The 0-d loss.
+
+        Raises
+        ------
+        ValueError
+            For a batch of another structure.
+        """
         x_p, y_p, x_h = self._unpack(batch)
         z_p, z_h = self.backbone(x_p), self.backbone(x_h)
         f_p, f_h = self.immunized(z_p), self.immunized(z_h)

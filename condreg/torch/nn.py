@@ -377,7 +377,27 @@ class Precondition(nn.Module):
         self.group = group
 
     def forward(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """:func:`precondition` of ``features`` with the covariance of ``inputs``."""
+        """:func:`precondition` of ``features`` with the covariance ``K = xᵀx`` of ``inputs``.
+
+        Parameters
+        ----------
+        features : torch.Tensor
+            ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)`` (tokens as rows, :func:`rows`).
+        inputs : torch.Tensor
+            ``(N, D_in)`` or ``(B, T, D_in)``, the same rows.
+
+        Returns
+        -------
+        torch.Tensor
+            ``features`` (a view), carrying the preconditioning backward.
+
+        Raises
+        ------
+        ValueError
+            For ``features`` and ``inputs`` with different rows.
+        TypeError
+            If either is not a ``torch.Tensor``.
+        """
         return precondition(
             features, inputs, ridge=self.ridge, rtol=self.rtol, local=self.local, group=self.group
         )
