@@ -1,50 +1,28 @@
 """Linear probing of immunized features by named attackers (docs/attacks.md).
 
 The paper measures immunization by κ and by one attacker, gradient descent with exact line search
-(Eq. 16, :func:`condreg.metrics.probe_convergence`). :func:`probe` runs the same linear-probing
-problem with the optimizers an attacker would actually reach for, so that the κ a defense buys
-can be read as *steps* for each of them:
+(Eq. 16). :func:`probe` runs the same problem with the optimizers an attacker would reach for, so
+the κ a defense buys can be read as *steps* for each of them:
 
     L(w) = ‖A w − y‖²,   A = X θ   (N×K features),   ∇L(w) = 2Aᵀ(Aw − y),   ∇²L = 2AᵀA.
 
-The loss is the paper's (Eq. 8), not divided by N: no attacker's iterates depend on that scale
-(the constant step is 1/L of this loss, the line searches are exact, and Adam divides the
-gradient by its own running RMS), except through Adam's ``eps``.
+Attackers (:data:`ATTACKERS`; defaults in brackets, none tuned on any θ; ``L`` and ``μ`` the
+largest and smallest nonzero eigenvalues of ∇²L, from the singular values of ``A``):
 
-Attackers (:data:`ATTACKERS`; keyword defaults in brackets, none tuned on any θ):
+- ``"gd_exact"``: steepest descent with exact line search (the paper's, Eq. 16);
+- ``"gd"``: constant step [``lr = 1/L``], rate ``(1 − 1/κ)^t``;
+- ``"momentum"``: Polyak's heavy ball with the optimal quadratic parameters
+  [``lr = 4/(√L + √μ)²``, ``beta = ((√κ − 1)/(√κ + 1))²``], about ``√κ`` steps per digit;
+- ``"nesterov"``: accelerated gradient with the ``(t − 1)/(t + 2)`` schedule [``lr = 1/L``];
+- ``"adam"``: [``lr = 1e-3``, ``betas = (0.9, 0.999)``, ``eps = 1e-8``], a diagonal
+  preconditioner that undoes column scalings of ``A``;
+- ``"lbfgs"``: two-loop recursion [``history = 10``] with the quadratic's exact line search;
+  uninformative pairs are skipped and a step that would raise the loss is dropped with the
+  history, so the loss never rises;
+- ``"lstsq"``: the closed form ``w = A⁺y`` in one step, which no invertible θ can block.
 
-- ``"gd_exact"`` — steepest descent with exact line search (the paper's, Eq. 16):
-  ``w ← w − α g`` with ``α = gᵀg / (2‖Ag‖²)``.
-- ``"gd"`` — gradient descent with the constant step ``lr`` [``1/L``, ``L = 2σ₁(A)²`` the largest
-  eigenvalue of ∇²L, from the singular values of ``A``: ``AᵀA`` is never formed]. Converges as
-  ``(1 − 1/κ)^t`` (Eq. 2), ``κ = κ(AᵀA)`` over the nonzero spectrum.
-- ``"momentum"`` — Polyak's heavy ball ``w ← w − α g + β(w − w_prev)`` with the parameters that are
-  optimal for a quadratic [``lr = α = 4/(√L + √μ)²``, ``beta = ((√κ − 1)/(√κ + 1))²``, ``μ`` the
-  smallest nonzero eigenvalue of ∇²L]: the best a fixed-parameter momentum method can do; rate
-  ``(√κ − 1)/(√κ + 1)`` per step, i.e. about ``√κ`` steps per digit instead of ``κ``.
-- ``"nesterov"`` — Nesterov's accelerated gradient with the parameter-free convex schedule
-  [``lr = 1/L``; ``v = w_t + (t − 1)/(t + 2)·(w_t − w_{t−1})``, ``w_{t+1} = v − lr·∇L(v)``],
-  which needs no ``μ``.
-- ``"adam"`` — Adam (Kingma & Ba) with the framework defaults [``lr = 1e-3``,
-  ``betas = (0.9, 0.999)``, ``eps = 1e-8``, bias correction on]; its per-coordinate division by
-  the RMS gradient is a *diagonal* preconditioner, which undoes the part of the conditioning that
-  is a column scaling of ``A``.
-- ``"lbfgs"`` — limited-memory BFGS (two-loop recursion, [``history = 10``] curvature pairs,
-  initial scaling ``sᵀy/yᵀy``) with the exact line search of the quadratic along each direction
-  (``α = −(Aw − y)ᵀAd / ‖Ad‖²``); in exact arithmetic with an unbounded history this is conjugate
-  gradients and ends in at most rank(A) steps. Safeguards for the rounding floor: a pair with
-  ``sᵀy ≤ eps·‖s‖‖y‖`` is not used, and a step that would raise the computed loss is dropped
-  together with the history (the next step is steepest descent), so the loss never rises.
-  Written in the Array API (not SciPy), so it runs on every backend (on a κ = 1e12 test
-  problem it needed fewer steps than SciPy's L-BFGS-B, whose line search is inexact).
-- ``"lstsq"`` — the closed form ``w = A⁺y`` (the minimum-norm least-squares solution) in one
-  step: the attacker that ignores conditioning. For an invertible θ the achievable loss
-  ``min_w ‖Xθw − y‖²`` is the same as for θ = I (``range(Xθ) = range(X)``), so no invertible θ
-  can block it.
-
-Every attacker starts from ``w0`` (default 0). Eager: ``probe`` loops ``steps`` times in Python
-and reads the spectrum as Python floats, on NumPy, PyTorch, JAX (float64 needs JAX's x64 mode,
-set by the caller) or any Array API library with ``linalg``. No framework is imported here.
+Every attacker starts from ``w0`` (default 0). Eager, on any Array API library with ``linalg``
+(float64 on JAX needs x64 mode, set by the caller); no framework is imported here.
 """
 
 from __future__ import annotations
@@ -69,23 +47,16 @@ __all__ = ["ATTACKERS", "ProbeResult", "probe", "steps_to_reduction"]
 class ProbeResult:
     """What :func:`probe` returns (arrays in the input's namespace and device).
 
-    - ``attacker``: the attacker's name; ``params``: the settings it ran with (Python floats:
-      the defaults resolved, e.g. the step ``lr`` of ``"gd"``);
-    - ``loss``: ``(steps + 1,)``, ``L(w_t) = ‖Aw_t − y‖²`` for ``t = 0..steps`` (``loss[0]`` at
-      ``w0``);
-    - ``norm_ratio``: ``(steps + 1,)``, Eq. 16's ``‖w_t − w*‖² / ‖w_0 − w*‖²`` (first entry 1);
-      NaN throughout when ``w_0 = w*`` up to rounding (``‖w_0 − w*‖ ≤ 100·eps·max(‖w_0‖, ‖w*‖)``:
-      nothing to measure);
-    - ``loss_min``: 0-d, the achievable loss ``L(w*) = min_w L(w)``;
-    - ``w``: the final head ``w_steps`` (``(K,)``), ``w_star``: ``w* = A⁺y`` (``(K,)``), the
-      minimum-norm least-squares solution, from the SVD of ``A`` with rank tolerance
-      ``rtol·σ₁``;
-    - ``kappa``: ``κ(AᵀA) = (σ₁/σ_k)²`` over the nonzero spectrum (same rule), ``rank``: ``k``,
-      ``rtol``: the tolerance used.
+    - ``attacker``, ``params``: the attacker and the settings it ran with (defaults resolved);
+    - ``loss``: ``(steps + 1,)``, ``L(w_t)`` for ``t = 0..steps``;
+    - ``norm_ratio``: ``(steps + 1,)``, Eq. 16's ``‖w_t − w*‖² / ‖w_0 − w*‖²`` (NaN throughout when
+      ``w_0 = w*`` up to rounding);
+    - ``loss_min``: 0-d, ``L(w*)``; ``w``: the final head; ``w_star``: ``w* = A⁺y`` (rank
+      tolerance ``rtol·σ₁``);
+    - ``kappa``: ``κ(AᵀA)`` over the nonzero spectrum, ``rank``, ``rtol``.
 
-    Gradient methods started at ``w0 = 0`` stay in ``range(Aᵀ)`` and converge to ``w*``; Adam does
-    not (its diagonal rescaling leaves that subspace), so on a rank-deficient ``A`` its loss
-    reaches ``loss_min`` while its norm ratio need not go to 0.
+    Adam leaves ``range(Aᵀ)``, so on a rank-deficient ``A`` its loss reaches ``loss_min`` while its
+    norm ratio need not go to 0.
     """
 
     attacker: str
@@ -383,20 +354,18 @@ def probe(
     theta : array of shape (D, K) or None
         The immunized map; ``None`` for θ = I (``A = X``).
     X : array of shape (N, D)
-        Inputs, same namespace (and device) as ``theta``; integer inputs are promoted to
-        floating point, the result dtype is ``A``'s.
+        Inputs, same namespace and device as ``theta`` (integers are promoted to floating point).
     y : array of shape (N,) or (N, 1)
         Probing targets.
     attacker : str, default "gd_exact"
         One of :data:`ATTACKERS` (``"gd_exact"`` is the paper's).
     steps : int, default 100
-        Number of iterations, ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and stays).
+        Number of iterations, ``≥ 1``.
     w0 : array of shape (K,), optional
         The start (default zeros).
     rtol : float, optional
-        Rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
-        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as
-        :func:`condreg.condition_number`).
+        Rank tolerance on the singular values of ``A`` (``σ_i > rtol·σ₁``; default
+        ``max(N, K)·eps``, as :func:`condreg.condition_number`).
     **options
         The attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta`` (momentum),
         ``betas``, ``eps`` (adam), ``history`` (lbfgs).
@@ -404,18 +373,16 @@ def probe(
     Returns
     -------
     ProbeResult
-        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min = L(w*)``, the
-        final head, ``w*``, ``κ(AᵀA)`` over the nonzero spectrum, the rank and the resolved
-        settings.
+        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min``, the final head,
+        ``w*``, ``κ(AᵀA)``, the rank and the resolved settings.
 
     Raises
     ------
     ValueError
-        Unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
-        ``≥ 1``, shapes that do not fit, empty or non-finite input, a bad option value.
+        Unknown attacker, bad ``steps``, shapes that do not fit, empty or non-finite input, a bad
+        option value.
     TypeError
-        Non-arrays or arrays of different libraries, non-real dtypes, an option the attacker
-        does not take.
+        Non-arrays or mixed libraries, non-real dtypes, an option the attacker does not take.
 
     Examples
     --------

@@ -1,21 +1,9 @@
-"""The ``condreg`` command line.
+"""The ``condreg`` command line: ``condreg reproduce NAME [options]`` (docs/reproduction.md).
 
-    condreg reproduce house-prices [--data DIR]          # Table 1 (data shipped in the package)
-    condreg reproduce mnist-pairs [--pairs 0-1,3-8] [--inputs raw] [--jobs N]   # Table 2, Fig. 2
-    condreg reproduce convergence [--data DIR]           # Fig. 1
-    condreg reproduce deepnet [--quick]                  # Table 3 / Fig. 3, CPU-sized (torch)
-    condreg reproduce attacks [--quick]                  # probing under stronger attackers
-    condreg reproduce ablation [--quick]                 # condreg's protocol vs the released code's
-
-The parser is built from the experiments' own declarations: every module of
-:data:`condreg.experiments.EXPERIMENTS` defines ``HELP`` (one line) and
-``add_arguments(parser)`` (its options, ``--quick`` with what its quick mode does, and
-``--resume`` where supported); this module adds ``--out DIR`` (default ``results/<name>/``),
-``--seeds N`` (seeds 0..N-1, mean ± std), ``--no-progress`` and ``--threads`` to each, and calls
-``run(out_dir, *, quick, seeds, progress, **options)``. ``condreg reproduce NAME --help`` lists
-them. Each experiment writes ``results.json``, ``table.md`` and PNG plots into ``--out`` and the
-command prints the table. Exit status 2 on bad arguments or unusable data: one line on stderr, no
-traceback, and no output folder left behind (a folder that existed before is never removed).
+The parser is built from the experiments' own ``HELP`` and ``add_arguments``
+(:data:`condreg.experiments.EXPERIMENTS`); this module adds ``--out``, ``--seeds``,
+``--no-progress`` and ``--threads`` and calls ``run``. Bad arguments or unusable data: one line
+on stderr, exit status 2, and no output folder left behind.
 """
 
 from __future__ import annotations
@@ -46,15 +34,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_common(p: argparse.ArgumentParser, name: str) -> None:
-    """``--out``, ``--seeds``, ``--no-progress``, ``--threads``: every experiment's, except one
-    the experiment declared itself (deepnet declares its own ``--seeds``)."""
+    """``--out``, ``--seeds``, ``--no-progress``, ``--threads``, unless the experiment has one."""
+    seeds_help = "repeat with seeds 0..N-1 and report mean ± std (default 1)"
     common = {
         "--out": dict(type=pathlib.Path, help=f"output directory (default: results/{name}/)"),
-        "--seeds": dict(
-            type=opt.positive_int,
-            default=1,
-            help="repeat with seeds 0..N-1 and report mean ± std (default 1)",
-        ),
+        "--seeds": dict(type=opt.positive_int, default=1, help=seeds_help),
         "--no-progress": dict(dest="progress", action="store_false", help="no progress bars"),
         "--threads": dict(
             type=opt.positive_int,
@@ -70,9 +54,7 @@ def _add_common(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def _add_experiment(exps, name: str) -> None:
-    """The sub-command of one experiment, from its module's ``HELP`` and ``add_arguments``.
-
-    A module that cannot be imported gets a sub-command that reports why (one line, exit 2)."""
+    """The sub-command of one experiment; one that cannot be imported reports why (exit 2)."""
     try:
         module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
     except (ImportError, UsageError) as exc:
@@ -156,10 +138,8 @@ def _terminate(signum, frame):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``condreg`` console script; returns the exit status.
 
-    Bad options and unusable data (:class:`condreg.experiments.UsageError`,
-    :class:`condreg.experiments.data.DataError`, missing files) print one line and return
-    2, and the output folder is removed if this run created it and left it empty. Anything else
-    is a bug and propagates with its traceback.
+    Bad options and unusable data print one line and return 2, and the output folder is removed if
+    this run created it and left it empty. Anything else is a bug and propagates.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -176,23 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     created = _new_dirs(out)
     start = time.perf_counter()
     ok = False
-    # SIGTERM (a killed job) unwinds like Ctrl-C: worker processes are stopped and the units
-    # finished so far stay in --out for --resume
+    # SIGTERM unwinds like Ctrl-C: the units finished so far stay in --out for --resume
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
-        # (imported by build_parser already; an experiment that needs a missing package, e.g.
-        # deepnet without torch, raises UsageError from run, reported like any bad option)
         module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
         with _blas_threads(args.threads or 1):
+            quick = getattr(args, "quick", False)
             payload = module.run(
-                out,
-                quick=getattr(args, "quick", False),
-                seeds=args.seeds,
-                progress=args.progress,
-                **options,
+                out, quick=quick, seeds=args.seeds, progress=args.progress, **options
             )
         ok = True
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:

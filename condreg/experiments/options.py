@@ -1,7 +1,5 @@
-"""Command-line option types and option groups shared by the experiments.
+"""Command-line option types and option groups shared by the experiments' ``add_arguments``.
 
-Each experiment module declares its own options with these (``add_arguments(parser)``); the
-``condreg`` command line (:mod:`condreg.cli`) builds its parser from those declarations.
 Every type raises :class:`argparse.ArgumentTypeError`, which argparse reports as one line.
 """
 
@@ -12,16 +10,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "parse_pairs",
-    "positive",
-    "positive_int",
-    "positive_float",
-    "fraction",
-    "method_list",
-    "add_linear_options",
-    "add_resume_option",
-]
+__all__ = ["parse_pairs", "positive", "positive_int", "positive_float", "fraction", "method_list"]
+__all__ += ["add_linear_options", "add_resume_option"]
 
 
 def parse_pairs(text: str) -> list[tuple[int, int]]:
@@ -86,23 +76,19 @@ def method_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: The help text of every experiment's ``--methods``.
+METHODS_HELP = "comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)"
+
+
 def add_linear_options(p: argparse.ArgumentParser, *, epochs_default: str) -> None:
     """``--epochs``, ``--lr`` and ``--methods`` of the linear experiments."""
     p.add_argument(
         "--epochs",
         type=positive_int,
-        default=None,
         help=f"training epochs (default: the paper's, {epochs_default})",
     )
-    p.add_argument(
-        "--lr", type=positive_float, default=None, help="step size η (default: the paper's, 0.005)"
-    )
-    p.add_argument(
-        "--methods",
-        type=method_list,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
+    p.add_argument("--lr", type=positive_float, help="step size η (default: the paper's, 0.005)")
+    p.add_argument("--methods", type=method_list, help=METHODS_HELP)
 
 
 def add_resume_option(p: argparse.ArgumentParser, unit: str) -> None:

@@ -1,25 +1,13 @@
 """Deep-net immunization (the paper's Table 3 / Fig. 3) at a scale a CPU can run:
-``condreg reproduce deepnet``.
+``condreg reproduce deepnet`` (docs/deepnet.md).
 
-By default two small networks are pre-trained on MNIST digits 0–4 (D_P) and **their own block
-weights** are immunized against digits 5–9 (D_H): a residual CNN's last two residual blocks (seven
-``nn.Conv2d`` weights, one of them grouped) and a one-layer transformer on 7×7 patch tokens (its
-qkv, proj and MLP ``nn.Linear`` weights) — the paper's ResNet18 / ViT set-ups in miniature, with
-128-d features, more than Eq. 17's groups of 100 samples. Each regularizer gradient reaches each
-immunized weight left-preconditioned by the Gram matrix of that layer's input
-(:func:`condreg.torch.nn.layer_gram`, :func:`condreg.torch.nn.left_precondition`); see
-:mod:`~condreg.experiments.deepnet.training`. ``target="theta"`` instead trains only an
-identity-initialised D×D layer appended after the frozen block (the linear setting).
-
-Every method's step is chosen by the same sweep on D_P-only criteria; five seeds by default;
-RIR_θ0 (Eq. 17) with its group-size sensitivity; D_P accuracy; linear probing on D_H (steps to a
-target accuracy and the converged accuracy gap). Large models: ``arch="resnet18"`` /
-``"vit_b_16"`` / ``"vit_b_32"`` / ``"timm:<vit>"`` with ``weights``, ``pretrain_dir``,
-``harmful_dir`` and ``device="cuda"`` use the same per-layer preconditioner.
-
-Modules: :mod:`.settings` (typed options), :mod:`.data`, :mod:`.models`, :mod:`.training`,
-:mod:`.evaluate`, :mod:`.study` (one arch and seed), :mod:`.report` (tables, plots). Importing
-this package imports no torch; :func:`run` checks torch and the options first.
+Two small networks (a residual CNN and a one-layer transformer) are pre-trained on MNIST digits
+0–4 (D_P) and their own block weights immunized against digits 5–9 (D_H), each regularizer
+gradient left-preconditioned per layer by the Gram matrix of that layer's input;
+``target="theta"`` trains only an appended D×D layer. Large torchvision / timm models run the
+same protocol on image folders. Submodules: :mod:`.settings`, :mod:`.data`, :mod:`.models`,
+:mod:`.training`, :mod:`.evaluate`, :mod:`.study`, :mod:`.report`; importing this package
+imports no torch.
 """
 
 from __future__ import annotations
@@ -71,11 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("block", "theta"),
         help="immunize the network's last blocks (default) or an appended D×D layer θ",
     )
-    add(
-        "--methods",
-        type=opt.method_list,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
+    add("--methods", type=opt.method_list, help=opt.METHODS_HELP)
     add(
         "--seeds",
         type=opt.positive_int,
@@ -92,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Units:
-    """Every (arch, seed) unit of a run: reused from ``store`` (``resume``) or computed, the
-    images read once, on first need. Progress: tqdm bars on a terminal (``progress`` and stderr
-    a tty); otherwise one line per unit on stderr, so that a log never stays silent for long."""
+    """Every (arch, seed) unit of a run, reused from ``store`` or computed (images read once);
+    progress as tqdm bars on a terminal, else one line per unit on stderr.
+    """
 
     def __init__(self, s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
         self.s, self.store, self.seeds = s, store, seeds
@@ -149,13 +133,10 @@ def run(
     """Run the deep-net study and write results.json, table.md, probe_curves.png and
     kappa_history.png into ``out_dir`` (one record per (arch, seed) under ``out_dir/units/``).
 
-    ``options`` are fields of :class:`Settings` (``quick`` applies :data:`QUICK` first: a smoke
-    test, labelled as not comparable with the paper). ``seeds``: seeds 0..seeds−1 (default
-    :data:`SEEDS`: 5, ``quick`` 1). ``progress``: tqdm bars on a terminal, else one line per
-    (arch, seed) on stderr. ``resume=True`` keeps every (arch, seed) already completed in
-    ``out_dir/units/`` and runs only the others (:class:`condreg.experiments._report.UnitStore`;
-    a unit made with other settings raises :class:`condreg.experiments.UsageError`). Raises
-    ``UsageError`` for a bad option before any work.
+    ``options`` are fields of :class:`Settings` (``quick`` applies :data:`QUICK` first).
+    ``seeds``: seeds 0..seeds−1 (default :data:`SEEDS`). ``resume=True`` keeps every (arch, seed)
+    already in ``out_dir/units/``. Raises :class:`condreg.experiments.UsageError` for a bad
+    option before any work.
     """
     t_start = time.perf_counter()
     s = resolve(quick, options)
@@ -182,13 +163,8 @@ def run(
     failures = report.failures(per_arch)
     settings = {**s.to_json(), "quick": quick, "seeds": len(seed_values), "resume": resume}
     settings.update(torch_version=torch.__version__, torch_threads=s.num_threads)
-    results = {
-        "summary": summaries,
-        "per_seed": per_arch,
-        "sweep": sweeps,
-        "setup": report.setup(per_arch, s),
-        "paper": _report.PAPER_DEEPNET,
-    }
+    results = {"summary": summaries, "per_seed": per_arch, "sweep": sweeps}
+    results.update(setup=report.setup(per_arch, s), paper=_report.PAPER_DEEPNET)
     return _report.write_outputs(
         out_dir,
         experiment="deepnet",

@@ -67,14 +67,8 @@ def split_indices(
 
 
 def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> Split:
-    tr, va, te = split_indices(
-        y,
-        classes,
-        test_fraction=test_fraction,
-        n_per_class=n_per_class,
-        seed=seed,
-        val_fraction=val_fraction,
-    )
+    kw = dict(test_fraction=test_fraction, n_per_class=n_per_class, val_fraction=val_fraction)
+    tr, va, te = split_indices(y, classes, seed=seed, **kw)
     lut = np.full(int(y.max()) + 1, -1, np.int64)
     lut[list(classes)] = np.arange(len(classes))
     return Split(X[tr], lut[y[tr]], X[va], lut[y[va]], X[te], lut[y[te]], len(classes))
@@ -92,18 +86,9 @@ class Images:
 
     def tasks(self, seed: int) -> tuple[Split, Split]:
         """D_P and D_H of ``seed``: stratified train / validation / test splits."""
-        P, H = (
-            _split(
-                X,
-                y,
-                classes,
-                seed=seed,
-                test_fraction=self.test_fraction,
-                val_fraction=self.val_fraction,
-                n_per_class=self.n_per_class,
-            )
-            for X, y, classes in self.pools
-        )
+        kw = dict(test_fraction=self.test_fraction, val_fraction=self.val_fraction)
+        kw["n_per_class"] = self.n_per_class
+        P, H = (_split(X, y, classes, seed=seed, **kw) for X, y, classes in self.pools)
         return P, H
 
 
@@ -123,9 +108,8 @@ def load_images(s) -> Images:
         return Images(pools, n_per_class=s.n_per_digit, **split)
     pools = []
     for root in (s.pretrain_dir, s.harmful_dir):
-        X, y, names = load_image_folder(
-            root, image_size=s.image_size, max_per_class=s.max_images_per_class
-        )
+        kw = dict(image_size=s.image_size, max_per_class=s.max_images_per_class)
+        X, y, names = load_image_folder(root, **kw)
         pools.append((X, y, tuple(range(len(names)))))
     return Images(tuple(pools), n_per_class=None, **split)
 

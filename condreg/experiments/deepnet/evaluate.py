@@ -4,7 +4,7 @@ accuracy, and linear probing on D_H (steps to a target accuracy, converged accur
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -12,16 +12,8 @@ import torch.nn.functional as F_
 
 from condreg.experiments import _report
 
-__all__ = [
-    "ATTACKERS",
-    "attacker_steps",
-    "converged_probe_accuracy",
-    "features",
-    "linear_probe_curve",
-    "norm_ratio_curve",
-    "rir_by_group_size",
-    "steps_to_accuracy",
-]
+__all__ = ["ATTACKERS", "attacker_steps", "converged_probe_accuracy", "features"]
+__all__ += ["linear_probe_curve", "norm_ratio_curve", "rir_by_group_size", "steps_to_accuracy"]
 
 
 def features(block, S: torch.Tensor, *, device, batch: int = 512) -> torch.Tensor:
@@ -31,6 +23,11 @@ def features(block, S: torch.Tensor, *, device, batch: int = 512) -> torch.Tenso
         for i in range(0, S.shape[0], batch):
             out.append(block(S[i : i + batch].to(device)).cpu())
     return torch.cat(out)
+
+
+def _with_ones(F, dtype=torch.float64) -> torch.Tensor:
+    """``[F, 1]`` in ``dtype``: the features with a bias column."""
+    return torch.cat([F.to(dtype), torch.ones(F.shape[0], 1, dtype=dtype)], 1)
 
 
 def accuracy(logits, y) -> float:
@@ -61,15 +58,9 @@ def rir_by_group_size(
         with warnings.catch_warnings():
             if same:  # identity: f_I returns f_0's features by construction (RIR_θ0 = 1)
                 warnings.filterwarnings("ignore", message="rir_theta0: f_I and f_0 return")
-            res = rir_theta0(
-                lambda ix: all_I[ix],
-                lambda ix: all_0[ix],
-                rows_p,
-                rows_h,
-                groups=int(groups),
-                group_size=int(size),
-                seed=seed,
-            )
+            f_I, f_0 = (lambda ix: all_I[ix]), (lambda ix: all_0[ix])
+            kw = dict(groups=int(groups), group_size=int(size), seed=seed)
+            res = rir_theta0(f_I, f_0, rows_p, rows_h, **kw)
         out[int(size)] = {"i": res.i, "ii": res.ii, "rir_theta0": res.rir, "ratios": res.ratios}
     return out
 
@@ -94,18 +85,14 @@ def linear_probe_curve(
     Eq. 2). Returns ``steps`` (the recorded step numbers), ``test_acc``, ``train_loss``, ``lr``.
     """
     dtype = torch.float64
-    A = torch.cat([F_tr.to(dtype), torch.ones(F_tr.shape[0], 1, dtype=dtype)], dim=1)
-    At = torch.cat([F_te.to(dtype), torch.ones(F_te.shape[0], 1, dtype=dtype)], dim=1)
+    A, At = _with_ones(F_tr, dtype), _with_ones(F_te, dtype)
     y_tr, y_te = y_tr.long(), y_te.long()
     n = A.shape[0]
     lr = 1.0 / max(float(torch.linalg.matrix_norm(A, ord=2)) ** 2 / n, 1e-30)
     W = torch.zeros(A.shape[1], n_classes, dtype=dtype)
     onehot = F_.one_hot(y_tr, n_classes).to(dtype)
     rec_steps, accs, losses = [], [], []
-    it: Iterable[int] = _report.progress(
-        range(steps + 1), enabled=progress, desc=desc, total=steps + 1
-    )
-    for t in it:
+    for t in _report.progress(range(steps + 1), enabled=progress, desc=desc, total=steps + 1):
         logits = A @ W
         if t % every == 0 or t == steps:
             rec_steps.append(t)
@@ -124,8 +111,7 @@ def converged_probe_accuracy(F_tr, y_tr, F_te, y_te, *, n_classes: int, iters: i
     free but scale-free: this is what an attacker with a second-order optimiser reaches."""
     dtype = torch.float64
     mu, sd = F_tr.to(dtype).mean(0), F_tr.to(dtype).std(0).clamp(min=1e-12)
-    A = torch.cat([(F_tr.to(dtype) - mu) / sd, torch.ones(F_tr.shape[0], 1, dtype=dtype)], 1)
-    At = torch.cat([(F_te.to(dtype) - mu) / sd, torch.ones(F_te.shape[0], 1, dtype=dtype)], 1)
+    A, At = _with_ones((F_tr.to(dtype) - mu) / sd), _with_ones((F_te.to(dtype) - mu) / sd)
     W = torch.zeros(A.shape[1], n_classes, dtype=dtype, requires_grad=True)
     opt = torch.optim.LBFGS([W], max_iter=int(iters), line_search_fn="strong_wolfe")
     y = y_tr.long()
@@ -155,9 +141,8 @@ def norm_ratio_curve(F, y, n_classes: int, steps: int) -> list[float]:
     targets of the classes."""
     from condreg.metrics import probe_convergence
 
-    F = F.to(torch.float64)
-    A = torch.cat([F, torch.ones(F.shape[0], 1, dtype=F.dtype)], 1)
-    curves = [probe_convergence(A, (y == c).to(F.dtype), steps) for c in range(n_classes)]
+    A = _with_ones(F)
+    curves = [probe_convergence(A, (y == c).to(A.dtype), steps) for c in range(n_classes)]
     return torch.stack(curves).mean(0).tolist()
 
 
@@ -173,9 +158,8 @@ def attacker_steps(F, y, *, steps: int, fraction: float = 0.99) -> dict[str, dic
     ``reduction`` (the fraction reached after ``steps``)."""
     from condreg.attacks import probe
 
-    F = F.to(torch.float64)
-    A = torch.cat([F, torch.ones(F.shape[0], 1, dtype=F.dtype)], 1)
-    target = (y == 0).to(F.dtype)
+    A = _with_ones(F)
+    target = (y == 0).to(A.dtype)
     out = {}
     for a in ATTACKERS:
         res = probe(None, A, target, attacker=a, steps=steps)

@@ -1,20 +1,9 @@
 """The networks of the deep-net study, each split into stem (frozen) -> block (immunized) -> head.
 
-- ``rescnn``: a small residual CNN on 28×28 images; the stem is a conv layer and one residual
-  block, the immunized block is the **last two residual blocks** (a basic block with a grouped
-  3×3 conv, and a bottleneck), global average pooling gives ``feature_dim`` features.
-- ``vit``: the ViT analogue: 7×7 patch tokens + class token + positions (stem), **one
-  pre-norm transformer layer** (its qkv, proj and MLP ``nn.Linear`` layers immunized) and the
-  final norm of the class token (block).
-- ``resnet18`` / ``vit_b_16`` / ``vit_b_32`` / ``timm:<vit>``: torchvision / timm models with
-  local weights (GPU users); ResNet18's block is ``layer4`` (its last two conv blocks), ViT's the
-  last encoder block.
-
-:attr:`Parts.precond` lists the weights whose regularizer gradients are left-preconditioned,
-each as a :class:`Target`: the module whose forward input ``x`` defines ``K``
-(:func:`condreg.torch.nn.layer_gram`), the parameter, and the ``nn.Linear``/``nn.Conv2d`` whose
-shape describes that parameter (for ``nn.MultiheadAttention``'s fused ``in_proj_weight``, a
-shape-only stand-in).
+``rescnn`` (a small residual CNN; block: its last two residual blocks), ``vit`` (7×7 patch
+tokens; block: one pre-norm transformer layer) and torchvision / timm ``resnet18``, ``vit_b_*``
+with local weights. :func:`precond_targets` lists the weights whose regularizer gradients are
+left-preconditioned, each with the module whose input defines its ``K``.
 """
 
 from __future__ import annotations
@@ -28,18 +17,8 @@ from torch import nn
 
 from condreg.experiments import UsageError
 
-__all__ = [
-    "Parts",
-    "ResCNN",
-    "Target",
-    "TinyViT",
-    "build_large",
-    "build_small",
-    "precond_targets",
-    "split_resnet",
-    "split_vit",
-    "with_theta",
-]
+__all__ = ["Parts", "ResCNN", "Target", "TinyViT", "build_large", "build_small", "precond_targets"]
+__all__ += ["split_resnet", "split_vit", "with_theta"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +62,6 @@ def precond_targets(block: nn.Module) -> list[Target]:
         elif isinstance(mod, (nn.Linear, nn.Conv2d)) and id(mod) not in internal:
             out.append(Target(f"{name}.weight", mod, mod.weight, mod))
     return out
-
-
-# --- the small CPU models --------------------------------------------------------------------
 
 
 class _Basic(nn.Module):
@@ -224,9 +200,6 @@ def with_theta(parts: Parts) -> Parts:
     return dataclasses.replace(
         parts, block=block, immunized=f"appended θ ({parts.feature_dim}×{parts.feature_dim})"
     )
-
-
-# --- large models (torchvision / timm) -------------------------------------------------------
 
 
 def split_resnet(model: nn.Module, n_classes: int | None = None) -> Parts:

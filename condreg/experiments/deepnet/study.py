@@ -51,17 +51,8 @@ def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: b
         parts = models.build_small(arch, s.feature_dim, P.n_classes)
     else:
         parts = models.build_large(arch, s.weights, P.n_classes)
-    training.pretrain(
-        parts,
-        P.X_tr,
-        P.y_tr,
-        full=small,
-        epochs=s.pretrain_epochs,
-        lr=s.pretrain_lr,
-        seed=seed,
-        device=device,
-        progress=progress,
-    )
+    kw = dict(epochs=s.pretrain_epochs, lr=s.pretrain_lr, seed=seed, device=device)
+    training.pretrain(parts, P.X_tr, P.y_tr, full=small, progress=progress, **kw)
     for p in parts.stem.parameters():
         p.requires_grad_(False)
     parts.stem.to(device).eval()
@@ -70,13 +61,8 @@ def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: b
     if s.target == "theta":
         parts = models.with_theta(parts)
         parts.block.to(device, dtype)
-    arrays = {
-        "p_tr": (P.X_tr, P.y_tr),
-        "p_val": (P.X_val, P.y_val),
-        "p_te": (P.X_te, P.y_te),
-        "h_tr": (H.X_tr, H.y_tr),
-        "h_te": (H.X_te, H.y_te),
-    }
+    arrays = {"p_tr": (P.X_tr, P.y_tr), "p_val": (P.X_val, P.y_val), "p_te": (P.X_te, P.y_te)}
+    arrays.update(h_tr=(H.X_tr, H.y_tr), h_te=(H.X_te, H.y_te))
     S = {
         k: training.batched_apply(parts.stem, X, device=device, dtype=dtype)
         for k, (X, _) in arrays.items()
@@ -93,16 +79,8 @@ def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progres
     if method == "identity":
         return None
     d = (prep.S["p_tr"], prep.Y["p_tr"], prep.S["h_tr"], prep.Y["h_tr"])
-    return training.immunize(
-        method,
-        prep.parts,
-        d,
-        s=s,
-        reg_step=reg_step,
-        seed=prep.seed,
-        device=prep.device,
-        progress=progress,
-    )
+    kw = dict(s=s, reg_step=reg_step, seed=prep.seed, device=prep.device, progress=progress)
+    return training.immunize(method, prep.parts, d, **kw)
 
 
 def _val_accuracy(prep: Prepared, imm) -> float:
@@ -112,12 +90,9 @@ def _val_accuracy(prep: Prepared, imm) -> float:
 
 
 def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every method at every ``s.reg_steps``, on ``prep``'s seed. The chosen step of a method is
-    the largest whose D_P **validation** accuracy is within ``s.acc_tolerance`` of the
-    pre-trained model's (the smallest if none is): a D_P-only criterion, never RIR.
-
-    Returns ``(record, immunized)``: the sweep record (val accuracies, chosen steps, failures)
-    and the immunized models of the chosen steps (reused as this seed's results)."""
+    """Every method at every ``s.reg_steps``; a method's chosen step is the largest whose D_P
+    validation accuracy is within ``s.acc_tolerance`` of the pre-trained model's (else the
+    smallest): D_P only, never RIR. Returns the sweep record and the chosen models."""
     record: dict[str, Any] = {"seed": prep.seed, "acc_before_val": prep.acc_before_val}
     chosen_models: dict[str, Any] = {}
     for method in s.methods:
@@ -142,25 +117,10 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
 
 def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings, progress: bool):
     n = prep.n_h if task == "h" else prep.n_p
-    curve = ev.linear_probe_curve(
-        F[f"{task}_tr"],
-        prep.Y[f"{task}_tr"],
-        F[f"{task}_te"],
-        prep.Y[f"{task}_te"],
-        n_classes=n,
-        steps=s.probe_steps,
-        every=s.probe_every,
-        progress=progress,
-        desc=f"probe D_{task.upper()}",
-    )
-    conv = ev.converged_probe_accuracy(
-        F[f"{task}_tr"],
-        prep.Y[f"{task}_tr"],
-        F[f"{task}_te"],
-        prep.Y[f"{task}_te"],
-        n_classes=n,
-        iters=s.probe_converge_iters,
-    )
+    data = (F[f"{task}_tr"], prep.Y[f"{task}_tr"], F[f"{task}_te"], prep.Y[f"{task}_te"])
+    kw = dict(steps=s.probe_steps, every=s.probe_every, desc=f"probe D_{task.upper()}")
+    curve = ev.linear_probe_curve(*data, n_classes=n, progress=progress, **kw)
+    conv = ev.converged_probe_accuracy(*data, n_classes=n, iters=s.probe_converge_iters)
     return curve, conv
 
 
@@ -172,30 +132,21 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
     """Every reported number of one method on one seed (``imm`` None: the identity)."""
     block = prep.parts.block if imm is None else imm.block
     head = prep.parts.head if imm is None else imm.head
-    F = (
-        prep.F0
-        if imm is None
-        else {k: ev.features(block, prep.S[k], device=prep.device) for k in prep.S}
-    )
+    F = prep.F0
+    if imm is not None:
+        F = {k: ev.features(block, prep.S[k], device=prep.device) for k in prep.S}
     with torch.no_grad():
         acc_after = ev.accuracy(head(F["p_te"].to(prep.device)), prep.Y["p_te"])
     sizes = sorted({*s.rir_group_sizes, s.rir_group_size})
-    by_size = ev.rir_by_group_size(
-        {"p": F["p_tr"], "h": F["h_tr"]},
-        {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]},
-        groups=s.rir_groups,
-        sizes=sizes,
-        seed=prep.seed,
-        same=imm is None,
-    )
+    F_I, F_0 = {"p": F["p_tr"], "h": F["h_tr"]}, {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]}
+    kw = dict(groups=s.rir_groups, sizes=sizes, seed=prep.seed, same=imm is None)
+    by_size = ev.rir_by_group_size(F_I, F_0, **kw)
     main = by_size[s.rir_group_size]
     probe_h, conv_h = _probe(prep, F, "h", s, progress=False)
     probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
     target = probe_h["test_acc"][-1] * s.probe_target if target_acc is None else target_acc
     return {
-        "rir_theta0": main["rir_theta0"],
-        "i": main["i"],
-        "ii": main["ii"],
+        **{k: main[k] for k in ("rir_theta0", "i", "ii")},
         "ratios": list(main["ratios"]),
         "rir_by_group_size": {
             str(k): {kk: v[kk] for kk in ("i", "ii", "rir_theta0")} for k, v in by_size.items()
@@ -206,16 +157,14 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
         "acc_p_after": acc_after,
         "probe_h": probe_h,
         "probe_p": probe_p,
-        "probe_h_final_acc": probe_h["test_acc"][-1],
-        "probe_p_final_acc": probe_p["test_acc"][-1],
+        **{f"probe_{t}_final_acc": c["test_acc"][-1] for t, c in (("h", probe_h), ("p", probe_p))},
         "probe_h_converged": conv_h,
         "probe_p_converged": conv_p,
         "probe_target": target,
         "probe_h_steps_to_target": ev.steps_to_accuracy(probe_h, target),
         "norm_ratio_h": ev.norm_ratio_curve(F["h_tr"], prep.Y["h_tr"], prep.n_h, s.probe_steps),
         "attacker_steps_h": ev.attacker_steps(F["h_tr"], prep.Y["h_tr"], steps=s.attack_steps),
-        "lam_p": 0.0 if imm is None else imm.lam.get("p", 0.0),
-        "lam_h": 0.0 if imm is None else imm.lam.get("h", 0.0),
+        **{f"lam_{t}": 0.0 if imm is None else imm.lam.get(t, 0.0) for t in ("p", "h")},
         "history": [] if imm is None else imm.history,
     }
 
@@ -255,6 +204,7 @@ def run_seed(
             target = res["probe_target"]
         res.update(reg_step=step, seconds=time.perf_counter() - t1)
         methods[method] = res
+    targets = models.precond_targets(_immunized_part(prep))
     record = {
         "arch": arch,
         "seed": seed,
@@ -263,8 +213,8 @@ def run_seed(
         "failed": failed,
         "feature_dim": prep.parts.feature_dim,
         "immunized": prep.parts.immunized,
-        "immunized_weights": [t.name for t in models.precond_targets(_immunized_part(prep))],
-        "immunized_parameters": training.param_count(models.precond_targets(_immunized_part(prep))),
+        "immunized_weights": [t.name for t in targets],
+        "immunized_parameters": training.param_count(targets),
         "n_train": {"p": int(prep.S["p_tr"].shape[0]), "h": int(prep.S["h_tr"].shape[0])},
         "seconds": time.perf_counter() - t0,
     }

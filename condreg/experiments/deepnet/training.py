@@ -1,25 +1,11 @@
 """Pre-training on D_P and immunization of the block's own weights (Algorithm 1 for deep nets).
 
-One immunization step (every method alike, SGD with momentum, the paper's optimiser):
-
-1. a D_P batch and a D_H batch go through the block (the stem's outputs are cached); forward
-   hooks record the input ``x`` of every immunized layer (:func:`models.precond_targets`);
-2. the supervised gradient ``∇ CE(head(f(x_P)), y_P)`` of every trainable parameter (block and
-   head) is taken as is (not preconditioned, as in Algorithm 1);
-3. each regularizer term's gradient with respect to the immunized weights is taken separately
-   with :func:`torch.autograd.grad`; for Ours and R_ill only it is left-preconditioned per layer,
-   ``G ↦ G K⁺`` with ``K = layer_gram(layer, x)`` of the batch the term is computed on (``K_P``
-   for R_well, ``K_H`` for R_ill; :func:`condreg.torch.nn.left_precondition`); Opt κ and IMMA
-   use their plain gradients, on the same weights;
-4. the sum is the update. Biases and norms receive only the supervised gradient.
-
-λ's are balanced on the first batch: each term's (preconditioned where the method is)
-gradient alone moves the immunized weights by the relative amount ``reg_step`` per step
-(before momentum): ``lr · λ · ‖g‖ = reg_step · ‖W‖`` (norms over all immunized weights).
-With ``clip`` (default) no later step of a term is larger than that (its gradient is scaled down
-when ``λ‖g_t‖`` exceeds the first step's): every method alike, so that no method's step grows
-without bound as the spectrum degenerates (docs/math.md §4's caution on step sizes).
-``reg_step`` is chosen per method by the study's sweep (D_P validation accuracy only).
+One step, every method alike (SGD with momentum): the supervised gradient of block and head as
+is; each regularizer term's gradient with respect to the immunized weights separately, for Ours
+and R_ill only left-preconditioned per layer, ``G ↦ G K⁺`` with ``K = layer_gram(layer, x)`` of
+that term's batch (:func:`condreg.torch.nn.left_precondition`). λ's are balanced on the first
+batch so that each term alone moves the weights by ``reg_step·‖W‖`` per step, and with ``clip``
+no later step of a term is larger (docs/deepnet.md).
 """
 
 from __future__ import annotations
@@ -84,8 +70,6 @@ def pretrain(
             opt.step()
 
 
-# --- the methods ------------------------------------------------------------------------------
-
 Terms = list[tuple[str, torch.Tensor]]
 
 
@@ -93,9 +77,9 @@ Terms = list[tuple[str, torch.Tensor]]
 class Method:
     """One immunization method: its regularizer terms and whether they are preconditioned.
 
-    ``terms(F_p, F_h, y_h, ctx)`` (``ctx``: IMMA's ``n_h``, ``inner_steps``, ``inner_lr``)
-    returns ``[(batch, value)]``, ``batch`` "p" (the term is computed on the D_P batch: λ_P,
-    ``K_P``) or "h" (the D_H batch: λ_H, ``K_H``)."""
+    ``terms(F_p, F_h, y_h, ctx)`` returns ``[(batch, value)]``, ``batch`` "p" (the D_P batch: λ_P,
+    ``K_P``) or "h" (the D_H batch: λ_H, ``K_H``).
+    """
 
     terms: Callable[..., Terms]
     preconditioned: bool
@@ -151,9 +135,6 @@ METHOD_REGISTRY: dict[str, Method] = {
     "opt_kappa": Method(_opt_kappa, preconditioned=False),
     "condreg": Method(_ours, preconditioned=True),
 }
-
-
-# --- one step ----------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -239,10 +220,9 @@ def immunize(
 ) -> Immunized:
     """Immunize copies of ``parts.block`` / ``parts.head`` with one method.
 
-    ``data = (S_P, y_P, S_H, y_H)``: cached stem outputs and labels (``y_H`` used by IMMA only).
-    ``s`` is the study's :class:`~condreg.experiments.deepnet.settings.Settings`. Raises
-    :class:`condreg.RankError` / :class:`condreg.PoleError` from a degenerate batch and
-    ``FloatingPointError`` when the weights stop being finite.
+    ``data = (S_P, y_P, S_H, y_H)``: cached stem outputs and labels; ``s``: the study's
+    :class:`~condreg.experiments.deepnet.settings.Settings`. Raises :class:`condreg.RankError` /
+    :class:`condreg.PoleError` from a degenerate batch and ``FloatingPointError`` on divergence.
     """
     method = METHOD_REGISTRY[method_name]
     S_P, y_P, S_H, y_H = data
@@ -252,11 +232,7 @@ def immunize(
     params = [p for p in (*block.parameters(), *head.parameters()) if p.requires_grad]
     opt = torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
     gen = torch.Generator().manual_seed(seed + 1)
-    extra = {
-        "n_h": int(y_H.max()) + 1,
-        "inner_steps": s.imma_inner_steps,
-        "inner_lr": s.imma_inner_lr,
-    }
+    extra = dict(n_h=int(y_H.max()) + 1, inner_steps=s.imma_inner_steps, inner_lr=s.imma_inner_lr)
 
     def step_terms():
         bs = s.batch_size
