@@ -56,6 +56,8 @@ Training adapters (a regularizer loss module, the preconditioning "dummy layer")
 
 from __future__ import annotations
 
+import contextlib
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without torch
@@ -90,7 +92,9 @@ def _reader(check: bool) -> _core.Concrete:
 def _no_autocast(S: torch.Tensor):
     """Autocast off: the engine computes in the dtype it was given (a Gram matrix formed in
     bfloat16 would swamp the spectrum, and the backward's GEMM must match ``F``'s dtype)."""
-    return torch.autocast(S.device.type, enabled=False)
+    if torch.is_autocast_enabled(S.device.type):
+        return torch.autocast(S.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
