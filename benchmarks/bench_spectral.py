@@ -1,36 +1,48 @@
 """Speed of condreg's spectral engine, as ratios measured in one process.
 
-Three comparisons per shape (N, D), dtype and framework (PyTorch eager, JAX under ``jit``):
+Per shape (N, D), dtype and framework (PyTorch eager, JAX under ``jit``):
 
 ``reg``
     The regularizer alone: value and gradient of R_ill(FᵀF) with respect to a given feature
-    batch F (N×D) — condreg (``condreg.r_ill(F, gram=True)``, the engine's cheapest exact path)
-    against autodiff through ``svdvals(F)`` (the same formula written on the singular values).
+    batch F (N×D) — condreg (``condreg.r_ill(F, gram=True)``) against autodiff through
+    ``svdvals(F)`` (the same formula written on the singular values, what a user writes by hand).
 ``step``
     One training step of Eq. 11: value and gradient with respect to θ (D×D) of
-    R_well(X_P θ) + R_ill(X_H θ) — condreg against the official approach (form the D×D Hessian
-    H = FᵀF, ``eigvalsh``, autodiff) and against autodiff through ``svdvals``; also expressed in
-    units of one N×D×D GEMM (``X @ θ``, every method's unavoidable cost: 2 forward + 2 backward).
+    R_well(X_P θ) + R_ill(X_H θ). condreg against
+    (a) the peer approach (the paper's released code: form the D×D Hessian H = FᵀF, ``eigvalsh``,
+    autodiff; not run at D > 2048),
+    (b) autodiff through ``svdvals`` of the features, and
+    (c) the *free step*: the same step with a regularizer that costs nothing
+    (``(X_P θ * 0).sum() + (X_H θ * 0).sum()``: the feature GEMMs and autograd only) — the floor
+    of any regularizer on this machine; also in units of one N×D×D GEMM (``X @ θ``).
 ``accuracy``
-    The largest relative difference of condreg's step gradient from the float64 SVD path
-    (``method="svd"`` of the engine) on the same input.
+    The largest entry of |condreg's step gradient − the float64 closed form| over the largest
+    entry of the latter (the closed form from ``numpy.linalg.svd`` of each task's features, written
+    out here, independent of the engine).
 
 Times are medians over ``--repeat`` interleaved rounds (each round runs every method, so a load
 spike hits all of them; within a round each method runs three times back to back and counts its
-best, so no method pays for the caches another one evicted) after one warm-up. The machine
-these figures come from is shared: compare the ratios, not the seconds.
+best, so no method pays for the caches another one evicted) after one warm-up. ``--threads n``
+limits PyTorch's intra-op threads, NumPy's BLAS (threadpoolctl) and, for ``n = 1``, XLA to ``n``
+threads. The first line printed is the host's speed indicator: a 529×784 NumPy QR + SVD on one
+thread (34 ms on the quietest host these pages were measured on), taken before and after the run.
+The machines these figures come from are shared: compare the ratios, not the seconds.
 
 Usage: ``python benchmarks/bench_spectral.py [--shapes 64x784,1024x512] [--dtypes float64]
-[--frameworks torch,jax] [--repeat 5] [--json out.json] [--markdown]``
+[--frameworks torch,jax] [--repeat 5] [--threads 2] [--json out.json] [--markdown]``
+(``JAX_ENABLE_X64=1`` for the float64 JAX rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -119,6 +131,12 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu") ->
         loss.backward()
         return t.grad
 
+    def step_free():
+        t = th.detach().requires_grad_()
+        loss = (XP @ t * 0).sum() + (XH @ t * 0).sum()
+        loss.backward()
+        return t.grad
+
     def gemm():
         return XP @ th
 
@@ -127,6 +145,7 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu") ->
         "reg_svdvals": reg_svdvals,
         "step_ours": step_ours,
         "step_svdvals": step_svdvals,
+        "step_free": step_free,
         "gemm": gemm,
     }
     if D <= 2048:
@@ -173,7 +192,11 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
     def svdvals(t):
         return svd_loss(XP @ t)[0] + svd_loss(XH @ t)[1]
 
+    def free(t):
+        return jnp.sum(XP @ t * 0) + jnp.sum(XH @ t * 0)
+
     step_ours = jax.jit(jax.value_and_grad(ours))
+    step_free = jax.jit(jax.value_and_grad(free))
     step_official = jax.jit(jax.value_and_grad(official))
     step_svdvals = jax.jit(jax.value_and_grad(svdvals))
     gemm = jax.jit(lambda t: XP @ t)
@@ -186,6 +209,7 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
         "reg_svdvals": run(reg_svdvals, F0),
         "step_ours": run(step_ours, th),
         "step_svdvals": run(step_svdvals, th),
+        "step_free": run(step_free, th),
         "gemm": run(gemm, th),
     }
     if D <= 2048:
@@ -197,33 +221,29 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
     return t
 
 
-def _step_reference(XP: np.ndarray, XH: np.ndarray, th: np.ndarray) -> np.ndarray:
-    """The step's gradient in float64 from the engine's SVD path (``method="svd"``)."""
-    from condreg import _core
+def _closed_form(quantity: str, F: np.ndarray) -> np.ndarray:
+    """d quantity(FᵀF) / dF in float64 from ``numpy.linalg.svd(F)`` (unique extremes, full rank
+    min(N, D)): ``2 F G`` with G = mu_1 v_1v_1ᵀ − H/D (R_well) or
+    (mu_k v_kv_kᵀ − H/k) / (‖H‖_F²/(2k) − ½mu_k²)² (R_ill)."""
+    _, s, Vt = np.linalg.svd(F, full_matrices=False)
+    mu, k, D = s * s, s.size, F.shape[1]
+    if quantity == "r_well":
+        FG = mu[0] * np.outer(F @ Vt[0], Vt[0]) - F @ (F.T @ F) / D
+    else:
+        den = np.sum(mu * mu) / (2 * k) - 0.5 * mu[-1] ** 2
+        FG = (mu[-1] * np.outer(F @ Vt[-1], Vt[-1]) - F @ (F.T @ F) / k) / den**2
+    return 2 * FG
 
-    out = np.zeros_like(th)
-    for X, q in ((XP, "r_well"), (XH, "r_ill")):
-        G = _core.gradient(
-            q,
-            X @ th,
-            np,
-            rtol=None,
-            tie_rtol=None,
-            gram=True,
-            subgradient="min_norm",
-            concrete=_core.eager,
-            method="svd",
-        )
-        out += X.T @ G
-    return out
+
+def _step_reference(XP: np.ndarray, XH: np.ndarray, th: np.ndarray) -> np.ndarray:
+    """The step's gradient with respect to θ in float64 (:func:`_closed_form`)."""
+    return XP.T @ _closed_form("r_well", XP @ th) + XH.T @ _closed_form("r_ill", XH @ th)
 
 
 # --------------------------------------------------------------------------------------------
 
 
 def machine() -> str:
-    import os
-
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
@@ -236,6 +256,42 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
 
 
+def speed_indicator() -> float:
+    """Seconds of a 529×784 NumPy QR + SVD on one thread (best of five): the host's speed."""
+    from threadpoolctl import threadpool_limits
+
+    A = np.random.default_rng(1).standard_normal((529, 784))
+    best = math.inf
+    with threadpool_limits(1):
+        for _ in range(5):
+            t0 = time.perf_counter()
+            R = np.linalg.qr(A.T, mode="r")
+            np.linalg.svd(R, compute_uv=False)
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+COLUMNS = (
+    "| framework | dtype | threads | N×D | reg: svdvals-AD / condreg | step: peer / condreg | "
+    "step: svdvals-AD / condreg | step: condreg / free | free step in GEMMs | reg ms | step ms | "
+    "free ms | max rel. diff. vs float64 closed form |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def markdown_row(r: dict) -> str:
+    """One row of :data:`COLUMNS` from a result row."""
+    off = r.get("step_official")
+    peer = f"{off / r['step_ours']:.1f}×" if off else "—"
+    return (
+        f"| {r['framework']} | {r['dtype']} | {r['threads'] or 'default'} | {r['N']}×{r['D']} | "
+        f"{r['reg_svdvals'] / r['reg_ours']:.2f}× | {peer} | "
+        f"{r['step_svdvals'] / r['step_ours']:.2f}× | {r['step_ours'] / r['step_free']:.2f}× | "
+        f"{r['step_free'] / r['gemm']:.1f} | {r['reg_ours'] * 1e3:.2f} | "
+        f"{r['step_ours'] * 1e3:.1f} | {r['step_free'] * 1e3:.1f} | {r['accuracy']:.1e} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(f"{n}x{d}" for n, d in SHAPES))
@@ -243,42 +299,65 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frameworks", default="torch,jax")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", action="store_true", help="print the rows as a markdown table")
     ap.add_argument("--device", default="cpu", help="PyTorch device (cpu, cuda)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--threads", type=int, default=None, help="threads (torch, BLAS; XLA if 1)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    rows = []
+    limits = contextlib.nullcontext()
     if args.threads:
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(args.threads)
-    print(machine())
+        limits = threadpool_limits(args.threads)
+        if args.threads == 1 and "jax" not in sys.modules:
+            os.environ["XLA_FLAGS"] = (
+                os.environ.get("XLA_FLAGS", "")
+                + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            )
+    speed = speed_indicator()
+    print(f"{machine()}; load {os.getloadavg()[0]:.1f}; speed indicator {speed * 1e3:.0f} ms")
     print(
-        "framework dtype N D | reg: svdvals-AD/ours | step: official/ours svdvals-AD/ours "
-        "ours/GEMM | accuracy"
+        "framework dtype N D | reg: svdvals-AD/ours | step: peer/ours svdvals-AD/ours ours/free "
+        "free/GEMM | accuracy"
     )
-    for fw in args.frameworks.split(","):
-        for dtype in args.dtypes.split(","):
-            for N, D in shapes:
-                repeat = args.repeat if N * D <= 300_000 else max(2, args.repeat // 2)
-                if fw == "torch":
-                    t = bench_torch(N, D, dtype, repeat, args.device)
-                else:
-                    t = bench_jax(N, D, dtype, repeat)
-                device = args.device if fw == "torch" else "default"
-                row = {"framework": fw, "device": device, "dtype": dtype, "N": N, "D": D, **t}
-                rows.append(row)
-                off = t.get("step_official")
-                print(
-                    f"{fw} {dtype} {N} {D} | {t['reg_svdvals'] / t['reg_ours']:.2f} | "
-                    f"{(off / t['step_ours']) if off else float('nan'):.1f} "
-                    f"{t['step_svdvals'] / t['step_ours']:.2f} {t['step_ours'] / t['gemm']:.1f} | "
-                    f"{t['accuracy']:.1e}",
-                    flush=True,
-                )
+    rows = []
+    with limits:
+        for fw in args.frameworks.split(","):
+            for dtype in args.dtypes.split(","):
+                for N, D in shapes:
+                    rows.append(_row(fw, dtype, N, D, args))
+    speed_after = speed_indicator()
+    print(f"speed indicator after: {speed_after * 1e3:.0f} ms; load {os.getloadavg()[0]:.1f}")
+    if args.markdown:
+        print(COLUMNS)
+        for r in rows:
+            print(markdown_row(r))
     if args.json:
+        meta = {"machine": machine(), "speed_before": speed, "speed_after": speed_after}
         with open(args.json, "w") as fh:
-            json.dump({"machine": machine(), "rows": rows}, fh, indent=1)
+            json.dump({**meta, "rows": rows}, fh, indent=1)
+
+
+def _row(fw: str, dtype: str, N: int, D: int, args) -> dict:
+    repeat = args.repeat if N * D <= 300_000 else max(2, args.repeat // 2)
+    if fw == "torch":
+        t = bench_torch(N, D, dtype, repeat, args.device)
+    else:
+        t = bench_jax(N, D, dtype, repeat)
+    device = args.device if fw == "torch" else "default"
+    row = {"framework": fw, "device": device, "dtype": dtype, "threads": args.threads}
+    row.update({"N": N, "D": D, **t})
+    off = t.get("step_official")
+    print(
+        f"{fw} {dtype} {N} {D} | {t['reg_svdvals'] / t['reg_ours']:.2f} | "
+        f"{(off / t['step_ours']) if off else float('nan'):.1f} "
+        f"{t['step_svdvals'] / t['step_ours']:.2f} {t['step_ours'] / t['step_free']:.2f} "
+        f"{t['step_free'] / t['gemm']:.1f} | {t['accuracy']:.1e}",
+        flush=True,
+    )
+    return row
 
 
 if __name__ == "__main__":
