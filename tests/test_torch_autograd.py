@@ -202,7 +202,7 @@ def test_grad_of_grad_and_hessian(name):
 @pytest.mark.parametrize("batch", [2, None], ids=["batch", "single"])
 def test_torch_compile_smoke(name, batch):
     """One full graph (no graph break) with the aot_eager backend: value and gradient (a
-    single matrix too, which eagerly takes the eager host Function)."""
+    single matrix and a batch)."""
     torch._dynamo.reset()
     f = FUNCTIONS[name][0]
     compiled = torch.compile(lambda X: f(X, gram=True), backend="aot_eager", fullgraph=True)
