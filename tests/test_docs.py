@@ -306,3 +306,28 @@ def test_api_reference_parameter_tables_are_complete():
     function, method or constructor has one, it lists every parameter of the signature."""
     gaps, _ = _undocumented_parameters()
     assert not gaps, "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(gaps.items()))
+
+
+def test_readme_links_exist():
+    """Every relative link of README.md names a file or folder of the repository."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, missing
+
+
+_OLD_NAME = re.compile(r"(?<![\w.-])condreg\[|pip install\s+['\"]?condreg(?![\w-])")
+
+
+def test_install_hints_name_the_distribution():
+    """Every install hint — docs, docstrings, error messages — says ``condreg-ml``."""
+    files = [*_documents(), *sorted((ROOT / "condreg").rglob("*.py"))]
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _OLD_NAME.search(line)
+    ]
+    assert not bad, "\n".join(bad)

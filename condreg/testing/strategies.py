@@ -4,7 +4,7 @@ Built on :func:`condreg.testing.matrix_with_spectrum`: every drawn matrix is
 ``U diag(s) Vᵀ`` with Haar-random orthonormal factors and a spectrum ``s`` that the strategy
 chose, so a property test knows the exact κ, rank and ties of its input without computing an SVD.
 Only this module imports ``hypothesis`` (``import condreg.testing`` does not); install it
-yourself or with ``pip install condreg[test]``.
+yourself or with ``pip install 'condreg-ml[test]'``.
 
 - :func:`spectra` — descending singular values ``σ_1 = … = σ_t > middle > σ_k = … (b times)``
   with prescribed rank ``k``, condition number ``κ = σ_1/σ_k``, smallest nonzero value ``σ_k``
