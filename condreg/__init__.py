@@ -22,7 +22,7 @@ from condreg._errors import PoleError, RankError, TiedExtremeError
 __version__ = "0.1.0"
 
 # Submodules and names loaded on first use (they may import SciPy/plotting; never a framework).
-_LAZY_MODULES = ("algorithm", "attacks", "metrics", "testing", "experiments", "extreme")
+_LAZY_MODULES = ("algorithm", "attacks", "metrics", "testing", "experiments")
 _LAZY_NAMES = {
     "immunize": "condreg.algorithm",
     "ImmunizationResult": "condreg.algorithm",

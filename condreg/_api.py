@@ -53,7 +53,6 @@ ValueError
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from array_api_compat import is_jax_array, is_torch_array
@@ -72,6 +71,19 @@ __all__ = [
 ]
 
 
+def _adapter(S: Any) -> Any:
+    """The differentiable wrapper of ``S``'s library (:mod:`condreg.torch`, :mod:`condreg.jax`),
+    or ``None`` (NumPy and other Array API libraries: the engine's functions directly). This
+    public delegation layer is the one place that picks it; the engine never looks one up."""
+    if is_torch_array(S):
+        from condreg import torch as adapter
+    elif is_jax_array(S):
+        from condreg import jax as adapter
+    else:
+        return None
+    return adapter
+
+
 def _value(
     quantity: str,
     S: Array,
@@ -83,37 +95,20 @@ def _value(
     xp: Any,
     compute_dtype: Any = None,
 ) -> Array:
-    if gram and check_finite and xp is None and compute_dtype is None and _eager_torch(S):
-        # The most common deep-learning call (a CPU feature batch, a gradient asked for): the
-        # adapter validates it itself (its eligibility implies every check of
-        # _validation.matrix but finiteness, which it reads off the Gram matrix it forms).
-        from condreg import torch as adapter
-
-        return adapter.eager_host_value(quantity, S, rtol=rtol, tie_rtol=tie_rtol)
-    S, xp, concrete = _validation.matrix(S, xp=xp, where=quantity, check_finite=check_finite)
+    """validate → (adapter) decompose → value: the one route of every value function."""
+    adapter = _adapter(S)
+    read = None if adapter is None else adapter.concrete
+    S, xp, concrete = _validation.matrix(
+        S, xp=xp, where=quantity, check_finite=check_finite, concrete=read
+    )
     S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=quantity)
-    if is_torch_array(S):
-        from condreg import torch as adapter
-    elif is_jax_array(S):
-        from condreg import jax as adapter
-    else:
+    if adapter is None:
         out = _core.value(
             quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete
         )
         return _validation.as_output(xp.asarray(out), out_dtype, xp)
     out = adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
     return _validation.as_output(out, out_dtype, xp)
-
-
-def _eager_torch(S: Any) -> bool:
-    """Whether ``S`` takes the PyTorch adapter's eager host path (:func:`condreg.torch.eager_host`;
-    False without PyTorch loaded)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(S, torch.Tensor):
-        return False
-    from condreg import torch as adapter
-
-    return adapter.eager_host(S)
 
 
 def _grad(
@@ -129,7 +124,11 @@ def _grad(
     compute_dtype: Any = None,
 ) -> Array:
     where = quantity + "_grad"
-    S, xp, concrete = _validation.matrix(S, xp=xp, where=where, check_finite=check_finite)
+    adapter = _adapter(S)
+    read = None if adapter is None else adapter.concrete
+    S, xp, concrete = _validation.matrix(
+        S, xp=xp, where=where, check_finite=check_finite, concrete=read
+    )
     S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=where)
     G = _core.gradient(
         quantity,
@@ -153,13 +152,61 @@ def condition_number(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Condition number over the nonzero singular values, ``kappa = sigma_1 / sigma_k`` (Eq. 1).
+    """Condition number over the nonzero singular values (Eq. 1).
 
-    ``k`` is the numerical rank (``sigma_i > rtol * sigma_1``), so ``kappa = ‖S‖₂ ‖S⁺‖₂`` and a
-    rank-deficient matrix has a finite condition number. With ``gram=True``,
-    ``kappa(FᵀF) = kappa(F)**2``. Shape ``S.shape[:-2]``; ``kappa >= 1``.
+    ``kappa(S) = sigma_1 / sigma_k``, ``k = #{i : sigma_i > rtol·sigma_1}``.
 
-    Raises :class:`RankError` for a zero matrix; see the module documentation for the rest.
+    ``k`` is the numerical rank, so ``kappa = ‖S‖₂ ‖S⁺‖₂`` and a rank-deficient matrix has a
+    finite condition number. With ``gram=True`` it is ``kappa(FᵀF) = kappa(F)**2``; always
+    ``kappa >= 1``. The shared keyword arguments are explained in the module documentation.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    rtol : float, optional
+        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
+        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape[:-2]
+        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
+        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
+        :mod:`condreg.jax`).
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> float(condreg.condition_number(np.diag([4.0, 2.0, 1.0])))
+    4.0
+    >>> float(condreg.condition_number(np.diag([4.0, 2.0]), gram=True))  # κ(FᵀF) = κ(F)²
+    4.0
     """
     return _value(
         "condition_number",
@@ -181,11 +228,57 @@ def r_well(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """R_well(S) = ½ sigma_1² − ‖S‖_F² / (2p), ``p = min(m, n)`` (Eq. 3, Nenov et al.).
+    """R_well, the well-conditioning regularizer (Eq. 3, Nenov et al.).
+
+    ``R_well(S) = ½ sigma_1² − ‖S‖_F² / (2p)``, ``p = min(m, n)``.
 
     Non-negative, zero iff ``S`` has full rank and ``kappa = 1``; minimising it makes ``S``
     well-conditioned. With ``gram=True`` it is R_well of ``H = FᵀF`` with ``p = D``.
-    Shape ``S.shape[:-2]``.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape[:-2]
+        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
+        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
+        :mod:`condreg.jax`).
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> float(condreg.r_well(np.diag([2.0, 1.0])))  # ½·4 − (4 + 1)/4
+    0.75
+    >>> float(condreg.r_well(np.eye(3)))  # zero iff full rank and κ = 1
+    0.0
     """
     return _value(
         "r_well",
@@ -209,16 +302,65 @@ def r_ill(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """R_ill(S) = 1 / (‖S‖_F² / (2k) − ½ sigma_k²), ``k`` the numerical rank (Eq. 12).
+    """R_ill, the ill-conditioning regularizer (Eq. 12).
 
-    Non-negative; at fixed ``sigma_k`` it tends to 0 iff ``kappa -> inf`` (Theorem 4.1; with
-    ``sigma_1`` fixed and ``sigma_k -> 0`` it tends to ``2k / Σ_{i<k} sigma_i²`` instead).
+    ``R_ill(S) = 1 / (‖S‖_F² / (2k) − ½ sigma_k²)``, ``k`` the numerical rank.
+
+    Non-negative; at fixed ``sigma_k`` it tends to 0 iff ``kappa -> inf`` (Theorem 4.1).
     Minimising it makes ``S`` ill-conditioned. At its pole — all nonzero singular values equal
-    (``kappa = 1``, including any rank-1 matrix) — the value is ``+inf``: values tied within
-    ``tie_rtol`` count as equal, so an exactly-constructed pole gives ``+inf`` rather than a huge
-    rounding artefact. The denominator is evaluated as ``Σ_{i≤k} (sigma_i² − sigma_k²) / (2k)``,
-    exact and never negative.
-    Shape ``S.shape[:-2]``.
+    within ``tie_rtol`` (``kappa = 1``, any rank-1 matrix) — the value is ``+inf``. The
+    denominator is evaluated as ``Σ_{i≤k} (sigma_i² − sigma_k²) / (2k)``, exact and never
+    negative. With ``gram=True`` it is R_ill of ``H = FᵀF``.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    rtol : float, optional
+        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
+        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+    tie_rtol : float, optional
+        Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape[:-2]
+        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
+        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
+        :mod:`condreg.jax`).
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> float(condreg.r_ill(np.diag([2.0, 1.0])))  # 1 / ((4 + 1)/4 − ½)
+    1.3333333333333333
+    >>> float(condreg.r_ill(np.eye(3)))  # the pole: all nonzero singular values equal
+    inf
     """
     return _value(
         "r_ill",
@@ -243,10 +385,65 @@ def condition_number_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form gradient of ``kappa``: ``u_1v_1ᵀ / sigma_k − (sigma_1 / sigma_k²) u_kv_kᵀ``.
+    """Closed-form (sub)gradient of the condition number.
+
+    ``∇kappa = u_1 v_1ᵀ / sigma_k − (sigma_1 / sigma_k²) u_k v_kᵀ``.
 
     At tied extremes each rank-one term is replaced according to ``subgradient``. With
-    ``gram=True``: the gradient of ``kappa(FᵀF)`` with respect to ``F``. Shape ``S.shape``.
+    ``gram=True``: the gradient of ``kappa(FᵀF)`` with respect to ``F``.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    rtol : float, optional
+        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
+        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+    subgradient : {"min_norm", "any", "raise"}, default "min_norm"
+        What to return at a tied extreme singular value (module documentation).
+    tie_rtol : float, optional
+        Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
+        device.
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+    TiedExtremeError
+        A tied extreme under ``subgradient="raise"``.
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> condreg.condition_number_grad(np.diag([4.0, 2.0, 1.0]))
+    array([[ 1.,  0.,  0.],
+           [ 0.,  0.,  0.],
+           [ 0.,  0., -4.]])
     """
     return _grad(
         "condition_number",
@@ -271,13 +468,62 @@ def r_well_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form (sub)gradient of R_well: ``sigma_1 u_1v_1ᵀ − S / p`` (Theorem A.1).
+    """Closed-form (sub)gradient of R_well (Theorem A.1).
 
-    At a tied sigma_1 (multiplicity r) the default uses ``(sigma_1 / r) U_J V_Jᵀ``, the
-    minimum-norm subgradient. With ``gram=True``: ``2F (lambda_1 v_1v_1ᵀ − H / D)``, with respect
-    to ``F``, computed from the SVD of ``F``. Shape ``S.shape``.
+    ``∇R_well = sigma_1 u_1 v_1ᵀ − S / p``.
 
-    Raises :class:`TiedExtremeError` for a tie under ``subgradient="raise"``.
+    At a tied ``sigma_1`` (multiplicity r) the default uses ``(sigma_1 / r) U_J V_Jᵀ``, the
+    minimum-norm subgradient. With ``gram=True``: ``2F (lambda_1 v_1v_1ᵀ − H / D)`` with
+    respect to ``F``.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    subgradient : {"min_norm", "any", "raise"}, default "min_norm"
+        What to return at a tied extreme singular value (module documentation).
+    tie_rtol : float, optional
+        Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
+        device.
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+    TiedExtremeError
+        A tied extreme under ``subgradient="raise"``.
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> condreg.r_well_grad(np.diag([2.0, 1.0]))
+    array([[ 1. ,  0. ],
+           [ 0. , -0.5]])
     """
     return _grad(
         "r_well",
@@ -303,15 +549,67 @@ def r_ill_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form (sub)gradient of R_ill (Eq. 13):
-    ``(sigma_k u_kv_kᵀ − S / k) / (‖S‖_F²/(2k) − ½ sigma_k²)²``.
+    """Closed-form (sub)gradient of R_ill (Eq. 13).
 
-    At a tied sigma_k the default uses the average of the tied rank-one terms (minimum norm).
-    With ``gram=True``: ``2F (lambda_k v_kv_kᵀ − H/k) / den²`` with respect to ``F``.
-    Shape ``S.shape``.
+    ``∇R_ill = (sigma_k u_k v_kᵀ − S / k) / (‖S‖_F² / (2k) − ½ sigma_k²)²``.
 
-    Raises :class:`PoleError` at the pole (all nonzero singular values equal, including rank 1),
-    where R_ill is ``+inf``; :class:`TiedExtremeError` for a tie under ``subgradient="raise"``.
+    At a tied ``sigma_k`` the default averages the tied rank-one terms (minimum norm). With
+    ``gram=True``: ``2F (lambda_k v_kv_kᵀ − H/k) / den²`` with respect to ``F``.
+
+    Parameters
+    ----------
+    S : array, shape (..., m, n)
+        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
+        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
+        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
+        matrices of T rows each).
+    rtol : float, optional
+        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
+        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+    subgradient : {"min_norm", "any", "raise"}, default "min_norm"
+        What to return at a tied extreme singular value (module documentation).
+    tie_rtol : float, optional
+        Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
+    gram : bool, default False
+        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
+        gradient is with respect to ``F``.
+    check_finite : bool, default True
+        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
+        skipped automatically under tracing.
+    xp : namespace, optional
+        Array API namespace to use instead of the one inferred from ``S``.
+    compute_dtype : dtype, optional
+        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
+        dtype otherwise); the result comes back in the input's dtype.
+
+    Returns
+    -------
+    array, shape S.shape
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
+        device.
+
+    Raises
+    ------
+    TypeError
+        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
+        ``compute_dtype`` that is not a real floating dtype of the input's library.
+    ValueError
+        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
+        ``rtol``/``tie_rtol``.
+    RankError
+        A zero matrix (numerical rank 0).
+    TiedExtremeError
+        A tied extreme under ``subgradient="raise"``.
+    PoleError
+        At the pole (all nonzero singular values equal, including rank 1), where R_ill is
+        ``+inf``.
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> condreg.r_ill_grad(np.diag([2.0, 1.0])) * 0.5625  # den² = (3/4)²
+    array([[-1. ,  0. ],
+           [ 0. ,  0.5]])
     """
     return _grad(
         "r_ill",

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
+
+from array_api_compat import device
 
 from condreg import _spectrum
 from condreg._errors import PoleError, TiedExtremeError
@@ -32,6 +34,7 @@ def check_tie_rtol(tie_rtol: float | None) -> float | None:
 resolve_tie_rtol = _spectrum.resolve_tie_rtol
 eager = _spectrum.eager
 never = _spectrum.never
+readable = _spectrum.readable
 eps = _spectrum.eps
 default_rtol = _spectrum.default_rtol
 default_tie_rtol = _spectrum.default_tie_rtol
@@ -131,7 +134,7 @@ def _weights(
     checking there is no tie.
     """
     if policy == "any":
-        positions = xp.arange(ties.shape[-1], device=_spectrum._device(ties))
+        positions = xp.arange(ties.shape[-1], device=device(ties))
         return xp.astype(positions == xp.astype(index, positions.dtype), ties.dtype)
     count = xp.sum(ties, axis=-1, keepdims=True)
     if policy == "raise":
@@ -240,7 +243,7 @@ def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
     return sp._replace(s=s, mu=s * s if sp.gram else s), s1
 
 
-def _rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
+def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
     """``x · scale**power`` one factor at a time (for values: a few operations on ``(...)``
     arrays; each step moves monotonically toward the result, so nothing over- or underflows
     that the result does not)."""
@@ -268,7 +271,7 @@ def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float
     else:
         v = r_ill_from_denominator(r_ill_denominator(unit, tie_rtol, xp), xp)
     power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
-    return _rescale(v, s1[..., 0], power, xp)
+    return rescale(v, s1[..., 0], power, xp)
 
 
 def value(
@@ -302,29 +305,6 @@ def _kappa_d(sp: Spectrum, bottom: Array, wt: Array, wb: Array) -> Array:
     return wt / bottom - ((top / bottom) / bottom) * wb
 
 
-def kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d kappa / d mu = w_top / mu_k − (mu_1 / mu_k²) w_bottom."""
-    bottom, ties = _bottom(sp, tie_rtol, xp)
-    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    return _kappa_d(sp, bottom, wt, _bottom_w(sp, ties, policy, xp, concrete))
-
-
-def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d log kappa / d mu = w_top / mu_1 − w_bottom / mu_k."""
-    bottom, ties = _bottom(sp, tie_rtol, xp)
-    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
-    return wt / mu_top(sp) - _bottom_w(sp, ties, policy, xp, concrete) / bottom
-
-
-def _r_well_d(sp: Spectrum, wt: Array) -> Array:
-    return mu_top(sp) * wt + (-1.0 / sp.p) * sp.mu  # a·mu + h, a = −1/p, h = mu_1 w_top
-
-
-def r_well_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    """d R_well / d mu = mu_1 w_top − mu / p (Nenov et al., Theorem A.1)."""
-    return _r_well_d(sp, top_weights(sp, tie_rtol, policy, xp, concrete))
-
-
 def check_pole(any_pole: Array, concrete: Concrete) -> None:
     """:class:`PoleError` when the 0-d boolean ``any_pole`` (some matrix is at R_ill's pole,
     ``den == 0``) holds and ``concrete`` can tell."""
@@ -335,9 +315,7 @@ def check_pole(any_pole: Array, concrete: Concrete) -> None:
         )
 
 
-def _r_ill_parts(
-    sp: Spectrum, bottom: Array, wb: Array, den: Array, xp: Any
-) -> tuple[Array, Array]:
+def r_ill_parts(sp: Spectrum, bottom: Array, wb: Array, den: Array, xp: Any) -> tuple[Array, Array]:
     """``(a, h)`` with d R_ill / d mu = a·mu + h: ``a = −1 / (k·den²)`` (shape ``(..., 1)``) and
     ``h = mu_k w_bottom / den²`` (nonzero on the bottom tie set only). Divided twice: den * den
     underflows to 0 (and 0/0 = NaN) long before the gradient overflows."""
@@ -345,58 +323,76 @@ def _r_ill_parts(
     return ((-1.0 / _safe_k(sp, xp)) / den) / den, ((bottom * wb) / den) / den
 
 
-def _r_ill_d(
-    sp: Spectrum, bottom: Array, wb: Array, den: Array, at_pole: Array, pole: str, xp: Any
-) -> Array:
-    if pole == "zero":
-        safe = xp.where(at_pole, 1.0, den)
-        a, h = _r_ill_parts(sp, bottom, wb, safe, xp)
-        return xp.where(at_pole[..., None], 0.0, a * sp.mu + h)
-    a, h = _r_ill_parts(sp, bottom, wb, den, xp)
-    return a * sp.mu + h
-
-
-def r_ill_dmu(
+def dmu_parts(
+    quantity: str,
     sp: Spectrum,
-    tie_rtol: float,
+    tie_rtol: float | None,
     policy: str,
     xp: Any,
     concrete: Concrete,
     pole: str = "raise",
-) -> Array:
-    """d R_ill / d mu = (mu_k w_bottom − mu / k) / den² (Eq. 13) — the one home of R_ill's
-    derivative.
+) -> tuple[Any, Array]:
+    """``(a, h)`` with ``d value / d mu = a·mu + h``: ``a`` a float or of shape ``(..., 1)``, ``h``
+    nonzero only on the tie sets of the extreme values — the one home of every derivative.
 
-    At the pole (``den == 0``: all nonzero values tied, kappa = 1 or rank 1) R_ill is +inf and has
-    no derivative; ``pole`` says what to do there: ``"raise"`` raises :class:`PoleError` when
-    ``concrete`` can tell (otherwise the entries are inf/NaN), ``"zero"`` returns 0 for the
-    matrices at the pole (no step: what an optimiser that must not stop wants, Algorithm 1).
+    - κ: ``a = 0``, ``h = w_top / mu_k − (mu_1 / mu_k²) w_bottom``;
+    - R_well: ``a = −1/p``, ``h = mu_1 w_top`` (Nenov et al., Theorem A.1);
+    - R_ill: ``a = −1/(k·den²)``, ``h = mu_k w_bottom / den²`` (Eq. 13).
+
+    ``w`` are the tie weights of ``policy`` (:func:`top_weights`). At R_ill's pole
+    (``den == 0``: all nonzero values tied, kappa = 1 or rank 1) there is no derivative:
+    ``pole="raise"`` raises :class:`PoleError` when ``concrete`` can tell (otherwise the entries
+    are inf/NaN), ``"zero"`` returns 0 for the matrices at the pole (Algorithm 1: no step).
     """
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     if pole not in POLES:
         raise ValueError(f"pole must be one of {POLES}, got {pole!r}")
+    if quantity == "r_well":
+        return -1.0 / sp.p, mu_top(sp) * top_weights(sp, tie_rtol, policy, xp, concrete)
     bottom, ties = _bottom(sp, tie_rtol, xp)
+    if quantity == "condition_number":
+        wt = top_weights(sp, tie_rtol, policy, xp, concrete)
+        return 0.0, _kappa_d(sp, bottom, wt, _bottom_w(sp, ties, policy, xp, concrete))
     den = _r_ill_den(sp, bottom, ties, xp)
     at_pole = den == 0
     if pole == "raise":
         check_pole(xp.any(at_pole), concrete)
     wb = _bottom_w(sp, ties, policy, xp, concrete)
-    return _r_ill_d(sp, bottom, wb, den, at_pole, pole, xp)
+    if pole == "zero":
+        a, h = r_ill_parts(sp, bottom, wb, xp.where(at_pole, 1.0, den), xp)
+        keep = xp.astype(~at_pole, den.dtype)[..., None]
+        return a * keep, h * keep
+    with _quiet(den):  # at the pole: inf/NaN (checked above when it can be)
+        return r_ill_parts(sp, bottom, wb, den, xp)
 
 
-class Rule(NamedTuple):
-    """What :func:`value_and_dmu` returns. ``g = d value / d mu`` on the :func:`normalized`
-    spectrum equals ``a·mu + h`` with ``a`` of shape ``(..., 1)`` (or a float) and ``h`` nonzero
-    only on the tie sets of the extreme values (so ``Σ g_i q_i q_iᵀ = a·M/mu_1 + Σ h_i q_i q_iᵀ``
-    needs only the extreme eigenvectors). ``pole``: for ``r_ill``, the boolean ``den == 0`` of
-    shape ``(...)`` (``g`` holds inf/NaN there; the check is the caller's,
-    :func:`check_pole`), else ``None``."""
+def _dmu(quantity: str) -> Callable[..., Array]:
+    def dmu(sp, tie_rtol, policy, xp, concrete, pole="raise"):
+        a, h = dmu_parts(quantity, sp, tie_rtol, policy, xp, concrete, pole)
+        return a * sp.mu + h
 
-    value: Array
-    g: Array
-    s1: Array
-    pole: Array | None
-    a: Any
-    h: Array
+    dmu.__name__ = dmu.__qualname__ = f"{quantity}_dmu"
+    dmu.__doc__ = f"d {quantity} / d mu = a·mu + h (:func:`dmu_parts`)."
+    return dmu
+
+
+kappa_dmu = _dmu("condition_number")
+r_well_dmu = _dmu("r_well")
+r_ill_dmu = _dmu("r_ill")
+
+#: d value / d mu of each quantity (:func:`dmu_parts`).
+DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}
+
+#: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
+DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}
+
+
+def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
+    """d log kappa / d mu = w_top / mu_1 − w_bottom / mu_k."""
+    bottom, ties = _bottom(sp, tie_rtol, xp)
+    wt = top_weights(sp, tie_rtol, policy, xp, concrete)
+    return wt / mu_top(sp) - _bottom_w(sp, ties, policy, xp, concrete) / bottom
 
 
 def _quiet(x: Array) -> Any:
@@ -407,59 +403,6 @@ def _quiet(x: Array) -> Any:
 
         return np.errstate(divide="ignore", invalid="ignore", over="ignore")
     return contextlib.nullcontext()
-
-
-def value_and_dmu(
-    quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None, subgradient: str
-) -> Rule:
-    """The value of ``quantity`` (as :func:`value_from_spectrum`) and its derivative
-    ``g = d value / d mu`` on the :func:`normalized` spectrum (as the ``*_dmu`` functions), from
-    one pass over the extreme values; ``s_1`` (``(..., 1)``). Assemble ``g`` with
-    :func:`condreg._spectrum.assemble` and the power ``2·degree + 1`` (``gram``) or ``degree``
-    of ``s_1`` (:data:`_DEGREE`). For an adapter whose forward pass keeps what its backward
-    needs. ``subgradient`` must not be ``"raise"`` (that needs concrete values)."""
-    if quantity not in QUANTITIES:
-        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
-    if subgradient not in ("min_norm", "any"):
-        raise ValueError(f'subgradient must be "min_norm" or "any" here, got {subgradient!r}')
-    unit, s1 = normalized(sp, xp)
-    at_pole = None
-    if quantity == "r_well":
-        v = r_well_value(unit, xp)
-        a, h = -1.0 / sp.p, _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)
-        g = _r_well_d(unit, h)  # mu_1 = 1
-    else:
-        bottom, ties = _bottom(unit, tie_rtol, xp, 1.0)
-        wb = _bottom_w(unit, ties, subgradient, xp, never)
-        if quantity == "r_ill":
-            den = _r_ill_den(unit, bottom, ties, xp)
-            at_pole = den == 0
-            v = r_ill_from_denominator(den, xp)
-            with _quiet(den):  # at the pole g is inf/NaN: the backward raises PoleError
-                a, h = _r_ill_parts(unit, bottom, wb, den, xp)
-                g = a * unit.mu + h
-        else:
-            v = _kappa(unit, bottom, xp)
-            wt = _top_w(unit, _top(unit, tie_rtol, xp, 1.0), subgradient, xp, never)
-            a, h = 0.0, _kappa_d(unit, bottom, wt, wb)
-            g = h
-    power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
-    return Rule(_rescale(v, s1[..., 0], power, xp), g, s1, at_pole, a, h)
-
-
-_DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}
-
-#: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
-_DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}
-
-
-def assemble(sp: Spectrum, g: Array, xp: Any = None) -> Array:
-    """:func:`condreg._spectrum.assemble`: the gradient with respect to the argument."""
-    if xp is None:
-        from array_api_compat import array_namespace
-
-        xp = array_namespace(sp.s)
-    return _spectrum.assemble(sp, g, xp)
 
 
 def gradient_from_spectrum(
@@ -473,23 +416,25 @@ def gradient_from_spectrum(
     weight: Array | None = None,
 ) -> Array:
     """Closed-form gradient from a spectrum computed with ``vectors=True`` (times ``weight``, of
-    shape ``S.shape[:-2]``, when given: the chain rule's incoming gradient).
+    shape ``S.shape[:-2]``, when given: the chain rule's incoming gradient) — the one gradient
+    assembly of the public ``*_grad`` functions and both adapters' backward passes.
 
     Computed scale-free: each quantity is homogeneous in the singular values (kappa of degree 0,
     R_well 2, R_ill −2; their gradients of degree −1, 1, −3, and 2·degree + 1 with respect to
     ``F`` when ``gram``), so the gradient is assembled from the spectrum divided by sigma_1 and
-    then multiplied by the matching power of sigma_1, one factor at a time. Where the true
-    gradient is representable this changes nothing; where it over- or underflows the entries
-    become ±inf or 0 — never 0·inf = NaN (which the direct form gives, e.g. for R_ill at
-    sigma ~ 1e-100 in float64 or ~1e-8 with ``gram`` in float32), and R_ill's pole is not
-    mistaken for an underflowing denominator.
+    then multiplied by the matching power of sigma_1 (:func:`condreg._spectrum.scale_by_power`).
+    Where the true gradient is representable this changes nothing; where it over- or underflows
+    the entries become ±inf or 0 — never 0·inf = NaN.
     """
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     unit, s1 = normalized(sp, xp)
-    g = _DMU[quantity](unit, tie_rtol, subgradient, xp, concrete)
-    power = 2 * _DEGREE[quantity] + 1 if sp.gram else _DEGREE[quantity]
-    return _spectrum.assemble(unit, g, xp, s1, power, weight)
+    a, h = dmu_parts(quantity, unit, tie_rtol, subgradient, xp, concrete)
+    power = 2 * DEGREE[quantity] + 1 if sp.gram else DEGREE[quantity]
+    with _quiet(h):
+        return _spectrum.assemble(unit, a, h, xp, s1, power, weight)
 
 
 def gradient(

@@ -1,6 +1,6 @@
 """Eigenvectors of the extreme clusters only (docs/math.md §10.4): the one home of this inverse
-iteration, used by eager Algorithm 1 (:mod:`condreg.algorithm._step`) and by the PyTorch
-forward of large single feature batches (:func:`condreg._spectrum.extreme_gram_product`).
+iteration, used by eager Algorithm 1 (:mod:`condreg.algorithm._step`) and by the engine's
+``"extreme"`` route (:func:`gram_product`, chosen by :func:`condreg._spectrum.plan`).
 
 Every regularizer step of Algorithm 1 has a derivative with respect to the eigenvalues of the
 form ``d = a·mu + e``, where ``e`` is zero outside the top and/or bottom tie sets (Theorem 4.2:
@@ -26,9 +26,10 @@ them only when an a-posteriori residual proves them as accurate as a dense solve
   one more solve with ``Rᵀ``), accepted when ``‖Rᵀu − σv‖`` and
   ``‖Rv − σu‖`` are at a backward-stable SVD's level ``RESIDUAL·n·eps·σ_1``.
 
-Both return ``None`` when the cluster is not separated enough to converge quickly, the library
-has no LU / triangular solver here, or the residual check fails: the caller then computes the
-full decomposition. Everything here reads values (Python ``float``/``int``): eager only.
+Both return ``None`` when the cluster is not separated enough to converge quickly or the
+residual check fails: the caller then computes the full decomposition. The solves use the
+library's LU and triangular solvers where it has them (PyTorch), ``linalg.solve`` otherwise.
+Everything here reads values (Python ``float``/``int``): eager only.
 """
 
 from __future__ import annotations
@@ -37,9 +38,7 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_numpy_array, is_torch_array
-
-from condreg import _spectrum
+from array_api_compat import device
 
 Array = Any
 
@@ -53,12 +52,15 @@ MAX_RATIO_TRIANGULAR = 0.6
 MAX_GUARD = 24
 #: Target reduction of the unwanted components (the residual check decides acceptance).
 TARGET = 1e-17
+#: Most extreme vectors (all clusters together, over the Gram size) before the full ``eigh``
+#: is cheaper than :func:`gram_product`'s inverse iterations.
+MAX_FRACTION = 8
 
 
 def _start(n: int, t: int, like: Array, xp: Any, seed: int = 12345) -> Array:
     """A fixed pseudo-random ``n×t`` start block (deterministic runs)."""
     block = np.random.default_rng(seed).standard_normal((n, t))
-    return xp.asarray(block, dtype=like.dtype, device=_spectrum._device(like))
+    return xp.asarray(block, dtype=like.dtype, device=device(like))
 
 
 def _orthonormal(X: Array, xp: Any) -> Array:
@@ -66,41 +68,25 @@ def _orthonormal(X: Array, xp: Any) -> Array:
     return Q
 
 
-def _lu_solver(M: Array):
-    """``b ↦ M⁻¹ b`` from one LU factorisation, or ``None`` where none is at hand."""
-    if is_numpy_array(M):
-        try:
-            import scipy.linalg as sl
-        except ImportError:  # pragma: no cover - scipy is optional
-            return None
-        lu = sl.lu_factor(M, check_finite=False)
-        return lambda b: sl.lu_solve(lu, b, check_finite=False)
-    if is_torch_array(M):
-        torch = _spectrum.loaded("torch")
-        LU, piv = torch.linalg.lu_factor(M)
-        return lambda b: torch.linalg.lu_solve(LU, piv, b)
-    return None
+def _lu_solver(M: Array, xp: Any):
+    """``b ↦ M⁻¹ b`` from one LU factorisation where the library has it, else ``linalg.solve``."""
+    lu_factor, lu_solve = (
+        getattr(xp.linalg, "lu_factor", None),
+        getattr(xp.linalg, "lu_solve", None),
+    )
+    if lu_factor is not None and lu_solve is not None:
+        LU, piv = lu_factor(M)
+        return lambda b: lu_solve(LU, piv, b)
+    return lambda b: xp.linalg.solve(M, b)
 
 
-def _triangular_solvers(R: Array):
-    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``, or ``None``."""
-    if is_numpy_array(R):
-        try:
-            import scipy.linalg as sl
-        except ImportError:  # pragma: no cover - scipy is optional
-            return None
-        return (
-            lambda b: sl.solve_triangular(R, b, lower=False, check_finite=False),
-            lambda b: sl.solve_triangular(R, b, trans="T", lower=False, check_finite=False),
-        )
-    if is_torch_array(R):
-        torch = _spectrum.loaded("torch")
-        Rt = R.mT
-        return (
-            lambda b: torch.linalg.solve_triangular(R, b, upper=True),
-            lambda b: torch.linalg.solve_triangular(Rt, b, upper=False),
-        )
-    return None
+def _triangular_solvers(R: Array, xp: Any):
+    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``."""
+    Rt = R.T
+    solve = getattr(xp.linalg, "solve_triangular", None)
+    if solve is not None:
+        return (lambda b: solve(R, b, upper=True), lambda b: solve(Rt, b, upper=False))
+    return (lambda b: xp.linalg.solve(R, b), lambda b: xp.linalg.solve(Rt, b))
 
 
 def _host(x: Array) -> list[float]:
@@ -127,7 +113,7 @@ def gram_cluster(
     t = hi - lo
     values = _host(mu)
     top = max(values[0], 0.0)
-    e = _spectrum.eps(xp, G.dtype)
+    e = float(xp.finfo(G.dtype).eps)
     if not (top > 0 and math.isfinite(top)) or t < 1 or t >= n:
         return None
     inside = values[lo:hi]
@@ -138,9 +124,7 @@ def gram_cluster(
     far = min(abs(v - sigma) for v in outside)
     if not far > 0 or near / far > MAX_RATIO_GRAM:
         return None
-    solve = _lu_solver(G - sigma * xp.eye(n, dtype=G.dtype, device=_spectrum._device(G)))
-    if solve is None:
-        return None
+    solve = _lu_solver(G - sigma * xp.eye(n, dtype=G.dtype, device=device(G)), xp)
     X = _start(n, t, G, xp)
     for _ in range(_iterations(near / far)):
         X = _orthonormal(solve(X), xp)
@@ -150,7 +134,7 @@ def gram_cluster(
     theta = xp.flip(theta, axis=-1)
     tol = RESIDUAL * n * e * top
     residual = _column_norms(G @ V - V * theta[None, :], xp)
-    target = xp.asarray(inside, dtype=G.dtype, device=_spectrum._device(G))
+    target = xp.asarray(inside, dtype=G.dtype, device=device(G))
     value_tol = RESIDUAL * n * max(e, value_eps or 0.0) * top
     ok = bool(xp.all(residual <= tol)) and bool(xp.all(xp.abs(theta - target) <= value_tol))
     return V if ok else None
@@ -189,15 +173,12 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     values = _host(s)
     if t < 1 or lo < 1 or not (values[-1] > 0 and math.isfinite(values[0])):
         return None
-    tol = RESIDUAL * n * _spectrum.eps(xp, R.dtype) * values[0]
+    tol = RESIDUAL * n * float(xp.finfo(R.dtype).eps) * values[0]
     guard = _guard(values, lo, t, tol)
     if guard is None:
         return None
     p, ratio = guard
-    solvers = _triangular_solvers(R)
-    if solvers is None:
-        return None
-    inv, inv_t = solvers
+    inv, inv_t = _triangular_solvers(R, xp)
     X = _start(n, t + p, R, xp)
     for _ in range(_iterations(ratio)):
         X = _orthonormal(inv(inv_t(X)), xp)
@@ -210,7 +191,7 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     U, V = Y @ P, X @ Qt.T
     r1 = _column_norms(R @ V - U * sb[None, :], xp)
     r2 = _column_norms(R.T @ U - V * sb[None, :], xp)
-    target = xp.asarray(values[lo:], dtype=R.dtype, device=_spectrum._device(R))
+    target = xp.asarray(values[lo:], dtype=R.dtype, device=device(R))
     ok = (
         bool(xp.all(r1 <= tol))
         and bool(xp.all(r2 <= tol))
@@ -227,3 +208,44 @@ def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) ->
     for W, e in clusters:
         M = M + (W * e) @ W.T
     return M
+
+
+def gram_product(
+    M: Array, mu: Array, a: Any, h: Array, xp: Any, *, value_eps: float
+) -> Array | None:
+    """``2 (a·M + Σ_c h_c Q_c Q_cᵀ)``: the matrix ``P`` of the gradient ``P F`` or ``F P`` of a
+    quantity whose derivative is ``g = a·mu + h`` on the unit Gram matrix ``M`` (eigenvalues
+    ``mu``, descending, computed to ``value_eps``), from the eigenvectors ``Q_c`` of the runs of
+    equal nonzero ``h`` (the tie sets of the extreme values; :func:`gram_cluster`). Equals
+    ``2 W diag(g) Wᵀ`` of the full eigh at the cost of one factorisation per cluster.
+
+    A single matrix with readable values. ``None`` — the caller then takes the full eigh — when
+    ``a`` or ``h`` is not finite (R_ill's pole), the clusters hold more than
+    ``n / MAX_FRACTION`` (at least 8) values, or a cluster is not certified."""
+    n = M.shape[-1]
+    if M.ndim != 2:
+        return None
+    hs = _host(h.reshape(-1))
+    av = a if isinstance(a, float) else float(a.reshape(()))
+    if not (math.isfinite(av) and all(math.isfinite(v) for v in hs)):
+        return None
+    runs, i = [], 0
+    while i < n:
+        if hs[i] == 0.0:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and hs[j] == hs[i]:
+            j += 1
+        runs.append((i, j, hs[i]))
+        i = j
+    if sum(hi - lo for lo, hi, _ in runs) > max(8, n // MAX_FRACTION):
+        return None
+    mu_g = xp.astype(mu.reshape(-1), M.dtype)
+    clusters = []
+    for lo, hi, c in runs:
+        Q = gram_cluster(M, mu_g, lo, hi, xp, value_eps=value_eps)
+        if Q is None:
+            return None
+        clusters.append((Q, c))
+    return 2.0 * gram_plus_clusters(M, av, clusters)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import array_namespace, is_jax_array, is_torch_array
+from array_api_compat import array_namespace, is_numpy_array
 
-from condreg import _core, _spectrum
+from condreg import _core
 
 Array = Any
 
@@ -82,22 +82,17 @@ def _library(xp: Any) -> str:
     return name.split(".")[0]
 
 
-def concrete_for(S: Array, enabled: bool) -> _core.Concrete:
-    """The callback that reads 0-d booleans for value checks, or skips them.
+def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None) -> _core.Concrete:
+    """The callback that reads 0-d booleans for value checks, or skips them (``enabled`` false).
 
-    PyTorch and JAX arrays get their adapter's callback, which returns ``None`` under tracing
-    (``torch.compile``, ``torch.func.vmap``, ``jax.jit`` ...), so checks are skipped without
-    breaking the trace.
-    """
+    ``concrete``: the adapter's own callback (PyTorch's returns ``None`` under
+    ``torch.compile``); default :func:`condreg._spectrum.readable` (``None`` for a JAX tracer or
+    inside ``torch.func.vmap``), NumPy arrays are always read."""
     if not enabled:
         return _core.never
-    if is_torch_array(S):
-        from condreg import torch as adapter
-    elif is_jax_array(S):
-        from condreg import jax as adapter
-    else:
-        return _core.eager
-    return adapter.concrete
+    if concrete is not None:
+        return concrete
+    return _core.eager if is_numpy_array(S) else _core.readable
 
 
 def default_float(xp: Any, S: Array) -> Any:
@@ -110,20 +105,22 @@ def default_float(xp: Any, S: Array) -> Any:
     return xp.float64
 
 
-def _all_finite(S: Array, xp: Any) -> Array:
+def all_finite(S: Array, xp: Any) -> Array:
     """0-d boolean: no NaN or Inf in ``S``, from the smallest and largest entry (reductions
     propagate NaN; ±Inf is an extreme), without an ``S``-sized temporary."""
-    if is_torch_array(S):
-        lo, hi = _spectrum.loaded("torch").aminmax(S)
-    else:
-        lo, hi = xp.min(S), xp.max(S)
-    return xp.isfinite(lo) & xp.isfinite(hi)
+    return xp.isfinite(xp.min(S)) & xp.isfinite(xp.max(S))
 
 
 def matrix(
-    S: Array, *, xp: Any = None, where: str, check_finite: bool = True
+    S: Array,
+    *,
+    xp: Any = None,
+    where: str,
+    check_finite: bool = True,
+    concrete: _core.Concrete | None = None,
 ) -> tuple[Array, Any, _core.Concrete]:
-    """Validate a (batch of) matrices; returns ``(S, xp, concrete)``.
+    """Validate a (batch of) matrices; returns ``(S, xp, concrete)`` (``concrete``: the reader
+    of :func:`concrete_for`, from the adapter's callback where one is passed).
 
     - ``ndim < 2`` or an empty matrix dimension: ``ValueError``;
     - boolean or complex dtype: ``TypeError``; integer dtype: promoted to the namespace's default
@@ -150,35 +147,30 @@ def matrix(
         S = xp.astype(S, default_float(xp, S))
     elif not xp.isdtype(dtype, "real floating"):
         raise TypeError(f"{where}: unsupported dtype {dtype}; expected a real floating dtype")
-    concrete = concrete_for(S, check_finite)
+    concrete = concrete_for(S, check_finite, concrete)
     empty = any(d == 0 for d in S.shape)
-    if not empty and concrete is not _core.never and concrete(_all_finite(S, xp)) is False:
+    if not empty and concrete is not _core.never and concrete(all_finite(S, xp)) is False:
         raise nonfinite_error(where)
     return S, xp, concrete
 
 
-def nonfinite_input(S: Array) -> bool:
-    """Whether an eager (readable) array has a NaN or Inf entry."""
-    return not bool(_all_finite(S, namespace(S)))
-
-
 def nonfinite_error(where: str) -> ValueError:
-    """The error for NaN/Inf input (raised by :func:`matrix`, and by the PyTorch adapter's eager
-    host path, which checks finiteness on the Gram matrix it forms anyway)."""
+    """The error for NaN/Inf input (raised by :func:`matrix`, and by the PyTorch adapter's
+    ``vmap`` rule, which sees the batch :func:`matrix` could not read)."""
     return ValueError(
         f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
     )
 
 
-def _is_half(xp: Any, dtype: Any) -> bool:
-    """float16 or bfloat16 (the latter where the namespace has it)."""
-    # bfloat16 is not an Array API dtype: the library's own (torch.bfloat16, jax.numpy.bfloat16)
-    halves = [getattr(xp, "float16", None), getattr(xp, "bfloat16", None)]
-    mod = type(dtype).__module__
-    if mod.startswith("torch"):
-        torch = _spectrum.loaded("torch")
-        halves += [torch.float16, torch.bfloat16]
-    return any(h is not None and dtype == h for h in halves) or str(dtype).endswith("bfloat16")
+def _is_half(dtype: Any) -> bool:
+    """float16 or bfloat16 (bfloat16 is not an Array API dtype: known by its name)."""
+    return str(dtype).split(".")[-1] in ("float16", "bfloat16")
+
+
+def _dtype_library(dtype: Any) -> str:
+    """The library a dtype object belongs to (``torch``, ``numpy``, ``jax`` ...)."""
+    mod = dtype.__module__ if isinstance(dtype, type) else type(dtype).__module__
+    return mod.split(".")[0]
 
 
 def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, Any]:
@@ -192,7 +184,7 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
     """
     out = S.dtype
     if dtype is None:
-        if not _is_half(xp, out):
+        if not _is_half(out):
             return S, out
         dtype = xp.float32
     else:
@@ -201,6 +193,12 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
         except Exception:
             ok = False
         if not ok:
+            lib, own = _dtype_library(dtype), _library(xp)
+            if lib not in (own, "builtins") and not (own == "jax" and lib == "numpy"):
+                raise TypeError(
+                    f"{where}: compute_dtype {dtype!r} is a {lib} dtype but the input is a {own} "
+                    f"array; pass a dtype of the input's library (e.g. {own}.float64)"
+                )
             raise TypeError(f"{where}: compute_dtype must be a real floating dtype, got {dtype!r}")
     if dtype == out:
         return S, out

@@ -20,7 +20,7 @@ def _batch(N, D, kappa, seed=0, dtype=np.float64):
 
 
 # --------------------------------------------------------------------------------------------
-# _linalg.hessian_spectrum(rtol=): the rank rule of condition_number(X @ theta, rtol=rtol)
+# hessian_spectrum(rtol=) / decompose: the rank rule of condition_number(X @ theta, rtol=rtol)
 # --------------------------------------------------------------------------------------------
 
 
@@ -40,20 +40,11 @@ def test_hessian_spectrum_rank_rule_is_condition_numbers(N, D, kappa, rtol):
         assert int(hs.sp.k) == k_ref
         got = float(_linalg.kappa(hs, np))
         assert got == pytest.approx(want, rel=1e-9 + 1e-15 * want)
-        if vectors:
+        if vectors:  # the small side's vectors: eigenvectors of the small Gram (on the rank)
             s, m = hs.sp.s, hs.sp.mask
-            assert np.allclose((F @ hs.V)[:, m], (hs.W * s)[:, m], atol=1e-12 * s[0])
-    hsf = _linalg.hessian_spectrum(theta, X.T @ X, "feature", np, rtol=rtol, factor=X)
-    assert int(hsf.sp.k) == k_ref
-    assert float(_linalg.kappa(hsf, np)) == pytest.approx(want, rel=1e-8 + 1e-15 * want)
-
-
-def test_hessian_spectrum_feature_mode_without_factor_caps_at_its_resolution():
-    X = _batch(20, 8, 1e9, seed=3)
-    hs = _linalg.hessian_spectrum(np.eye(8), X.T @ X, "feature", np)
-    mu = hs.mu
-    assert np.all(mu[hs.sp.mask] > _linalg.RANK_FACTOR * 8 * np.finfo(float).eps * mu[0])
-    assert int(hs.sp.k) < 8  # 1e-18 relative eigenvalues are below an eigh's resolution
+            Q = hs.W if hs.W is not None else hs.V
+            G = F @ F.T if hs.W is not None else F.T @ F
+            assert np.allclose((G @ Q)[:, m], (Q * s**2)[:, m], atol=1e-11 * s[0] ** 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,8 +77,9 @@ def test_guard_takes_the_gram_path_only_when_resolved():
     well = _batch(16, 40, 10.0, seed=5)
     ill = _batch(16, 40, 1e6, seed=5)
     rt = 40 * np.finfo(float).eps
-    _, _, err_w, _ = _spectrum.gram_spectrum(well, np, vectors=False, rtol=rt)
-    _, _, err_i, _ = _spectrum.gram_spectrum(ill, np, vectors=False, rtol=rt)
+    kw = {"how": "auto", "vectors": False, "rtol": rt, "read": _spectrum.eager}
+    err_w = _spectrum.small_side(well, np, **kw).mu_err
+    err_i = _spectrum.small_side(ill, np, **kw).mu_err
     assert float(np.max(err_w)) > 0  # the Gram path (its error bound is carried)
     assert float(np.max(err_i)) == 0  # the exact path
 
@@ -96,7 +88,8 @@ def test_gram_path_error_bound_holds():
     rng = np.random.default_rng(6)
     for N, D in [(8, 30), (30, 8)]:
         F = rng.standard_normal((N, D))
-        s, _, err, _ = _spectrum.gram_spectrum(F, np, vectors=False, rtol=0.0, method="gram")
+        sm = _spectrum.small_side(F, np, how="gram", vectors=False, rtol=0.0, read=_spectrum.eager)
+        s, err = sm.s, sm.mu_err
         s_ref = np.linalg.svd(F, compute_uv=False)
         assert np.all(np.abs(s**2 - s_ref**2) <= float(err[0]) * s_ref[0] ** 2)
 

@@ -11,8 +11,6 @@ import condreg
 from condreg import _extreme, algorithm
 from condreg.algorithm import _step
 
-pytest.importorskip("scipy")
-
 
 def _orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
     Q, _ = np.linalg.qr(rng.standard_normal((n, n)))

@@ -261,7 +261,14 @@ def test_distributed_gram_path_decides_float32_ties_as_one_process(quantity):
     ref = getattr(condreg, quantity)(one, gram=True)
     ref.backward()
     X = F.clone().requires_grad_(True)
-    out = cd._GramValue.apply(X, A.mT @ A, 8, quantity, None, None, 1)
+    from array_api_compat import array_namespace
+
+    from condreg import _spectrum
+
+    xp = array_namespace(A)
+    s, W, err, ok = _spectrum.accept_gram(A.mT @ A, (8, 4), xp, True, torch.float32, 8 * 1.2e-7)
+    assert bool(ok)
+    out = cd._GramValue.apply(X, s, W, err, 8, quantity, None, None, 1)
     out.backward()
     assert float(out) == pytest.approx(float(ref), rel=1e-5)
     np.testing.assert_allclose(X.grad.numpy(), one.grad.numpy(), rtol=1e-4, atol=1e-5)

@@ -52,10 +52,10 @@ def preconditioned_gradient(
     )
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
     # Scale-free, as the core's gradients: d f/d mu on the spectrum of F/s_1 (degree
-    # _DEGREE[quantity] in mu, i.e. twice that in s), the step rescaled by s_1 one factor at a
+    # DEGREE[quantity] in mu, i.e. twice that in s), the step rescaled by s_1 one factor at a
     # time, so that an over- or underflowing result is ±inf or 0, never NaN.
     unit, s1 = _core.normalized(sp, xp)
-    d = _core._DMU[quantity](unit, tie, "min_norm", xp, _core.never)
+    d = _core.DMU[quantity](unit, tie, "min_norm", xp, _core.never)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
-    step = _core._rescale(step, s1, 2 * _core._DEGREE[quantity], xp)
+    step = _core.rescale(step, s1, 2 * _core.DEGREE[quantity], xp)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)

@@ -136,7 +136,7 @@ def _eager(F: Array) -> bool:
     arrays (eager JAX, array-api-strict, CUDA tensors) take the full decomposition."""
     if is_numpy_array(F):
         return True
-    return is_torch_array(F) and F.device.type == "cpu" and not _spectrum._untraceable(F)
+    return is_torch_array(F) and F.device.type == "cpu" and not _spectrum.traced(F)
 
 
 def _left_gram(F: Array, gdtype: Any, xp: Any) -> Array:
@@ -147,27 +147,15 @@ def _left_gram(F: Array, gdtype: Any, xp: Any) -> Array:
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
-    r, D = F.shape
-    G = R = None
+    how = "auto" if path == "auto" else "exact"  # the engine's Gram-or-exact, keeping G or R
+    sm = _spectrum.small_side(
+        F, xp, how=how, vectors=False, rtol=rtol, read=_spectrum.eager, keep=True
+    )
+    mask, k = _spectrum.rank(sm.s, rtol, xp)
+    mu = sm.s * sm.s
+    sp = _core.Spectrum(None, sm.s, None, mu, mask, k, F.shape[1], True, sm.mu_err, F, sm.tie)
     gdtype = _spectrum.gram_dtype(F, xp)
-    if path == "auto":
-        G = _left_gram(F, gdtype, xp)
-        accuracy = _spectrum.gram_accuracy(xp, F.dtype)
-        gram = _spectrum.checked_eigh_gram(G, (r, D), xp, False, F.dtype, rtol, accuracy)
-        if gram is not None and bool(gram[4]):
-            s, _, _, err_rel, _ = gram
-            mu_err: Any = err_rel
-            tie: Any = xp.full_like(err_rel, _spectrum.default_tie_rtol(F.shape, F.dtype, xp))
-        else:  # exactly the "exact" path, whose vectors come from R (G formed as RᵀR)
-            path, G = "exact", None
-    if path != "auto":
-        R = _spectrum._qr_r(xp, F.T)
-        s = _spectrum.svdvals(xp, R)
-        mu_err, tie = 0.0, _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
-    mask, k = _linalg._mask_from_s(s, rtol, xp)
-    mu = s * s
-    sp = _core.Spectrum(None, s, None, mu, mask, k, D, True, mu_err, F, tie)
-    ext = Extremes(F, G, R, sp, gdtype, xp) if vectors else None
+    ext = Extremes(F, sm.G, sm.R, sp, gdtype, xp) if vectors else None
     return _linalg.HessianSpectrum(mu, None, sp, None, None, rtol, ext)
 
 
@@ -484,7 +472,7 @@ def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) ->
 def _all_finite(a: Array, xp: Any) -> Array:
     """0-d boolean: no NaN or Inf in ``a`` (its smallest and largest entry, no ``a``-sized
     temporary; a sum of magnitudes would also overflow on finite entries near the maximum)."""
-    return _validation._all_finite(a, xp)
+    return _validation.all_finite(a, xp)
 
 
 #: The loop sums θ and recomputes ``F = Aθ`` every this many epochs: the carried features'

@@ -51,7 +51,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError as exc:  # pragma: no cover - exercised only without jax
-    raise ImportError("condreg.jax needs JAX: pip install 'condreg[jax]'") from exc
+    raise ImportError("condreg.jax needs JAX: pip install 'condreg-ml[jax]'") from exc
 
 from condreg import _core, _spectrum
 
@@ -97,14 +97,13 @@ def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
     mu_err, tie_default = tols[..., :1], tols[..., 1:]
     if gram:
         m, n = S.shape[-2], S.shape[-1]
-        U, Vh = (A, None) if m < n else (None, A)
+        U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
         shape = (m, n)
     else:
         U, Vh = A, B
         shape = (U.shape[-2], Vh.shape[-1])
     tol = _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp)
-    mask = s > tol * s[..., :1]
-    k = jnp.sum(mask.astype(s.dtype), axis=-1)
+    mask, k = _spectrum.rank(s, tol, jnp)
     if gram:
         sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S, tie_default)
     else:

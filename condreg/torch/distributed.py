@@ -10,8 +10,8 @@ from the global batch size ``N_total = Σ_r N_r`` and the feature dimension ``D`
     all-reduce sums them: ``D²`` numbers per rank, whatever the batch size. Every rank then
     decomposes the same ``H`` (the engine's eigh, :mod:`condreg._spectrum`) and the backward is
     local, ``∇F_r = 2 F_r G`` with ``G = ∇_H`` — no communication. If that eigh does not resolve
-    the spectrum (the engine's accuracy guard, decided identically on every rank), the call
-    falls back to ``"gather"``.
+    the spectrum (the engine's one accept rule, :func:`condreg._spectrum.accept_gram`, decided
+    identically on every rank), the call falls back to ``"gather"``.
 ``"gather"`` (``N_total < D``)
     :func:`gather_features` all-gathers the rows (``N_total·D`` numbers, plus a reduce-scatter
     of the same size in the backward) and every rank evaluates ``condreg.<quantity>(F, gram=True)``
@@ -58,22 +58,13 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
     world). Returns ``features`` itself when ``torch.distributed`` is not initialised, so the same
     training code runs on one process.
 
-    Uses ``torch.distributed``'s autograd-aware functional collectives
-    (``all_gather_single_autograd`` on recent PyTorch, ``all_gather_tensor_autograd`` before it),
-    falling back to ``torch.distributed.nn.functional.all_gather``. Every rank must pass the same
-    number of rows (use the quantity functions below for uneven batches).
+    Uses ``torch.distributed.nn.functional.all_gather`` (autograd-aware: its backward sums the
+    incoming gradients over ranks). Every rank must pass the same number of rows (use the
+    quantity functions below for uneven batches).
     """
     if not _initialised():
         return features
     group = dist.group.WORLD if group is None else group
-    from torch.distributed import _functional_collectives as fc
-
-    for name in ("all_gather_single_autograd", "all_gather_tensor_autograd"):
-        gather = getattr(fc, name, None)
-        if gather is not None:
-            out = gather(features.contiguous(), gather_dim=0, group=group)
-            wait = getattr(out, "wait", None)
-            return wait() if callable(wait) else out
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(features.contiguous(), group=group), dim=0)
@@ -92,16 +83,16 @@ def _global_rows(F: torch.Tensor, group) -> int:
 
 
 class _GramValue(torch.autograd.Function):
-    """value of ``quantity`` of ``H = Σ_r F_rᵀF_r``; backward ``world · 2 F_r G`` (local)."""
+    """value of ``quantity`` of ``H = Σ_r F_rᵀF_r`` from its accepted eigh (``s``, ``W``,
+    ``err_rel``: :func:`condreg._spectrum.accept_gram`); backward ``world · 2 F_r G`` (local,
+    the engine's one gradient assembly)."""
 
     @staticmethod
-    def forward(ctx, F, H, n_total, quantity, rtol, tie_rtol, world):  # type: ignore[override]
+    def forward(ctx, F, s, W, err_rel, n_total, quantity, rtol, tie_rtol, world):  # type: ignore[override]
         xp = array_namespace(F)
         N, D = n_total, F.shape[-1]
-        s, W, _, err_rel, _ = _spectrum.eigh_gram(H, (N, D), xp, True, F.dtype)
         tol = _spectrum.resolve_rtol(rtol, (N, D), F.dtype, xp)
-        mask = s > tol * s[..., :1]
-        k = mask.to(s.dtype).sum(dim=-1)
+        mask, k = _spectrum.rank(s, tol, xp)
         tie = _spectrum.default_tie_rtol((N, D), F.dtype, xp)  # s is rounded to F's dtype
         sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
         ctx.sp, ctx.cfg, ctx.world = sp, (quantity, tie_rtol), world
@@ -122,7 +113,7 @@ class _GramValue(torch.autograd.Function):
             concrete=_core.eager,
             weight=grad_value * ctx.world,
         )
-        return G, None, None, None, None, None, None
+        return G, None, None, None, None, None, None, None, None
 
 
 def _value(
@@ -162,14 +153,12 @@ def _value(
             if bool(bad[0] > 0):
                 raise ValueError(f"{quantity}: the features contain NaN or Inf (on some rank)")
             # an overflowing H: eigh_gram refuses it (never decomposed), the gather path decides
-        _, _, mu_rel, err_rel, in_range = _spectrum.eigh_gram(H, (n_total, D), xp, False, Fv.dtype)
         tol = _spectrum.resolve_rtol(rtol, (n_total, D), Fv.dtype, xp)
-        acc = _spectrum.gram_accuracy(xp, Fv.dtype)
-        resolved = bool(in_range & _spectrum.gram_resolves(mu_rel, err_rel, tol, acc, xp))
-        if resolved:
+        s, W, err_rel, ok = _spectrum.accept_gram(H, (n_total, D), xp, True, Fv.dtype, tol)
+        if bool(ok):
             world = dist.get_world_size(group)
-            out = _GramValue.apply(Fv, H, n_total, quantity, rtol, tie_rtol, world)
-            return out.to(features.dtype)
+            args = (n_total, quantity, rtol, tie_rtol, world)
+            return _GramValue.apply(Fv, s, W, err_rel, *args).to(features.dtype)
     return fn(gather_features(F, group), gram=True, **kw)
 
 

@@ -1,7 +1,7 @@
-"""The PyTorch adapter's eager host Function (``condreg.torch._EagerHostGram``): the path of a
-CPU feature batch with ``gram=True`` whose gradient is asked for. It validates its input itself
-(finiteness from the Gram matrix it forms), so every kind of bad input is checked here, and its
-results are compared with the general Function's on the same input."""
+"""The PyTorch adapter's one route for a single CPU feature batch with ``gram=True`` whose gradient
+is asked for (the most common call): bad input of every kind, out-of-range Gram matrices, the
+pole, incoming gradients, forward mode, and the ``"extreme"`` route of large batches compared
+with the dense route of the same matrix as a batch of one (``F[None]``)."""
 
 from __future__ import annotations
 
@@ -24,18 +24,18 @@ SHAPES = [pytest.param((6, 20), id="N<D"), pytest.param((20, 6), id="N>D")]
 DTYPES = [pytest.param(torch.float64, id="float64"), pytest.param(torch.float32, id="float32")]
 
 
-def _value_and_grad(name, F, weight=None, function="_EagerHostGramBackward", **kwargs):
+def _value_and_grad(name, F, weight=None, **kwargs):
     X = F.detach().clone().requires_grad_()
     v = getattr(condreg, name)(X, gram=True, **kwargs)
-    assert type(v.grad_fn).__name__ == function
-    (v if weight is None else v * weight).backward()
+    assert type(v.grad_fn).__name__ == "_SpectralValueWithJvpBackward"
+    (v if weight is None else v * weight).sum().backward()
     return v.detach(), X.grad
 
 
 def _general(monkeypatch, name, F, weight=None, **kwargs):
-    with monkeypatch.context() as m:
-        m.setattr(condreg.torch, "eager_host", lambda S: False)
-        return _value_and_grad(name, F, weight, "_SpectralValueWithJvpBackward", **kwargs)
+    """The same matrix as a batch of one: the dense route (never ``"extreme"``)."""
+    v, G = _value_and_grad(name, F[None], weight, **kwargs)
+    return v[0], G[0]
 
 
 def _rel(a, b):
@@ -43,27 +43,27 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-def test_taken_for_an_eligible_call_only():
+def test_one_function_for_every_call():
+    """Every call takes the one Function (a half-precision input through its float32 cast);
+    ``torch.func.grad`` gives the same gradient as ``.backward()``."""
     F = torch.randn(8, 30, dtype=torch.float64)
 
     def grad_fn(X, **kwargs):
         return type(condreg.r_ill(X, **kwargs).grad_fn).__name__
 
+    one = "_SpectralValueWithJvpBackward"
     X = F.clone().requires_grad_()
-    assert grad_fn(X, gram=True) == "_EagerHostGramBackward"
-    assert grad_fn(torch.nn.Parameter(F.clone()), gram=True) == "_EagerHostGramBackward"
-    assert grad_fn(X, gram=False) == "_SpectralValueWithJvpBackward"
-    assert grad_fn(X, gram=True, check_finite=False) == "_SpectralValueWithJvpBackward"
+    assert grad_fn(X, gram=True) == grad_fn(torch.nn.Parameter(F.clone()), gram=True) == one
+    assert grad_fn(X, gram=False) == grad_fn(X, gram=True, check_finite=False) == one
     batch = torch.randn(2, 8, 30, dtype=torch.float64, requires_grad=True)
-    assert grad_fn(batch, gram=True) == "_SpectralValueWithJvpBackward"
-    big = torch.randn(130, 140, dtype=torch.float64, requires_grad=True)  # the extreme path
-    assert grad_fn(big, gram=True) == "_EagerHostGramBackward"
+    assert grad_fn(batch, gram=True) == one
+    big = torch.randn(130, 140, dtype=torch.float64, requires_grad=True)  # the extreme route
+    assert grad_fn(big, gram=True) == one
     with torch.no_grad():
         assert condreg.r_ill(X, gram=True).grad_fn is None
     assert condreg.r_ill(F, gram=True).grad_fn is None  # no gradient asked for
-    half = F.to(torch.float16).requires_grad_()  # computed in float32 by the general path
+    half = F.to(torch.float16).requires_grad_()  # computed in float32
     assert grad_fn(half, gram=True) == "ToCopyBackward0"
-    # torch.func transforms need a setup_context Function: the general one runs there
     G = torch.func.grad(lambda A: condreg.r_ill(A, gram=True))(F)
     _, ref = _value_and_grad("r_ill", F)
     assert _rel(G, ref) < 1e-12
@@ -72,9 +72,10 @@ def test_taken_for_an_eligible_call_only():
 @pytest.mark.parametrize("name", QUANTITIES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_equals_the_general_function(monkeypatch, name, dtype, shape):
-    """Generic spectra, exact ties at both ends and a rank-deficient batch: the same value and
-    gradient as the general Function (with an incoming gradient that is not 1)."""
+def test_equals_the_numpy_closed_form(name, dtype, shape):
+    """Generic spectra, exact ties at both ends and a rank-deficient batch: the value and
+    gradient (with an incoming gradient that is not 1) of the float64 NumPy closed form at the
+    tolerances of the tensor's dtype."""
     N, D = shape
     spectra = [
         np.geomspace(5.0, 0.5, 6),
@@ -82,12 +83,19 @@ def test_equals_the_general_function(monkeypatch, name, dtype, shape):
         np.array([2.0, 1.5, 1.0, 0.7, 0.0, 0.0]),
     ]
     tol = 1e-12 if dtype == torch.float64 else 2e-5
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    kw = {"tie_rtol": condreg._spectrum.default_tie_rtol((N, D), np.dtype(np_dtype), np)}
+    if name != "r_well":
+        kw["rtol"] = condreg._spectrum.default_rtol((N, D), np.dtype(np_dtype), np)
+    vkw = {k: v for k, v in kw.items() if name == "r_ill" or k == "rtol"}
     for seed, s in enumerate(spectra):
         F = torch.tensor(matrix_with_spectrum(s, N, D, seed=seed), dtype=dtype)
         v, G = _value_and_grad(name, F, weight=-2.5)
-        w, H = _general(monkeypatch, name, F, weight=-2.5)
-        assert v.dtype == w.dtype == G.dtype == dtype
-        assert abs(float(v) - float(w)) <= tol * abs(float(w))
+        A = F.double().numpy()
+        w = float(getattr(condreg, name)(A, gram=True, **vkw))
+        H = torch.from_numpy(-2.5 * getattr(condreg, name + "_grad")(A, gram=True, **kw))
+        assert v.dtype == G.dtype == dtype
+        assert abs(float(v) - w) <= tol * abs(w)
         assert _rel(G, H) < tol, (name, s)
 
 
@@ -131,7 +139,7 @@ def test_r_ill_at_its_pole_is_inf_and_its_backward_raises():
     F[:, :4] = 2.0 * torch.eye(4, dtype=torch.float64)  # every singular value equal
     X = F.requires_grad_()
     v = condreg.r_ill(X, gram=True)
-    assert type(v.grad_fn).__name__ == "_EagerHostGramBackward"
+    assert type(v.grad_fn).__name__ == "_SpectralValueWithJvpBackward"
     assert float(v.detach()) == math.inf
     with pytest.raises(PoleError, match="pole"):
         v.backward()
@@ -159,10 +167,16 @@ def test_incoming_gradient_and_create_graph(monkeypatch):
         return G.detach(), H
 
     G, H = grads()
-    with monkeypatch.context() as m:
-        m.setattr(condreg.torch, "eager_host", lambda S: False)
-        G2, H2 = grads()
-    assert _rel(G, G2) < 1e-12 and _rel(H, H2) < 1e-10
+    A = F.numpy()
+    assert _rel(G, torch.from_numpy(-0.5 * condreg.r_ill_grad(A, gram=True))) < 1e-12
+    eps = 1e-6  # H: the gradient of ‖G‖² by central differences along H itself
+
+    def norm2(Y):
+        return float(np.sum((0.5 * condreg.r_ill_grad(Y, gram=True)) ** 2))
+
+    D = H.numpy() / np.linalg.norm(H.numpy())
+    slope = (norm2(A + eps * D) - norm2(A - eps * D)) / (2 * eps)
+    assert slope == pytest.approx(float((H * torch.from_numpy(D)).sum()), rel=1e-5)
 
 
 def test_forward_mode_agrees_with_reverse_mode():
@@ -227,23 +241,24 @@ def test_an_overflowing_gram_takes_the_exact_path_everywhere(name, backend):
 @pytest.mark.parametrize(
     "shape", [pytest.param((130, 200), id="N<D"), pytest.param((200, 130), id="N>D")]
 )
-def test_large_batches_equal_the_general_function(monkeypatch, name, dtype, shape):
-    """From ``EXTREME_MIN`` on, both Functions assemble ``P`` from the extreme clusters'
-    vectors only (counted); the same value and gradient, also at exact ties at both ends."""
+def test_large_batches_equal_the_dense_route(monkeypatch, name, dtype, shape):
+    """From ``EXTREME_MIN`` on, a single batch's gradient is assembled from the extreme
+    clusters' vectors only (counted); the same value and gradient as the dense route (the
+    batch of one), also at exact ties at both ends."""
     N, D = shape
     n = min(N, D)
     s = np.linspace(3.0, 1.0, n)
     tied = s.copy()
     tied[:3], tied[-4:] = 3.0, 1.0
     calls = []
-    original = condreg._spectrum.extreme_gram_product
+    original = condreg._extreme.gram_product
 
     def spy(*args, **kwargs):
         P = original(*args, **kwargs)
         calls.append(P is not None)
         return P
 
-    monkeypatch.setattr(condreg._spectrum, "extreme_gram_product", spy)
+    monkeypatch.setattr(condreg._extreme, "gram_product", spy)
     tol = 1e-12 if dtype == torch.float64 else 2e-5
     for seed, spectrum in enumerate([s, tied]):
         F = torch.tensor(matrix_with_spectrum(spectrum, N, D, seed=seed), dtype=dtype)
@@ -251,12 +266,11 @@ def test_large_batches_equal_the_general_function(monkeypatch, name, dtype, shap
         w, H = _general(monkeypatch, name, F, weight=0.75)
         assert abs(float(v) - float(w)) <= tol * abs(float(w))
         assert _rel(G, H) < tol, (name, seed)
-    assert calls == [True] * 4
+    assert calls == [True] * 2  # the single batches; the batch of one is dense
 
 
 def test_batched_incoming_gradients(monkeypatch):
-    """``autograd.grad(..., is_grads_batched=True)`` and ``gradcheck(check_batched_grad=True)``:
-    the backward cannot scale in place by a batched incoming gradient (both Functions)."""
+    """``autograd.grad(..., is_grads_batched=True)`` and ``gradcheck(check_batched_grad=True)``."""
     F = torch.tensor(matrix_with_spectrum(np.geomspace(3.0, 1.0, 4), 4, 9, seed=6))
     weights = torch.tensor([1.0, -2.0, 0.5], dtype=F.dtype)
 
@@ -267,12 +281,9 @@ def test_batched_incoming_gradients(monkeypatch):
         return G
 
     G = batched()
-    with monkeypatch.context() as m:
-        m.setattr(condreg.torch, "eager_host", lambda S: False)
-        G2 = batched()
     _, one = _value_and_grad("r_ill", F)
     for i, w in enumerate(weights):
-        assert _rel(G[i], w * one) < 1e-12 and _rel(G2[i], w * one) < 1e-12
+        assert _rel(G[i], w * one) < 1e-12
     X = F.clone().requires_grad_()
     assert torch.autograd.gradcheck(
         lambda A: condreg.r_ill(A, gram=True), (X,), check_batched_grad=True
@@ -298,18 +309,24 @@ def test_nan_input_is_reported_before_invalid_tolerances():
 
 
 def test_forced_gram_method_of_an_overflowing_gram_is_nan_not_the_identity():
-    """``method="gram"`` (internal: no exact fallback) on a Gram that overflows: its values
-    are NaN, not those of the identity the eigh ran on instead (NumPy, PyTorch, batches)."""
+    """``how="gram"`` (internal: no exact fallback) on a Gram that overflows: its values are
+    NaN, not those of the identity the eigh ran on instead (NumPy, PyTorch, batches)."""
     from array_api_compat import array_namespace
 
     from condreg import _spectrum
 
     X = matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=7) * 1e200
     for F in (X, torch.tensor(X), torch.tensor(np.stack([X, X / 1e200]))):
-        s = _spectrum.gram_spectrum(F, array_namespace(F), vectors=False, rtol=0.0, method="gram")[
-            0
-        ]
-        s = np.asarray(s)
+        xp = array_namespace(F)
+        sm = _spectrum.small_side(F, xp, how="gram", vectors=False, rtol=0.0, read=_spectrum.eager)
+        s = np.asarray(sm.s)
         assert np.isnan(s[..., 0, :] if s.ndim == 2 else s).all()
         if s.ndim == 2:  # the batch's second matrix fits: its values are computed
             assert np.isfinite(s[1]).all() and s[1][0] == pytest.approx(4.0)
+
+
+def test_compute_dtype_of_another_library_is_named():
+    """``compute_dtype=torch.float64`` on NumPy input: the error says the dtype belongs to
+    another library (not that float64 is not a real floating dtype)."""
+    with pytest.raises(TypeError, match="torch dtype but the input is a numpy array"):
+        condreg.r_ill(np.ones((3, 2)) + np.eye(3, 2), compute_dtype=torch.float64)
