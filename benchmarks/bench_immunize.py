@@ -3,14 +3,19 @@
 The unit is one ``(N×D)·(D×D)`` matrix product (N = 600 rows per task, D = 784 at raw MNIST
 size), timed next to the epochs so that the ratio does not depend on the machine or its load.
 One epoch of :func:`condreg.immunize`'s loop (the factored iterate: θ's basis parts kept apart,
-the features ``Aθ`` moved by each step) and one of the public, dense :func:`condreg.algorithm.step`
-are timed per method on a raw-pixel MNIST pair
-(condreg.experiments.data's digit tasks: 500 images of the digit + 100 others, the authors' normalisation
-``(x/255 − 0.1307)/0.3081``), after :func:`condreg.algorithm.prepare` has decomposed the data
-once. Optionally (``--reference``) the same is done for the reference code's approach: form the
-``D×D`` Hessians ``θᵀKθ`` and ``eigh`` both every epoch.
+the features ``Aθ`` moved by each step) and one of the public, dense
+:func:`condreg.algorithm.step` are timed per method on a raw-pixel MNIST pair
+(condreg.experiments.data's digit tasks: 500 images of the digit + 100 others, the authors'
+normalisation ``(x/255 − 0.1307)/0.3081``), after :func:`condreg.algorithm.prepare` has
+decomposed the data once. Optionally (``--reference``) the same is done for the reference
+code's approach: form the ``D×D`` Hessians ``θᵀKθ`` and ``eigh`` both every epoch.
 
-Usage:  python benchmarks/bench_immunize.py [--pair 1 7] [--repeat 5] [--threads 1]
+With ``--setup``, the four methods' whole runs on the pair (``--epochs``, the experiment's
+settings: classification, η = 0.005) are timed twice, interleaved: once sharing one
+:func:`condreg.algorithm.setup_data` (built inside the timing, as ``mnist-pairs`` does per
+pair), once each run setting up its own data; the ratio is what the shared setup saves.
+
+Usage:  python benchmarks/bench_immunize.py [--pair 1 7] [--repeat 5] [--threads 1] [--setup]
 
 Compare the ratios, not the seconds.
 """
@@ -80,14 +85,14 @@ def epoch_cost(
     (:func:`condreg.algorithm._step.advance` on the factored iterate); ``"step"``, the public
     :func:`condreg.algorithm.step` (θ dense); ``"full"``, that step with the full decomposition
     (:func:`full_decomposition`)."""
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", condreg.ImmunizationWarning)
         problem, state = algorithm.prepare(X_p, y_p, X_h, method=method, task=task)
     if kind == "loop":
-        cross = _step.cross_basis(problem)
-        box = [_step.Tracked.start(problem, state)]
+        cross = _factored.cross_basis(problem)
+        box = [_factored.Tracked.start(problem, state)]
 
         def advance() -> None:
             box[0] = _step.advance(problem, box[0], cross)[0]
@@ -105,6 +110,30 @@ def epoch_cost(
     return _median(one, repeat), problem.paths
 
 
+def pair_cost(X_p, y_p, X_h, y_h, methods, epochs: int, repeat: int) -> tuple[float, float]:
+    """Median CPU seconds of the methods' runs on one pair: with one shared setup (built inside
+    the timing) and with each run setting up its own data, interleaved (A, B, A, B, ...). CPU
+    time of this process (``time.process_time``): with ``--threads 1`` it is the work done,
+    whatever else the machine runs."""
+
+    def run(shared: bool) -> None:
+        setup = algorithm.setup_data(X_p, X_h) if shared else None
+        for method in methods:
+            condreg.immunize(
+                X_p, y_p, X_h, method=method, task="classification", epochs=epochs,
+                y_h=y_h if method == "imma" else None, setup=setup, warn=False,
+            )  # fmt: skip
+
+    run(True)  # warm-up
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(repeat):
+        for shared in (True, False):
+            t0 = time.process_time()
+            run(shared)
+            times[shared].append(time.process_time() - t0)
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=int, nargs=2, default=(1, 7), metavar=("P", "H"))
@@ -118,12 +147,14 @@ def main() -> None:
         help="also time the public step, dense and with the full decomposition (eigh / SVD of R "
         "with all vectors)",
     )
+    parser.add_argument("--setup", action="store_true", help="time shared vs own data setups")
+    parser.add_argument("--epochs", type=int, default=30, help="epochs per run (--setup)")
     args = parser.parse_args()
     from condreg.experiments.data import load_mnist
 
     X, y = load_mnist()
     X_p, y_p = _task(X, y, args.pair[0])
-    X_h, _ = _task(X, y, args.pair[1])
+    X_h, y_h = _task(X, y, args.pair[1])
     limits = None
     if args.threads is not None:
         from threadpoolctl import threadpool_limits
@@ -137,6 +168,15 @@ def main() -> None:
     A = rng.standard_normal(X_p.shape)
     B = rng.standard_normal((X_p.shape[1], X_p.shape[1]))
     gemm = _median(lambda: A @ B, 3 * args.repeat)
+    if args.setup:
+        methods = args.methods.split(",")
+        shared, own = pair_cost(X_p, y_p, X_h, y_h, methods, args.epochs, args.repeat)
+        print(
+            f"{len(methods)} methods x {args.epochs} epochs on raw MNIST {args.pair[0]}->"
+            f"{args.pair[1]}: one shared setup {shared:.3f} s CPU, a setup per run {own:.3f} s; "
+            f"shared/own = {shared / own:.3f}"
+        )
+        return
     rows = []
     for method in args.methods.split(","):
         seconds, paths = epoch_cost(X_p, y_p, X_h, method, "classification", args.repeat)

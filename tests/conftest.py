@@ -294,14 +294,3 @@ def reference(quantity: str, S, *, rtol: float | None = None, gram: bool = False
 def spectral_parts(S) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 NumPy thin SVD ``(U, s, Vt)`` of one matrix."""
     return np.linalg.svd(to_numpy(S).astype(np.float64), full_matrices=False)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_immunize_setup():
-    """Every test sets up its own data: condreg.immunize's reuse of the last data's
-    decompositions (same content) never carries over from one test to the next."""
-    from condreg.algorithm import _prepare
-
-    _prepare.clear_caches()
-    yield
-    _prepare.clear_caches()

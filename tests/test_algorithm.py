@@ -333,7 +333,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(algorithm._linalg, "hessian_spectrum", boom)
     monkeypatch.setattr(algorithm._step._spectrum, "decompose", boom)  # the engine
-    monkeypatch.setattr(algorithm._prepare, "build_task", boom)  # the SVD of each task's data
+    monkeypatch.setattr(algorithm._setup, "build_task", boom)  # the SVD of each task's data
 
 
 @pytest.mark.parametrize(
@@ -423,97 +423,142 @@ def test_algorithm_and_metrics_import_no_framework():
 
 
 # ---------------------------------------------------------------------------------------------
-# Several methods on the same data: the data are decomposed once
+# Several methods on the same data: one setup (setup_data), held by the caller
 # ---------------------------------------------------------------------------------------------
 
 
 def _count_setups(monkeypatch):
     calls = []
-    real = algorithm._prepare.build_task
+    real = algorithm._setup.build_task
     monkeypatch.setattr(
-        algorithm._prepare, "build_task", lambda *a, **k: calls.append(1) or real(*a, **k)
+        algorithm._setup, "build_task", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     return calls
 
 
+def _unshared(setup):
+    """``setup`` without its spectra at θ = I: every run decomposes again."""
+    P, H = (replace(task, at_identity=()) for task in (setup.P, setup.H))
+    return replace(setup, P=P, H=H)
+
+
 @pytest.mark.parametrize("decay, path", [(2.0, "auto"), (14.0, "exact")])
 @pytest.mark.parametrize("order", [1, -1], ids=["forward", "reversed"])
-def test_methods_on_the_same_data_share_its_setup_and_equal_fresh_runs(
-    monkeypatch, decay, path, order
-):
+def test_methods_on_one_setup_equal_runs_that_share_nothing(monkeypatch, decay, path, order):
     """decay 14: κ(F) = 1e7, the Gram does not resolve it (the exact path, whose vectors come
-    from R); the four methods in either order equal runs that share nothing, bit for bit."""
+    from R); the four methods in either order on one setup equal runs that share nothing (a
+    setup of their own without its spectra at θ = I), and runs without a setup, bit for bit."""
     from condreg.algorithm import _step
 
     X_p, y_p, X_h = _pair(5, N_h=30, decay=decay)
     methods = METHODS[::order]
     fresh = {}
-    with monkeypatch.context() as m:  # the reference: no setup and no spectrum shared
-        m.setattr(_step, "_shared_factor", lambda task, F: False)
-        for method in methods:
-            algorithm._prepare.clear_caches()
-            fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
-    assert fresh["condreg"].paths == (path, path)
-    algorithm._prepare.clear_caches()
-    calls = _count_setups(monkeypatch)
-    at_identity = []  # decompositions of a shared factor (F = A: θ = I)
-    real = _step._eager_spectrum
-
-    def spy(F, *args, **kwargs):
-        if not F.flags.writeable:
-            at_identity.append(F.shape)
-        return real(F, *args, **kwargs)
-
-    monkeypatch.setattr(_step, "_eager_spectrum", spy)
     for method in methods:
-        res = _quiet(X_p=X_p.copy(), y_p=y_p, X_h=X_h.copy(), method=method, epochs=4)
-        np.testing.assert_array_equal(res.theta, fresh[method].theta)  # bit for bit
-        assert res.rir == fresh[method].rir and res.paths == fresh[method].paths
-    assert len(calls) == 2  # one SVD per task for the four runs
-    # and one spectrum per task at θ_0 = I, for the default weights and epoch 0 of all four
-    assert len(at_identity) == 2
-    # what is shared is never written to
-    setup = next(iter(algorithm._prepare._LAST_DATA.values()))
-    with pytest.raises(ValueError, match="read-only"):
-        setup.P.A[0, 0] = 1.0
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda X_p, X_h: X_p.__setitem__((0, 0), X_p[0, 0] * (1 + 1e-15)),  # one entry, 1 ulp
-        lambda X_p, X_h: X_h.__setitem__((3, 2), -X_h[3, 2]),
-        "rtol",
-        "ridge",
-        "dtype",
-        "layout",
-    ],
-)
-def test_other_data_or_options_are_set_up_again(monkeypatch, change):
-    X_p, y_p, X_h = _pair(6, N_h=30)
-    _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, rtol=1e-6)
+        alone = _unshared(algorithm.setup_data(X_p, X_h))
+        fresh[method] = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4, setup=alone)
+        own = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4)
+        np.testing.assert_array_equal(own.theta, fresh[method].theta)
+        np.testing.assert_array_equal(own.omega, fresh[method].omega)
+    assert fresh["condreg"].paths == (path, path)
     calls = _count_setups(monkeypatch)
+    decomposed = []  # the features each eager spectrum was computed from
+    real = _step._eager_spectrum
+    monkeypatch.setattr(
+        _step, "_eager_spectrum", lambda F, *a, **k: decomposed.append(F) or real(F, *a, **k)
+    )
+    setup = algorithm.setup_data(X_p, X_h)
+    # one SVD and one spectrum at θ = I (F = A, the factor itself) per task
+    assert len(calls) == 2 and [F.shape for F in decomposed] == [setup.P.A.shape, setup.H.A.shape]
+    for method in methods:
+        res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=4, setup=setup)
+        np.testing.assert_array_equal(res.theta, fresh[method].theta)  # bit for bit
+        np.testing.assert_array_equal(res.omega, fresh[method].omega)
+        assert res.rir == fresh[method].rir and res.paths == fresh[method].paths
+        assert res.history == fresh[method].history
+    # the runs decomposed neither the data nor the factors at θ_0 = I again
+    assert len(calls) == 2
+    assert not any(F is task.A for F in decomposed[2:] for task in (setup.P, setup.H))
+    assert len(decomposed) > 2  # (the later epochs were decomposed through the spy)
+
+
+def test_running_the_methods_leaves_the_setup_as_it_was():
+    """What the methods share at θ_0 = I is not changed by any of them (a method that wrote
+    into its spectrum would change the next method's)."""
+    X_p, y_p, X_h = _pair(5, N_h=30, decay=14.0)
+    setup = algorithm.setup_data(X_p, X_h)
+    (_, hs), *_ = setup.H.at_identity
+    ext = hs.ext
+    lo, hi = ext.bounds("bottom", None)
+    before = [np.array(a) for a in (hs.mu, hs.sp.s, setup.P.A, setup.H.A, setup.H.pinv)]
+    for method in METHODS:
+        _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method=method, epochs=2, setup=setup)
+    after = [hs.mu, hs.sp.s, setup.P.A, setup.H.A, setup.H.pinv]
+    for a, b in zip(before, after, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert ext.cluster(lo, hi).shape == (setup.H.rank, hi - lo)
+
+
+@pytest.mark.parametrize("change", ["copy", "rtol", "ridge", "dtype", "layout", "shape", "xp"])
+def test_a_setup_of_other_data_or_options_is_refused(change):
+    """A setup is of the very arrays it was built from, with its rtol and ridge; anything else
+    is a ValueError naming the difference. Without the setup, the changed run sets up its own
+    data and equals a run on a setup of those data."""
+
+    X_p, y_p, X_h = _pair(6, N_h=30)
+    setup = algorithm.setup_data(X_p, X_h, rtol=1e-6)
     kw = {"rtol": 1e-6}
-    if change == "rtol":
-        kw["rtol"] = 1e-10
+    match = "other arrays"
+    if change == "copy":  # equal entries, other objects
+        X_p = X_p.copy()
+    elif change == "rtol":
+        kw["rtol"], match = 1e-10, "rtol"
     elif change == "ridge":
-        kw["ridge"] = 1e-6
+        kw["ridge"], match = 1e-6, "ridge"
     elif change == "dtype":
         X_p, X_h = X_p.astype(np.float32), X_h.astype(np.float32)
     elif change == "layout":  # the same entries in Fortran order (DataFrame.to_numpy())
         X_p, X_h = np.asfortranarray(X_p), np.asfortranarray(X_h)
-    else:
-        change(X_p, X_h)  # in place: the same array objects, other entries
+    elif change == "shape":  # the same object, reshaped in place
+        X_p.shape, X_h.shape = (2 * X_p.shape[0], 4), (2 * X_h.shape[0], 4)
+        y_p, match = np.concatenate([y_p, y_p]), "shape"
+    elif change == "xp":
+        kw["xp"], match = np, "namespace"  # NumPy itself, not the compat namespace
+    with pytest.raises(ValueError, match=match):
+        _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, setup=setup, **kw)
+    with pytest.raises(ValueError, match=match):
+        algorithm.prepare(X_p, y_p, X_h, setup=setup, **kw)
+    if change == "shape":
+        return
     res = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, **kw)
-    assert len(calls) == 2
-    algorithm._prepare._LAST_DATA.clear()
-    ref = _quiet(X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, **kw)
+    opts = {k: kw[k] for k in ("rtol", "ridge", "xp") if k in kw}
+    ref = _quiet(
+        X_p=X_p, y_p=y_p, X_h=X_h, epochs=1, setup=algorithm.setup_data(X_p, X_h, **opts), **kw
+    )
     np.testing.assert_array_equal(res.theta, ref.theta)
+
+
+def test_setup_data_checks_its_input_and_the_setup_argument():
+    X_p, y_p, X_h = _pair(6, N_h=30)
+    with pytest.raises(ValueError, match="same number of features"):
+        algorithm.setup_data(X_p, X_h[:, :5])
+    with pytest.raises(ValueError, match="NaN"):
+        algorithm.setup_data(X_p, np.full_like(X_h, np.nan))
+    with pytest.raises(ValueError, match="rtol"):
+        algorithm.setup_data(X_p, X_h, rtol=2.0)
+    with pytest.raises(ValueError, match="ridge"):
+        algorithm.setup_data(X_p, X_h, ridge=-1.0)
+    with pytest.raises(TypeError, match="must be an array"):
+        algorithm.setup_data(X_p, "x")
+    with pytest.raises(TypeError, match="DataSetup"):
+        _quiet(X_p=X_p, y_p=y_p, X_h=X_h, setup=object())
+    setup = algorithm.setup_data(X_p, X_h)
+    assert setup.rtol == condreg.metrics.run_rtol(X_p, X_h) and setup.ridge is None
+    assert "DataSetup" in repr(setup) and setup.tasks.rir().rir == 1.0
 
 
 def test_a_shared_spectrum_gives_each_method_what_it_gives_alone():
     """A near-tied top of the harmful task (3 and 3·(1 − 1e-13): not certified, so Opt κ's step
-    takes the full decomposition) and a clean bottom: condreg after Opt κ on the same data (one
+    takes the full decomposition) and a clean bottom: condreg after Opt κ on one setup (one
     spectrum at θ_0 shared) equals condreg alone, bit for bit; it certifies its bottom cluster
     whatever Opt κ had computed before."""
     rng = np.random.default_rng(5)
@@ -524,55 +569,41 @@ def test_a_shared_spectrum_gives_each_method_what_it_gives_alone():
     s[:2] = [3.0, 3.0 * (1 - 1e-13)]
     X_h, X_p, y = (U * s) @ V.T, rng.standard_normal((n, D)), rng.standard_normal(n)
     alone = _quiet(X_p=X_p, y_p=y, X_h=X_h, method="condreg", epochs=2)
-    algorithm._prepare.clear_caches()
-    _quiet(X_p=X_p, y_p=y, X_h=X_h, method="opt_kappa", epochs=2)
-    after = _quiet(X_p=X_p, y_p=y, X_h=X_h, method="condreg", epochs=2)
+    setup = algorithm.setup_data(X_p, X_h)
+    _quiet(X_p=X_p, y_p=y, X_h=X_h, method="opt_kappa", epochs=2, setup=setup)
+    after = _quiet(X_p=X_p, y_p=y, X_h=X_h, method="condreg", epochs=2, setup=setup)
     np.testing.assert_array_equal(after.theta, alone.theta)
 
 
 def test_initial_features_are_the_factor_only_at_the_identity():
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     X_p, y_p, X_h = _pair(7, N_h=30)
     problem, state = algorithm.prepare(X_p, y_p, X_h, method="condreg", task="regression")
     A, D = problem.P.A, X_p.shape[1]
-    assert _step.initial_features(problem.P, np.eye(D)) is A
+    assert _factored.initial_features(problem.P, np.eye(D)) is A
     tiny = np.eye(D)
     tiny[0, 1] = 1e-300
     for theta in (np.eye(D) * (1 + 2**-52), tiny, np.eye(D, dtype=np.float32)):
-        F = _step.initial_features(problem.P, theta)
+        F = _factored.initial_features(problem.P, theta)
         assert F is not A
         np.testing.assert_array_equal(F, A @ theta)
-    # a factor the caller may still write to is never cached, nor a read-only view of one
+    # the setup's spectrum serves the factor itself only, at its path and tolerance
+    (path, kept), *_ = problem.P.at_identity
+    rtol = problem.rtol
+    assert _step.spectrum(problem.P, None, rtol, np, vectors=True, path=path, F=A) is kept
     own = np.array(A)
-    task = replace(problem.P, A=own)
-    assert not _step._shared_factor(task, own) and _step._shared_factor(problem.P, A)
-    view = own[:]
-    view.flags.writeable = False
-    assert not _step._shared_factor(replace(problem.P, A=view), view)
-
-
-def test_the_shared_spectra_are_read_only():
-    """What the methods share at θ_0 = I cannot be changed by one of them (a method of the
-    registry that wrote into its spectrum would change the next method's)."""
-    from condreg.algorithm import _step
-
-    X_p, y_p, X_h = _pair(5, N_h=30, decay=14.0)
-    _quiet(X_p=X_p, y_p=y_p, X_h=X_h, method="opt_kappa", epochs=1)
-    (_, hs), *_ = _step._AT_IDENTITY.values()
-    ext = hs.ext
-    lo, hi = ext.bounds("bottom", None)
-    arrays = [hs.mu, hs.sp.s, hs.sp.mask, ext.G, ext.cluster(0, 1), ext.cluster(lo, hi)]
-    assert not any(a.flags.writeable for a in arrays)
-    with pytest.raises(ValueError, match="read-only"):
-        hs.sp.s[0] = 0.0
+    for task, F, tol in ((problem.P, own, rtol), (replace(problem.P, A=own), own, rtol),
+                         (problem.P, A, 2 * rtol)):  # fmt: skip
+        hs = _step.spectrum(task, None, tol, np, vectors=True, path=path, F=F)
+        assert hs is not kept and hs.sp.F is F
 
 
 def test_the_carried_features_do_not_drift_in_float32():
     """The loop moves F = Aθ with each step instead of recomputing it; every REFRESH_EVERY
     epochs it sums θ and recomputes F, so the carried features stay within a few float32
     rounding units of Aθ (without the refresh: ~50 units after 400 epochs on this problem)."""
-    from condreg.algorithm import _step
+    from condreg.algorithm import _factored, _step
 
     rng = np.random.default_rng(0)
     D = 8
@@ -584,7 +615,7 @@ def test_the_carried_features_do_not_drift_in_float32():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         problem, state = algorithm.prepare(X_p, y, X_h, lr=1e-3)
-    tr, cross = _step.Tracked.start(problem, state), _step.cross_basis(problem)
+    tr, cross = _factored.Tracked.start(problem, state), _factored.cross_basis(problem)
     worst = 0.0
     for _ in range(400):
         tr, _ = _step.advance(problem, tr, cross)

@@ -291,8 +291,8 @@ def test_experiment_smoke(tmp_path):
     ],
 )
 def test_experiment_rejects_bad_options_before_work(tmp_path, bad):
-    from condreg.experiments.data import DataError
     from condreg.experiments import UsageError, attacks
+    from condreg.experiments.data import DataError
 
     out = tmp_path / "never"
     with pytest.raises((UsageError, DataError, FileNotFoundError)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import subprocess
 import sys
 import types
 
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 from condreg import cli
-from condreg.experiments.data import house_price_dir
 from condreg.experiments import _report
+from condreg.experiments.data import house_price_dir
 
 HOUSE_DIR = house_price_dir()  # shipped inside the package
 
@@ -180,8 +181,6 @@ def test_deepnet_usage_error_is_one_line(tmp_path, monkeypatch, capfd):
 
 
 def test_cli_imports_no_framework():
-    import subprocess
-
     code = (
         "import sys; from condreg import cli; cli.build_parser(); "
         "import condreg.experiments.mnist_pairs, condreg.experiments.house_prices; "
@@ -222,7 +221,10 @@ def test_bad_data_path_and_malformed_csv(tmp_path, capsys):
 
 
 def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
-    """``reproduce deepnet`` calls condreg.experiments.deepnet.run(out, quick=, seeds=, ...)."""
+    """``reproduce deepnet`` calls condreg.experiments.deepnet.run(out, quick=, seeds=, ...)
+    with the options its own ``add_arguments`` declares."""
+    from condreg.experiments import deepnet
+
     calls = {}
 
     def fake_run(out_dir, *, quick=False, seeds=1, progress=True, **options):
@@ -230,31 +232,102 @@ def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
         _report.write_table(out_dir, "fake")
         return {}
 
-    monkeypatch.setitem(
-        sys.modules, "condreg.experiments.deepnet", types.SimpleNamespace(run=fake_run)
+    fake = types.SimpleNamespace(
+        run=fake_run, HELP=deepnet.HELP, add_arguments=deepnet.add_arguments
     )
-    assert (
-        cli.main(
-            [
-                "reproduce",
-                "deepnet",
-                "--quick",
-                "--seeds",
-                "2",
-                "--out",
-                str(tmp_path),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    monkeypatch.setitem(sys.modules, "condreg.experiments.deepnet", fake)
+    argv = ["reproduce", "deepnet", "--quick", "--seeds", "2", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--no-progress"]) == 0
     assert calls == {"out_dir": tmp_path, "quick": True, "seeds": 2, "progress": False}
     calls.clear()
     assert (
         cli.main(["reproduce", "deepnet", "--resume", "--target", "theta", "--out", str(tmp_path)])
         == 0
     )
-    assert calls["seeds"] == 5 and calls["resume"] is True and calls["target"] == "theta"
+    # seeds None: run() picks 5, or 1 under --quick
+    assert calls["seeds"] is None and calls["resume"] is True and calls["target"] == "theta"
+
+
+_WITHOUT_TORCH = """
+import contextlib, io, json, sys
+sys.modules["torch"] = None  # `import torch` raises ImportError
+from condreg import cli
+res = {}
+for key, argv in json.loads(sys.argv[1]).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    res[key] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(res))
+"""
+
+
+def test_help_works_without_torch_and_deepnet_says_one_line(tmp_path):
+    """``reproduce --help`` lists every experiment and ``reproduce deepnet --help`` its options
+    without torch; running deepnet without torch is one line and exit status 2."""
+    dest = tmp_path / "dn"
+    calls = {
+        "list": ["reproduce", "--help"],
+        "deepnet": ["reproduce", "deepnet", "--help"],
+        "run": ["reproduce", "deepnet", "--quick", "--out", str(dest)],
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    res = json.loads(done.stdout)
+    code, out, _ = res["list"]
+    assert code == 0
+    for name in ("house-prices", "mnist-pairs", "convergence", "deepnet", "attacks", "ablation"):
+        assert name in out
+    code, out, _ = res["deepnet"]
+    assert code == 0 and "--arch" in out and "--quick" in out and "--seeds" in out
+    code, _, err = res["run"]
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "needs PyTorch" in lines[0] and "torch==2.13.0" in lines[0] and not dest.exists()
+
+
+def test_every_quick_help_says_what_it_does(capsys):
+    """Each experiment declares its own --quick help (no shared text)."""
+    helps = {}
+    for name in cli.EXPERIMENTS:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["reproduce", name, "--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        if "--quick" in text:
+            helps[name] = " ".join(text.split("--quick")[-1].split("--out")[0].split())
+    assert {"convergence", "deepnet", "attacks"} <= set(helps)
+    assert len(set(helps.values())) == len(helps), helps
+    assert "minute" in helps["deepnet"] and "not comparable" in helps["deepnet"]
+
+
+def test_an_experiment_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capfd):
+    from condreg import experiments
+
+    monkeypatch.setitem(experiments.EXPERIMENTS, "missing", "no_such_module")
+    code = cli.main(["reproduce", "missing", "--quick", "--out", str(tmp_path / "m")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no_such_module" in err[0]
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["reproduce", "convergence", "--no-such-option"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capfd.readouterr().err
+
+
+def test_digits_closed_separates_ratios_near_one():
+    from condreg.experiments.convergence import digits_closed
+
+    d = digits_closed([1.0, 1 - 1e-9, 1e-3, 0.0, float("nan")])
+    assert d[0] == 1e-16 and d[1] == pytest.approx(1e-9 / math.log(10), rel=1e-6)
+    assert d[2] == pytest.approx(3.0) and d[3] == 40.0 and d[4] == 1e-16
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ fakes (torchvision is not needed)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import sys
@@ -88,6 +87,33 @@ def test_run_writes_files_setup_and_finite_numbers(tiny_run):
     assert "RIR_θ0" in table and "3.47" in table and "steps to target" in table
 
 
+def test_table_leads_with_the_ranking_and_quick_runs_say_so(tiny_run):
+    from condreg.experiments.deepnet import report
+
+    out, payload = tiny_run
+    res = payload["results"]
+    table = (out / "table.md").read_text()
+    lead = table.split("D_P = digits")[0]
+    assert "Quick run" not in table and "quick" not in table.splitlines()[0]
+    for arch, summary in res["summary"].items():
+        line = next(x for x in lead.splitlines() if x.startswith(f"- **{arch}**"))
+        vs = summary["condreg"]["vs_opt_kappa"]
+        ahead = "Ours ahead of Opt κ" if vs["wins"] == 1 else "Opt κ ahead of Ours"
+        assert f"{ahead} on 1 of 1 seeds" in line
+        best = max(
+            (m for m in summary if m != "identity"), key=lambda m: summary[m]["rir_theta0"]["mean"]
+        )
+        assert line.split(": ", 1)[1].startswith(report._label(best))
+        if summary["condreg"]["i"]["mean"] < 1:  # the caveat names Ours
+            assert "Ours (" in line.split("Caveat: (i) < 1 for ")[1]
+        else:
+            assert "Ours (" not in line.split("Caveat")[-1]
+    s = settings.resolve(True, {"methods": "condreg,opt_kappa", **TINY})
+    quick = report.table(res["summary"], s, res["per_seed"], [0], quick=True)
+    assert quick.startswith(report.QUICK_NOTE) and "not comparable" in report.title(True)
+    assert "quick" not in report.title(False)
+
+
 def test_identity_is_exactly_one_and_ours_moves_kappa(tiny_run):
     _, payload = tiny_run
     for summary in payload["results"]["summary"].values():
@@ -98,7 +124,7 @@ def test_identity_is_exactly_one_and_ours_moves_kappa(tiny_run):
         assert summary["condreg"]["rir_theta0"]["mean"] != 1.0
 
 
-def test_resume_keeps_completed_seeds(tiny_run, monkeypatch):
+def test_resume_keeps_completed_seeds(tiny_run, monkeypatch, capfd):
     out, payload = tiny_run
     seed_file = out / "units" / "rescnn-seed0.json"
     assert seed_file.is_file()
@@ -112,6 +138,10 @@ def test_resume_keeps_completed_seeds(tiny_run, monkeypatch):
     )
     a, b = again["results"]["summary"], payload["results"]["summary"]
     assert a["vit"]["condreg"]["rir_theta0"] == b["vit"]["condreg"]["rir_theta0"]
+    # without progress bars (no terminal here) every unit says one line on stderr
+    err = capfd.readouterr().err.splitlines()
+    assert "deepnet: rescnn seed 0 reused in 0 s (1/2)" in err
+    assert any(line.startswith("deepnet: vit seed 0 reused") for line in err)
     # a unit made with other settings: the folder belongs to another run
     with pytest.raises(UsageError, match="other settings"):
         deepnet.run(
@@ -409,10 +439,3 @@ def test_load_image_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="class sub-folders"):
         data.load_image_folder(tmp_path / "empty", image_size=8)
-
-
-def test_old_import_path_is_a_deprecated_shim():
-    sys.modules.pop("condreg.torch.deepnet", None)
-    with pytest.warns(DeprecationWarning, match="condreg.experiments.deepnet"):
-        shim = importlib.import_module("condreg.torch.deepnet")
-    assert shim.run is deepnet.run

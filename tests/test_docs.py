@@ -1,10 +1,14 @@
 """Every ```python block of README.md and docs/ runs as written.
 
 Each block runs in a fresh Python process (its own namespace, nothing shared between blocks), in
-a temporary working directory, with a timeout. A block whose first line is
-``# requires: X[, Y ...]`` is skipped only when one of them is absent: ``cuda`` means a CUDA GPU
-visible to PyTorch; anything else is an importable module name (``transformers``, ``lightning``
-…).
+a temporary working directory, with a timeout. The one opt-out is explicit, on the block's first
+line, with the reason after a dash::
+
+    # requires: cuda, torchvision — a ResNet-50 on a GPU
+
+skips the block only when one of the names is absent here: ``cuda`` means a CUDA GPU visible to
+PyTorch; anything else is an importable module name (``transformers``, ``lightning`` …). A block
+without that line always runs.
 """
 
 from __future__ import annotations
@@ -60,15 +64,23 @@ def _cases():
             yield pytest.param(code, id=f"{rel}:{line}")
 
 
-def _missing(code: str) -> list[str]:
+_REQUIRES = re.compile(
+    r"#\s*requires:\s*(?P<names>[\w.]+(?:\s*,\s*[\w.]+)*)\s*(?:(?:—|–|--?|:|;)\s*(?P<reason>.*))?$"
+)
+
+
+def _requirements(code: str) -> tuple[list[str], str]:
+    """The names and the reason of a block's ``# requires:`` line (``([], "")`` without one)."""
     first = code.lstrip().splitlines()[0] if code.strip() else ""
-    m = re.match(r"#\s*requires:\s*(.+)", first)
+    m = _REQUIRES.match(first.strip())
     if not m:
-        return []
+        return [], ""
+    return [n.strip() for n in m["names"].split(",")], (m["reason"] or "").strip()
+
+
+def _missing(code: str) -> list[str]:
     missing = []
-    for req in (r.strip() for r in m[1].split(",")):
-        if not req:
-            continue
+    for req in _requirements(code)[0]:
         if req == "cuda":
             ok = importlib.util.find_spec("torch") is not None and _cuda()
         else:
@@ -90,11 +102,44 @@ def test_the_collector_finds_blocks():
     assert len(list(_cases())) >= 10
 
 
+def test_the_collector_reads_fences_not_inline_code(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "| a | `x` |\n"
+        "Inline ```` ```python ```` is no block.\n\n"
+        "```python\nprint(1)\n```\n\n"
+        '- item\n\n  ````python title="t"\n  x = 1\n  ```\n  y = 2\n  ````\n\n'
+        "```pycon\n>>> 1\n```\n",
+        encoding="utf-8",
+    )
+    assert _blocks(doc) == [(5, "print(1)\n"), (11, "x = 1\n```\ny = 2\n")]
+
+
+def test_every_python_fence_is_collected():
+    """A ```` ```python ```` that is not a fence (inline in a table, say) is a block that some
+    Markdown readers run and that we would not: one spelling only."""
+    for path in _documents():
+        text = path.read_text(encoding="utf-8")
+        fences = sum(1 for ln in text.splitlines() if re.match(r"\s*(`{3,}|~{3,})\s*python\b", ln))
+        assert text.count("```python") + text.count("~~~python") == fences, path
+        assert fences == len(_blocks(path)), path
+
+
+def test_requires_line_names_and_reason():
+    code = "# requires: cuda, torchvision — a ResNet-50 on a GPU\nimport torch\n"
+    assert _requirements(code) == (["cuda", "torchvision"], "a ResNet-50 on a GPU")
+    assert _requirements("# requires: optax\nx = 1\n") == (["optax"], "")
+    assert _requirements("import os  # requires: nothing\n") == ([], "")
+    assert _missing("# requires: os, no_such_module_xyz -- why\n") == ["no_such_module_xyz"]
+    assert _missing("x = 1\n") == []
+
+
 @pytest.mark.parametrize("code", list(_cases()))
 def test_block_runs(code, tmp_path):
     missing = _missing(code)
     if missing:
-        pytest.skip(f"requires {', '.join(missing)}")
+        reason = _requirements(code)[1]
+        pytest.skip(f"requires {', '.join(missing)}" + (f" ({reason})" if reason else ""))
     script = tmp_path / "block.py"
     script.write_text(code, encoding="utf-8")
     env = dict(os.environ)
@@ -143,3 +188,121 @@ def test_site_builds_strict(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "reference" / "condreg" / "index.html").is_file()
+
+
+def _readme_commands() -> list[str]:
+    """The command lines of README.md's first ```bash block (comments dropped)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^```bash\n(.*?)^```", text, re.S | re.M)
+    assert block, "README.md starts with a bash block of commands"
+    return [ln for ln in block[1].splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_readme_commands_are_the_ci_commands():
+    """Command 2 of the README installs what CI installs and runs CI's test command; the
+    package itself asks only a loose lower bound of torch."""
+    demo, tests = _readme_commands()
+    assert "condreg reproduce mnist-pairs --quick" in demo
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    extras = re.compile(r'pip install (?:--quiet )?-e "\.\[([^\]]+)\]"')
+    assert extras.findall(tests) == extras.findall(ci) != []
+    assert "pip install torch==2.13.0" in tests and '"torch==2.13.0"' in ci
+    ci_lines = [ln for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert tests.split("&&")[-1].strip() == ci_lines[-1].strip()
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    torch_reqs = re.findall(r'"torch([^"]*)"', pyproject)
+    assert torch_reqs and all(r.startswith(">=") for r in torch_reqs), torch_reqs
+
+
+def test_distribution_name_is_condreg_ml():
+    """The index's ``condreg`` is an unrelated project: the distribution is ``condreg-ml``."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["name"] == "condreg-ml"
+    assert project["optional-dependencies"]["all"] == [
+        "condreg-ml[torch,jax,scipy,experiments,optax,lightning,hf]"
+    ]
+    assert project["scripts"] == {"condreg": "condreg.cli:main"}
+
+
+def _reference_objects():
+    """``(identifier, members or None)`` of every ``::: identifier`` on the API reference pages."""
+    out = []
+    for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r":::\s*(\S+)", line)
+            if not m:
+                continue
+            members, j = None, i + 1
+            while j < len(lines) and (not lines[j].strip() or lines[j].startswith(" ")):
+                if lines[j].strip() == "members:":
+                    members = []
+                elif members is not None and lines[j].strip().startswith("- "):
+                    members.append(lines[j].strip()[2:].strip())
+                j += 1
+            out.append((m[1], members))
+    return out
+
+
+def _undocumented_parameters() -> tuple[dict[str, list[str]], list[str]]:
+    """The public functions, methods and constructors the API pages render: those whose numpydoc
+    ``Parameters`` section leaves out parameters of the signature (with them), and those that
+    have parameters but no such section."""
+    griffe = pytest.importorskip("griffe")
+    pkg = griffe.load(
+        "condreg",
+        search_paths=[str(ROOT)],
+        docstring_parser="numpy",
+        docstring_options={"warnings": False},
+        resolve_aliases=True,
+    )
+
+    def documented(obj) -> set[str]:
+        if obj.docstring is None:
+            return set()
+        sections = obj.docstring.parse("numpy", warnings=False)
+        kinds = ("parameters", "other parameters")
+        return {p.name.lstrip("*") for s in sections if s.kind.value in kinds for p in s.value}
+
+    def check(path: str, func, doc_obj, gaps: dict) -> None:
+        names = [p.name.lstrip("*") for p in func.parameters if p.name not in ("self", "cls")]
+        listed = documented(doc_obj)
+        if names and not listed:
+            without.append(path)
+        elif missing := [n for n in names if n not in listed]:
+            gaps[path] = missing
+
+    def visit(path: str, obj, gaps: dict, members=None) -> None:
+        obj = obj.final_target if obj.is_alias else obj
+        if obj.is_function:
+            check(path, obj, obj, gaps)
+        elif obj.is_class:
+            init = obj.members.get("__init__")
+            if init is not None and init.is_function and "dataclass" not in obj.labels:
+                check(path, init, obj, gaps)  # merge_init_into_class: the class documents it
+            for name, member in obj.members.items():
+                # a method renders (and so must list its parameters) when it has a docstring
+                if not name.startswith("_") and not member.is_alias and member.is_function:
+                    if "property" not in member.labels and member.docstring is not None:
+                        check(f"{path}.{name}", member, member, gaps)
+        elif obj.is_module:
+            for name, member in obj.members.items():
+                if (members is None or name in members) and member.is_public:
+                    target = member.final_target if member.is_alias else member
+                    if not target.is_module:
+                        visit(f"{path}.{name}", member, gaps)
+
+    gaps: dict[str, list[str]] = {}
+    without: list[str] = []
+    for identifier, members in _reference_objects():
+        obj = pkg[identifier[len("condreg.") :]] if identifier != "condreg" else pkg
+        visit(identifier, obj, gaps, members)
+    return gaps, sorted(without)
+
+
+def test_api_reference_parameter_tables_are_complete():
+    """The API pages render a numpydoc ``Parameters`` table (mkdocs.yml): where a public
+    function, method or constructor has one, it lists every parameter of the signature."""
+    gaps, _ = _undocumented_parameters()
+    assert not gaps, "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(gaps.items()))

@@ -10,6 +10,7 @@ import pytest
 
 from condreg.experiments import UsageError
 from condreg.experiments import _linear as lin
+from condreg.experiments import _mnist_units as units_mod
 from condreg.experiments import _report as rp
 from condreg.experiments import mnist_pairs as mp
 
@@ -39,13 +40,13 @@ def test_mnist_resume_computes_only_the_missing_pairs(tmp_path, monkeypatch):
     assert saved == ["seed0_pair0-1.json", "seed0_pair2-3.json"]
 
     calls = []
-    real = mp._run_unit
+    real = units_mod.run_unit
 
     def counting(seed, pair, *args):
         calls.append(pair)
         return real(seed, pair, *args)
 
-    monkeypatch.setattr(mp, "_run_unit", counting)
+    monkeypatch.setattr(units_mod, "run_unit", counting)
     second = _run(out, [(0, 1), (2, 3), (4, 5)], resume=True)
     assert calls == [(4, 5)]  # only the new pair is computed
     timing = second["results"]["timing"]
@@ -319,3 +320,252 @@ def test_units_run_largest_first():
         (0, (0, 2)),  # 2 and 5
         (0, (0, 3)),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Definition 3.1 (c): the best attainable D_P loss on X_Pθ
+# ---------------------------------------------------------------------------------------------
+
+
+def _house():
+    from condreg.experiments.data import load_house_prices
+
+    hp = load_house_prices()
+    return hp, lin.default_rtol(hp.X_p, hp.X_h)
+
+
+def test_best_loss_at_identity_is_the_inputs_least_squares_loss():
+    hp, rtol = _house()
+    w = np.linalg.lstsq(hp.X_p, hp.y_p, rcond=None)[0]
+    want = np.mean((hp.X_p @ w - hp.y_p) ** 2) / np.mean(hp.y_p**2)
+    assert 0.05 < want < 0.9
+    D = hp.X_p.shape[1]
+    at_identity = lin.best_loss(hp.X_p @ np.eye(D), hp.y_p, task="regression", rtol=rtol)
+    assert at_identity == pytest.approx(want, rel=1e-10)
+    # an invertible θ with κ(θ) = 1e6 keeps it: the head ranges over the same column space
+    rng = np.random.default_rng(0)
+    Q = np.linalg.qr(rng.standard_normal((D, D)))[0]
+    theta = Q @ np.diag(np.logspace(0, -6, D))
+    kept = lin.best_loss(hp.X_p @ theta, hp.y_p, task="regression", rtol=rtol)
+    assert kept == pytest.approx(want, rel=1e-6)
+    # a θ that removes the direction the least-squares head uses most loses what it carried
+    u = w / np.linalg.norm(w)
+    dropped = lin.best_loss(
+        hp.X_p @ (np.eye(D) - np.outer(u, u)), hp.y_p, task="regression", rtol=rtol
+    )
+    assert dropped > want + 0.02
+
+
+def test_best_loss_of_the_logistic_probe():
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((300, 4))
+    y = (X @ [1.0, -1.0, 0.5, 0.0] + 1.5 * rng.standard_normal(300) > 0).astype(float)
+
+    def loss(w):
+        z = X @ w
+        return np.mean(np.logaddexp(0, z) - y * z)
+
+    want = minimize(loss, np.zeros(4), method="BFGS", options={"gtol": 1e-10}).fun
+    got = lin.best_loss(X, y, task="classification", rtol=1e-12)
+    assert got == pytest.approx(want, rel=1e-6) and want > 0.3  # not separable
+    theta = np.diag([1.0, 1e-4, 1e3, 1.0])  # invertible, κ 1e7: the same attainable loss
+    assert lin.best_loss(X @ theta, y, task="classification", rtol=1e-12) == pytest.approx(
+        want, rel=1e-6
+    )
+    separable = (X @ [1.0, -1.0, 0.5, 0.0] > 0).astype(float)
+    assert lin.best_loss(X, separable, task="classification", rtol=1e-12) < lin.SEPARABLE_LOSS
+
+
+def test_house_prices_reports_definition_3_1_c(tmp_path):
+    from condreg.experiments import house_prices as hpm
+
+    payload = hpm.run(tmp_path / "hp", epochs=2, methods=["condreg", "opt_kappa"], progress=False)
+    res = payload["results"]
+    hp, rtol = _house()
+    want = lin.best_loss(hp.X_p, hp.y_p, task="regression", rtol=rtol)
+    assert res["data"]["loss_best_input"] == res["identity"]["loss_best"] == want
+    for m in ("condreg", "opt_kappa"):
+        run = res["methods"][m]["runs"][0]
+        assert run["rank_H_P"] == run["rank_K_P"]
+        assert run["loss_best"] == pytest.approx(want, rel=1e-8)  # θ invertible: the input's
+        assert run["loss_best"] < run["loss_final"]  # the jointly trained head is not there
+    table = (tmp_path / "hp" / "table.md").read_text()
+    assert "D_P loss, best on Xθ" in table and "best attainable loss is the input's" in table
+    assert "success (Def. 3.1 (a) + (b))" in table
+
+
+def test_mnist_pairs_reports_definition_3_1_c_and_the_papers_unknowns(tmp_path):
+    payload = _run(tmp_path / "mn", [(0, 1)])
+    res = payload["results"]
+    run = res["per_pair"]["condreg"]["0-1"][0]
+    assert 0 <= run["loss_best"] < run["loss_final"]
+    assert res["data"]["loss_best_input"]["0-1"][0] >= 0
+    assert res["methods"]["condreg"]["n_runs"] == 1
+    table = (tmp_path / "mn" / "table.md").read_text()
+    assert "D_P loss, best on Xθ" in table
+    assert "success ours (Def. 3.1 (a) + (b))" in table
+    assert "does not state the rule" in table and "per-pair values are not published" in table
+    assert res["paper_per_pair"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# figures: quick runs say so in every title; Fig. 2's orientation
+# ---------------------------------------------------------------------------------------------
+
+
+def _titles(fig) -> list[str]:
+    return [fig._suptitle.get_text()] + [ax.get_title() for ax in fig.axes if ax.get_title()]
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_mnist_heatmap_titles(tmp_path, quick):
+    from condreg.experiments import _mnist_report as report
+
+    payload = _run(tmp_path / "mn", [(0, 1), (1, 0)])
+    fig = report.heatmap(
+        tmp_path, payload["results"]["per_pair"], ["condreg"], [(0, 1), (1, 0)], quick=quick
+    )
+    title = fig._suptitle.get_text()
+    assert title.startswith("[quick run]") is quick
+    assert "rows = pre-training digit P, columns = harmful digit H" in title
+    ax = fig.axes[0]
+    assert ax.get_ylabel().startswith("pre-training digit P")
+    assert ax.get_xlabel().startswith("harmful digit H")
+    # cell (row P = 0, column H = 1) holds ln RIR of the pair 0-1
+    grid = ax.get_images()[0].get_array()
+    want = np.log(payload["results"]["per_pair"]["condreg"]["0-1"][0]["rir"])
+    assert grid[0, 1] == pytest.approx(want)
+    assert (tmp_path / "ln_rir_heatmap.png").stat().st_size > 0
+
+
+def test_quick_house_prices_says_quick_in_every_title(tmp_path):
+    from condreg.experiments import _house_report as report
+    from condreg.experiments import house_prices as hpm
+
+    payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)
+    assert "(quick)" in (tmp_path / "table.md").read_text().splitlines()[0]
+    res = payload["results"]
+    figs = report.plots(tmp_path, res["identity"], res["methods"], quick=True)
+    assert len(figs) == 2
+    for fig in figs:
+        assert _titles(fig)[0].startswith("[quick run]")
+    history = figs[1]
+    refs = [line for ax in history.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [r.get_ydata()[0] for r in refs] == [res["data"]["kappa_K_P"], res["data"]["kappa_K_H"]]
+    assert all("θ = I" in r.get_label() for r in refs)
+    slow = report.plots(tmp_path, res["identity"], res["methods"], quick=False)
+    assert not any("quick" in t for fig in slow for t in _titles(fig))
+
+
+# ---------------------------------------------------------------------------------------------
+# the command-line contract: each experiment declares its own options
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, argv, quick_words",
+    [
+        (
+            "house_prices",
+            ["--data", "d", "--encoding", "onehot", "--epochs", "3", "--resume"],
+            "20 epochs",
+        ),
+        (
+            "mnist_pairs",
+            ["--pairs", "0-1", "--inputs", "raw", "--jobs", "2", "--cross-check", "--lr", "0.1"],
+            "2 pairs",
+        ),
+    ],
+)
+def test_each_experiment_declares_its_options(name, argv, quick_words):
+    import argparse
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"condreg.experiments.{name}")
+    assert isinstance(module.HELP, str) and "\n" not in module.HELP
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    quick = next(a for a in parser._actions if "--quick" in a.option_strings)
+    assert quick_words in quick.help and "mnist-pairs:" not in quick.help
+    args = vars(parser.parse_args(["--quick", *argv]))
+    assert args["quick"] is True
+    parameters = inspect.signature(module.run).parameters
+    assert set(args) <= set(parameters)  # every option is one of run()'s parameters
+
+
+def test_resolve_data_dir():
+    from condreg.experiments import house_prices as hpm
+    from condreg.experiments.data import house_price_dir
+
+    assert hpm.resolve_data_dir(None) == house_price_dir()
+    assert hpm.resolve_data_dir("x/y") == __import__("pathlib").Path("x/y")
+
+
+def test_best_loss_at_full_rank_takes_the_same_column_space_from_qr():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((200, 6)) @ np.diag(np.logspace(0, -7, 6))
+    y = rng.standard_normal(200)
+    cls = (y > 0).astype(float)
+    for task, target in (("regression", y), ("classification", cls)):
+        svd = lin.best_loss(X, target, task=task, rtol=1e-12)
+        assert lin.best_loss(X, target, task=task, rtol=1e-12, rank=6) == pytest.approx(
+            svd, rel=1e-8
+        )
+    # below full rank the SVD's cut decides (rank is only a hint for the full-rank case)
+    assert lin.best_loss(X, y, task="regression", rtol=1e-5) > lin.best_loss(
+        X, y, task="regression", rtol=1e-12
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the data decomposed once per pair: condreg.algorithm.setup_data, held by the unit
+# ---------------------------------------------------------------------------------------------
+
+
+def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypatch):
+    import condreg
+    from condreg.experiments.data import load_mnist, mnist_digit_task
+
+    X, y = load_mnist()
+    X, _ = mp.prepare_inputs(X, 2, 0.05)
+    tp, th = (mnist_digit_task(X, y, d, n_positive=40) for d in (3, 8))
+    shared = (list(rp.METHODS), 3, 0.005, {}, False)
+    setups, real_immunize = [], condreg.immunize
+
+    def recording(*args, **kwargs):
+        setups.append(kwargs.get("setup"))
+        return real_immunize(*args, **kwargs)
+
+    monkeypatch.setattr(condreg, "immunize", recording)
+    unit = units_mod.run_unit(0, (3, 8), tp, th, shared)
+    assert len(setups) == 4 and setups[0] is not None
+    assert all(s is setups[0] for s in setups)  # one setup, built in the unit, for all four
+    assert setups[0].X_p is tp.X and setups[0].X_h is th.X
+    monkeypatch.undo()
+    for method in rp.METHODS:  # each method alone, decomposing the data itself: the same run
+        alone = lin.immunize_method(
+            method, tp.X, tp.y, th.X, y_h=th.y, task="classification", epochs=3, lr=0.005, seed=0
+        )
+        got = unit["methods"][method]
+        for key in ("rir", "i", "ii", "loss_final", "loss_best", "lam_p", "lam_h"):
+            assert got[key] == alone[key], (method, key)
+
+
+def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypatch):
+    import condreg.algorithm
+    from condreg.experiments import house_prices as hpm
+
+    calls, real = [], condreg.algorithm.setup_data
+    monkeypatch.setattr(
+        condreg.algorithm, "setup_data", lambda *a, **k: calls.append(k) or real(*a, **k)
+    )
+    kw = {"epochs": 2, "methods": ["condreg", "opt_kappa"], "progress": False}
+    payload = hpm.run(tmp_path / "hp", seeds=2, **kw)
+    assert calls == [{"rtol": None, "ridge": None}]  # two seeds × two methods, one setup
+    assert "setup" not in payload["settings"]["options"]
+    # ... and --resume with every seed saved decomposes nothing
+    hpm.run(tmp_path / "hp", seeds=2, resume=True, **kw)
+    assert len(calls) == 1

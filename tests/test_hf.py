@@ -168,3 +168,22 @@ def test_bad_immunized_name(tmp_path):
         ImmunizationTrainer(
             model=_model(), args=args, harmful_dataset=_Tokens(_data()[2]), immunized="nope"
         )
+
+
+def test_a_batch_without_labels_names_the_expected_keys(tmp_path):
+    from condreg.torch.hf import ImmunizationTrainer
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    ids_p, _, ids_h = _data()
+    model = _model()
+    trainer = ImmunizationTrainer(
+        model=model, args=args, harmful_dataset=_Tokens(ids_h), immunized=IMMUNIZED
+    )
+    model.train()
+    batch = {"input_ids": ids_p[:4], "attention_mask": torch.ones_like(ids_p[:4])}
+    with pytest.raises(
+        ValueError, match=r"needs 'labels'.*got keys \['attention_mask', 'input_ids'\]"
+    ):
+        trainer.compute_loss(model, batch)
+    with pytest.raises(TypeError, match="mapping"):
+        trainer.compute_loss(model, [ids_p[:4]])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -155,6 +156,73 @@ def test_a_decomposition_error_is_caught(monkeypatch):
     assert res.epochs_run == 0 and res.stopped.startswith("diverged: decomposition failed at")
 
 
+def _corrupt(rec, how):
+    rec = np.array(rec)
+    index, value = how
+    rec[index] = rec[index] - 1 if value == "minus one" else value
+    return rec
+
+
+#: Every way the loop stops a run early (condreg.algorithm._loop.run and _health): the record
+#: of θ_3 corrupted as the engine would report it, the message, and whether θ_3 is kept.
+STOPS = {
+    "kappa_hp inf": ((0, np.inf), "diverged: non-finite kappa(H_P) at epoch 3"),
+    "kappa_hh nan": ((1, np.nan), "diverged: non-finite kappa(H_H) at epoch 3"),
+    "r_well inf": ((2, np.inf), "diverged: non-finite R_well at epoch 3"),
+    "r_ill nan": ((3, np.nan), "diverged: non-finite R_ill at epoch 3"),
+    "loss inf": ((4, np.inf), "diverged: non-finite loss at epoch 3"),
+    "loss grew": ((4, 1e3), "diverged: the loss grew to 1e+03 at epoch 3"),
+    "rank P": ((5, "minus one"), "rank collapse: H_P(theta) lost rank at epoch 3"),
+    "rank H": ((6, "minus one"), "rank collapse: H_H(theta) lost rank at epoch 3"),
+    "next not finite": ((7, 0.0), "diverged: non-finite theta or omega after epoch 3"),
+    "LinAlgError": (None, "diverged: decomposition failed at epoch 3"),
+}
+
+
+@pytest.mark.parametrize(
+    "case, final",
+    [(case, False) for case in STOPS]
+    + [(case, True) for case in STOPS if STOPS[case][0] != (7, 0.0)],
+)  # (the last epoch takes no step: no "next" to be non-finite)
+def test_every_early_stop_warns(monkeypatch, case, final):
+    """Each stop of the loop warns (ImmunizationWarning naming the reason) and keeps the last
+    healthy θ: θ_2, or θ_3 when the next step is what failed; also when θ_3 is the last epoch's
+    (its record comes from ``evaluate`` instead of a step)."""
+    how, message = STOPS[case]
+    X_p, y, X_h = _pair(5)
+    name = "evaluate" if final else "advance"
+    real = getattr(algorithm._loop, name)
+
+    def corrupted(problem, state, *args):
+        out = real(problem, state, *args)
+        calls.append(1)
+        if len(calls) < 4:
+            return out
+        if how is None:
+            raise np.linalg.LinAlgError("SVD did not converge")
+        return _corrupt(out, how) if final else (out[0], _corrupt(out[1], how))
+
+    calls: list[int] = []
+    monkeypatch.setattr(algorithm._loop, name, corrupted)
+    epochs = 3 if final else 10
+    if final:
+        calls += [1, 1, 1]  # evaluate is called once, for θ_3
+    with pytest.warns(ImmunizationWarning, match=re.escape(message)):
+        res = condreg.immunize(X_p, y, X_h, epochs=epochs)
+    assert res.stopped.startswith(message)
+    kept = 3 if case == "next not finite" else 2
+    assert res.epochs_run == kept and len(res.history["epoch"]) == kept + 1
+    monkeypatch.undo()
+    np.testing.assert_array_equal(res.theta, _quiet(X_p, y, X_h, epochs=kept).theta)
+
+
+def test_an_unusable_start_warns():
+    X_p, y, X_h = _pair(5)
+    with pytest.warns(ImmunizationWarning, match=r"diverged: non-finite .* at epoch 0"):
+        res = condreg.immunize(X_p, y, X_h, theta0=1e200 * np.eye(8), epochs=5)
+    assert res.epochs_run == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # succeeded is Definition 3.1 (a) and (b)
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +275,50 @@ def test_resume_is_bit_identical_to_one_long_run(method, task):
     np.testing.assert_allclose(again.theta, full.theta, rtol=1e-10, atol=1e-12)
 
 
+OPTIONS = {"lr": 0.01, "max_step": 0.2, "imma_steps": 3, "seed": 4, "ridge": 1e-3}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_result_records_everything_its_resume_depends_on(method):
+    """Non-default options, given once: ``resume=res`` alone (not even the method repeated)
+    continues the run exactly — the options, the default λ's and IMMA's inner step of θ_0, the
+    harmful labels — and ten epochs and ten more equal twenty bit for bit."""
+    X_p, y, X_h = _pair(11)
+    y = (y > 0).astype(float)
+    y_h = (np.random.default_rng(0).standard_normal(X_h.shape[0]) > 0).astype(float)
+    kw = {"method": method, "task": "classification", **OPTIONS}
+    kw |= {"y_h": y_h} if method == "imma" else {}
+    full = _quiet(X_p, y, X_h, epochs=20, **kw)
+    half = _quiet(X_p, y, X_h, epochs=10, **kw)
+    rest = _quiet(X_p, y, X_h, epochs=10, resume=half)
+    assert full.stopped == rest.stopped == "completed"
+    np.testing.assert_array_equal(rest.theta, full.theta)
+    np.testing.assert_array_equal(rest.omega, full.omega)
+    assert rest.history["loss"][1:] == full.history["loss"][11:]
+    for key in ("method", "task", "lam_p", "lam_h", "imma_lr", "rtol", "paths", *OPTIONS):
+        assert getattr(rest, key) == getattr(full, key) == getattr(half, key), key
+    assert (half.lr, half.ridge, half.seed) == (0.01, 1e-3, 4)
+    # given again, an option is the caller's choice: another step size is another run
+    other = _quiet(X_p, y, X_h, epochs=10, resume=half, lr=0.02)
+    assert other.lr == 0.02 and not np.array_equal(other.theta, full.theta)
+
+
+def test_a_resumed_run_checks_its_health_against_the_first_epoch():
+    """IMMA at lr = 0.9: the loss is 2.7 at epoch 2 and 15.8 at epoch 3, more than 10x the zero
+    head's loss (1): one run stops there. Resumed at epoch 2, the run keeps the references of
+    its θ_0 (not 10x 2.7) and stops at the same epoch, with the same θ."""
+    X_p, y, X_h = _pair(7)
+    kw = {"method": "imma", "lr": 0.9}
+    full = _quiet(X_p, y, X_h, epochs=6, **kw)
+    half = _quiet(X_p, y, X_h, epochs=2, **kw)
+    assert full.stopped.startswith("diverged: the loss grew") and full.epochs_run == 2
+    assert half.stopped == "completed" and half.history["loss"][-1] > 1
+    with pytest.warns(ImmunizationWarning, match="diverged: the loss grew"):
+        rest = condreg.immunize(X_p, y, X_h, epochs=4, resume=half)
+    assert rest.epochs_run == 0 and rest.stopped.startswith("diverged: the loss grew")
+    np.testing.assert_array_equal(rest.theta, full.theta)
+
+
 def test_imma_records_its_default_inner_step():
     X_p, y, X_h = _pair(8)
     res = _quiet(X_p, y, X_h, method="imma", epochs=2)
@@ -218,7 +330,9 @@ def test_resume_rejects_another_method_or_a_second_start():
     X_p, y, X_h = _pair(9)
     res = _quiet(X_p, y, X_h, method="imma", epochs=2)
     with pytest.raises(ValueError, match="method"):
-        condreg.immunize(X_p, y, X_h, resume=res)
+        condreg.immunize(X_p, y, X_h, method="condreg", resume=res)
+    with pytest.raises(ValueError, match="task"):
+        condreg.immunize(X_p, y, X_h, task="classification", resume=res)
     with pytest.raises(ValueError, match="not both"):
         condreg.immunize(X_p, y, X_h, method="imma", resume=res, theta0=np.eye(8))
     with pytest.raises(TypeError, match="ImmunizationResult"):
@@ -285,7 +399,9 @@ def test_mixed_namespaces_are_a_clear_type_error():
         (lambda d: d.update(lr="0.1"), TypeError, "lr"),
         (lambda d: d.update(lr=True), TypeError, "lr"),
         (lambda d: d.update(epochs=True), ValueError, "epochs"),
-        (lambda d: d.update(method=None), ValueError, "method"),
+        (lambda d: d.update(method=""), ValueError, "method"),  # (None: the default)
+        (lambda d: d.update(method=3), ValueError, "method"),
+        (lambda d: d.update(task=3), ValueError, "task"),
         (lambda d: d.update(max_step=float("inf")), ValueError, "max_step"),
         (lambda d: d.update(imma_steps=0), ValueError, "imma_steps"),
         (lambda d: d.update(imma_lr=-1.0), ValueError, "imma_lr"),

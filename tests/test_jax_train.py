@@ -144,9 +144,31 @@ def test_regularizer_loss_of_a_zero_batch_raises_rank_error(train):
         train.regularizer_loss(jnp.full((4, 3), jnp.nan), None)
 
 
-def test_old_gradient_transformation_name_points_to_optax(train):
-    optax = pytest.importorskip("optax")
-    with pytest.warns(DeprecationWarning, match="optax"):
-        assert train.GradientTransformation is optax.GradientTransformationExtraArgs
+def test_the_old_gradient_transformation_name_is_gone(train):
     with pytest.raises(AttributeError):
-        train.no_such_name  # noqa: B018
+        train.GradientTransformation  # noqa: B018
+
+
+def test_token_batches_are_rows_and_bad_shapes_raise(train):
+    """(B, T, D) feature and input batches: tokens as rows, (B·T, D), everywhere."""
+    X_p, _, X_h = _pair(6, N=60)  # 60 × 6
+    a, b = jnp.asarray(X_p), jnp.asarray(X_h)
+    np.testing.assert_allclose(
+        float(train.regularizer_loss(a.reshape(20, 3, 6), b.reshape(10, 6, 6), 1.0, 2.0)),
+        float(train.regularizer_loss(a, b, 1.0, 2.0)),
+        rtol=1e-12,
+    )
+    theta = jnp.eye(6) + 0.1
+    np.testing.assert_allclose(
+        np.asarray(train.preconditioned_update(theta, a.reshape(20, 3, 6), None, 1.0, 0.0)),
+        np.asarray(train.preconditioned_update(theta, a, None, 1.0, 0.0)),
+        rtol=1e-12,
+    )
+    with pytest.raises(ValueError, match="columns"):
+        train.preconditioned_update(theta, a[:, :5], None)
+    with pytest.raises(ValueError, match="D_in×D"):
+        train.preconditioned_update(theta[0], a, None)
+    with pytest.raises(ValueError, match=r"\(B, T, D\)"):
+        train.regularizer_loss(a.reshape(60, 1, 2, 3), None)
+    with pytest.raises(ValueError, match="same rows"):
+        train.precondition(a @ theta, a[:10])

@@ -117,5 +117,12 @@ def test_weight_conditioning_option_and_bad_batches(tmp_path):
     module = ImmunizationModule(torch.nn.Identity(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     with pytest.raises(ValueError, match="pretrain"):
         module.training_step({"x": torch.zeros(4, 8)}, 0)
+    batch = {"pretrain": (torch.zeros(4, 8), torch.zeros(4, dtype=torch.long))}
+    with pytest.raises(
+        ValueError, match=r"missing \['harmful'\], got keys \['harmfull', 'pretrain'\]"
+    ):
+        module.training_step({**batch, "harmfull": torch.zeros(4, 8)}, 0)
+    with pytest.raises(ValueError, match=r"'pretrain' is not a pair"):
+        module.training_step({"pretrain": torch.zeros(4, 8), "harmful": torch.zeros(4, 8)}, 0)
     with pytest.raises(ValueError, match="lr"):
         ImmunizationModule(torch.nn.Identity(), torch.nn.Linear(8, 8), torch.nn.Identity(), lr=0)

@@ -69,9 +69,20 @@ def test_is_an_optax_transformation_and_chain_passes_the_batches(reg):
     )
     np.testing.assert_allclose(np.asarray(u["theta"]), -0.01 * expected, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(np.asarray(u["w"]), -0.02 * np.ones(3))
-    # without the batches the transformation is the identity (no term has data)
-    u0, _ = chain.update(grads, chain.init(params), params)
-    np.testing.assert_allclose(np.asarray(u0["theta"]), -0.01 * np.asarray(grads["theta"]))
+    # without the batches, or with them misspelled, no silent identity: a clear error
+    with pytest.raises(ValueError, match=r"lam_p=0.7 needs the batch x_p=.*received: \[\]"):
+        chain.update(grads, chain.init(params), params)
+    with pytest.raises(ValueError, match=r"x_p=.*\['X_h', 'X_p'\].*did you mean"):
+        chain.update(grads, chain.init(params), params, X_p=X_p, X_h=X_h)
+    with pytest.raises(ValueError, match="x_h="):
+        chain.update(grads, chain.init(params), params, x_p=jnp.asarray(X_p))
+    with pytest.raises(ValueError, match="columns"):
+        chain.update(grads, chain.init(params), params, x_p=X_p[:, :5], x_h=X_h)
+    with pytest.raises(ValueError, match="token features"):
+        chain.update(grads, chain.init(params), params, x_p=X_p[0], x_h=X_h)
+    # under jit too (shapes are static): the error is raised while tracing
+    with pytest.raises(ValueError, match="x_p="):
+        jax.jit(lambda g, p: chain.update(g, chain.init(p), p))(grads, params)
 
 
 def test_nested_key_and_bare_params(reg):
@@ -121,3 +132,31 @@ def test_r_well_alone_lowers_kappa_and_r_ill_alone_raises_it(reg):
     ill, _ = _train(optax.chain(reg(0.0, 0.1, key="theta"), optax.sgd(5e-3)), X_p, y, X_h, 60)
     assert float(condreg.condition_number(X_p @ np.asarray(well["theta"]))) < 0.9 * k_p0
     assert float(condreg.condition_number(X_h @ np.asarray(ill["theta"]))) > 1.2 * k_h0
+
+
+def test_sharded_batches_give_the_update_of_the_whole_batch(tmp_path):
+    """2 virtual CPU devices (XLA_FLAGS before jax's import: a subprocess): jit with row-sharded
+    batches, shard_map and pmap with ``axis_name`` equal one device on the whole batch; shard_map
+    without the axis name regularizes each shard (different: the test can fail)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(here / "_scale_jax.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rel = dict(line.split() for line in proc.stdout.splitlines())
+    assert set(rel) == {"jit-sharded", "shard_map", "shard_map-no-axis", "pmap"}, proc.stdout
+    for case in ("jit-sharded", "shard_map", "pmap"):
+        assert float(rel[case]) < 1e-10, (case, rel)
+    assert float(rel["shard_map-no-axis"]) > 1e-3, rel

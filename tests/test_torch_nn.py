@@ -81,8 +81,14 @@ def test_regularizer_module_values_and_normalisation():
     norm = ConditionRegularizer(2.0, 3.0)
     np.testing.assert_allclose(float(norm(10.0 * Fp, 0.1 * Fh)), float(norm(Fp, Fh)), rtol=1e-10)
     assert float(ConditionRegularizer(1.0, 0.0)(None, Fh)) == 0.0
-    only_h = ConditionRegularizer(0.0, 1.0, normalize=False)(None, Fh.reshape(60, 2, 3))
+    # token features (B, T, D): tokens as rows, (B·T, D) — the probing Hessian sums f fᵀ over
+    # every token
+    only_h = ConditionRegularizer(0.0, 1.0, normalize=False)(None, Fh.reshape(20, 3, 6))
     np.testing.assert_allclose(float(only_h), condreg.r_ill(X_h, gram=True), rtol=1e-10)
+    tok = ConditionRegularizer(0.0, 1.0, normalize=False)(None, Fh.reshape(60, 2, 3))
+    np.testing.assert_allclose(
+        float(tok), condreg.r_ill(X_h.reshape(120, 3), gram=True), rtol=1e-10
+    )
     with pytest.raises(ValueError):
         ConditionRegularizer()(None, None)
     with pytest.raises(ValueError):
@@ -91,6 +97,34 @@ def test_regularizer_module_values_and_normalisation():
         precondition(Fp, Fh[:10])
     with pytest.raises(ValueError):
         Precondition(-1.0)
+
+
+def test_bad_inputs_raise_clear_errors():
+    X_p, _, X_h = _pair(3)
+    reg = ConditionRegularizer(1.0, 1.0)
+    with pytest.raises(TypeError, match="torch.Tensor.*as_tensor"):
+        reg(X_p, X_h)  # NumPy arrays
+    with pytest.raises(ValueError, match=r"\(B, T, D\)"):
+        reg(_t(X_p).reshape(60, 1, 2, 3))
+    x = _t(X_p).reshape(20, 3, 6)
+    with pytest.raises(ValueError, match="same rows"):
+        precondition(x.reshape(30, 2, 6), x)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        precondition(X_p, _t(X_p))
+
+
+def test_token_features_precondition_as_rows():
+    """(B, T, D_in) inputs and (B, T, D) features: the dummy layer on the (B·T) token rows."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((12, 5, 4))
+    theta = _t(np.eye(4) + 0.1 * rng.standard_normal((4, 4))).requires_grad_()
+    x = _t(X)
+    (g,) = torch.autograd.grad(
+        ConditionRegularizer(1.0, 0.0, normalize=False)(precondition(x @ theta, x, ridge=0.0)),
+        theta,
+    )
+    expected = preconditioned_gradient(theta.detach().numpy(), X.reshape(60, 4), "r_well")
+    np.testing.assert_allclose(g.numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
 def _loop(X_p, y, X_h, *, lam_p, lam_h, lr, epochs, theta0=None, omega0=None):

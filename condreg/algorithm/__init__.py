@@ -24,10 +24,13 @@ loss, step-size safety and λ rule — so they compare fairly:
     Bi-level (Zheng & Yeh 2024): ascent on the attacker's harmful loss after ``imma_steps``
     differentiable probe steps (exact adjoint of the unrolled inner loop).
 
-The supported functional interface: :func:`prepare` validates the data and returns an immutable
-:class:`Problem` and the starting :class:`State`; :func:`step` is one epoch (pure, jit-able);
-:func:`evaluate` records a state without stepping. :func:`immunize` is ``prepare`` + a loop of
-``step`` with health checks (a diverging run stops cleanly, keeping the last healthy θ).
+The supported functional interface: :func:`setup_data` decomposes the data once into a
+:class:`DataSetup` that every run on them may share (``setup=``); :func:`prepare` validates the
+data and returns an immutable :class:`Problem` and the starting :class:`State`; :func:`step` is
+one epoch (pure, jit-able); :func:`evaluate` records a state without stepping. :func:`immunize`
+is ``prepare`` + a loop of ``step`` with health checks (a diverging run stops cleanly, keeping
+the last healthy θ, and warns); its result records everything the run depended on, so
+``resume=`` continues it exactly. Nothing is kept between calls outside these objects.
 
 Numerical policy (in full in ``docs/immunization.md``): the regularizers see ``K̃ = c²K`` and the
 supervised loss ``x̂ = x·2^k``, ``ŷ = y·2^{-e}`` with powers of two (exact rescalings, so a resumed
@@ -50,6 +53,7 @@ from condreg.algorithm._result import (
     ImmunizationResult,
     ImmunizationWarning,
 )
+from condreg.algorithm._setup import DataSetup, setup_data
 from condreg.algorithm._step import RECORD_FIELDS, evaluate, step
 
 #: The supervised tasks.
@@ -61,6 +65,8 @@ __all__ = [
     "ImmunizationWarning",
     "preconditioned_gradient",
     "prepare",
+    "setup_data",
+    "DataSetup",
     "step",
     "evaluate",
     "Problem",

@@ -25,17 +25,48 @@ def preconditioned_gradient(
     Theorem 4.2 gives ``∇_θ f = 2KθG`` with ``G = ∇_H f``, so the result is ``2θG`` when ``K`` is
     invertible; in general ``K⁺K·2θG`` (projection onto the row space of ``X``, pseudo-inverse,
     default) or ``(K + ε·λ_max(K)·I)⁻¹K·2θG`` with ``ridge=ε`` (:mod:`condreg._precondition`,
-    the one home of this preconditioner). ``quantity`` is ``"r_well"``, ``"r_ill"`` or
-    ``"condition_number"``; ``G`` is the minimum-norm (sub)gradient from the SVD of ``F = Xθ``
-    (rank tolerance ``rtol``, default ``max(N, D)·eps``; the same rule for the row space of
-    ``X``). ``theta`` is ``(D, D_out)``, ``X`` is ``(N, D)``. Pure Array API code without value
-    checks (at R_ill's pole the result is not finite): it traces under ``jax.jit``.
+    the one home of this preconditioner). ``G`` is the minimum-norm (sub)gradient from the SVD
+    of ``F = Xθ``. A step ``θ' = θ − η·preconditioned_gradient(θ, X, f)`` gives
+    ``H(θ') = (I − 2ηG) H (I − 2ηG)``: the same eigenvectors (Theorem 4.3). Pure Array API code
+    without value checks (at R_ill's pole the result is not finite): it traces under
+    ``jax.jit``.
 
-    A step ``θ' = θ − η·preconditioned_gradient(θ, X, f)`` gives
-    ``H(θ') = (I − 2ηG) H (I − 2ηG)``: the same eigenvectors (Theorem 4.3).
+    Parameters
+    ----------
+    theta : array, shape (D, D_out)
+        The extractor.
+    X : array, shape (N, D)
+        The task's data.
+    quantity : {"r_well", "r_ill", "condition_number"}
+        The regularizer ``f``.
+    ridge : float > 0, optional
+        ``None``: the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
+    rtol : float, optional
+        Rank tolerance on the singular values of ``F`` and of ``X``; default
+        ``max(N, D)·eps``.
+    xp : namespace, optional
+        Array API namespace to use instead of the arrays'.
 
-    Raises ``ValueError`` for an unknown ``quantity``, ``TypeError`` for arrays of different
-    libraries.
+    Returns
+    -------
+    array, shape (D, D_out)
+        ``K⁻¹∇_θ f(H(θ))`` in the arrays' namespace.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``quantity``.
+    TypeError
+        ``theta`` and ``X`` of different libraries.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.algorithm import preconditioned_gradient
+    >>> rng = np.random.default_rng(0)
+    >>> X, theta = rng.standard_normal((20, 4)), np.eye(4)
+    >>> preconditioned_gradient(theta, X, "r_well").shape
+    (4, 4)
     """
     if quantity not in _core.QUANTITIES:
         raise ValueError(f"quantity must be one of {_core.QUANTITIES}, got {quantity!r}")

@@ -6,21 +6,22 @@ import math
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from condreg.algorithm._prepare import prepare, result_defaults
+from condreg.algorithm._factored import Tracked, cross_basis, is_identity
+from condreg.algorithm._prepare import prepare, run_options
 from condreg.algorithm._problem import Problem, State
-from condreg.algorithm._result import HISTORY_KEYS, ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import (
-    Tracked,
-    advance,
-    cross_basis,
-    evaluate,
-    is_identity,
-    is_linalg_error,
+from condreg.algorithm._result import (
+    HISTORY_KEYS,
+    ImmunizationResult,
+    ImmunizationWarning,
+    ResumeState,
 )
+from condreg.algorithm._setup import DataSetup
+from condreg.algorithm._step import advance, evaluate, is_linalg_error
 
 Array = Any
 
@@ -84,28 +85,43 @@ class _History:
                 self.rows[key][index] = float(value)
 
 
+class Outcome(NamedTuple):
+    """What :func:`run` returns: the last healthy iterate, the history, why the run ended, the
+    epoch of the iterate and the references of its health checks ``(loss, ranks)``."""
+
+    kept: Tracked
+    history: _History
+    stopped: str
+    epochs_run: int
+    references: tuple[float, tuple[float, float] | None]
+
+
 def run(
     problem: Problem,
     state: State | Tracked,
     epochs: int,
     report: Callable[[dict[str, float]], bool],
-) -> tuple[Tracked, _History, str, int]:
+    references: tuple[float, tuple[float, float] | None] | None = None,
+) -> Outcome:
     """Iterate :func:`condreg.algorithm.step` for ``epochs`` epochs, keeping the last healthy
     state.
 
     The iterate is kept factored (:class:`condreg.algorithm._step.Tracked`: the features
     ``Aθ`` of both tasks follow each step, θ's basis parts are summed apart), so an epoch pays
     no ``r×D×D`` product for the features nor ``D×r×D`` one for θ; the result is the same as
-    iterating ``step`` up to rounding. Returns ``(state, history, stopped, epochs_run)``, the
-    state a :class:`Tracked` (``.state()``: θ dense). A state is healthy when its κ's, loss and
-    R_well are finite, R_ill is not NaN and both ranks are those of ``θ_0``; a decomposition
-    error (the backend's LinAlgError) counts as unhealthy. One host synchronisation per epoch."""
+    iterating ``step`` up to rounding. Returns an :class:`Outcome`, its state a :class:`Tracked`
+    (``.state()``: θ dense). A state is healthy when its κ's, loss and R_well are finite, R_ill
+    is not NaN, the loss is at most :data:`LOSS_BLOWUP` times the reference loss and both ranks
+    are the reference ranks; a decomposition error (the backend's LinAlgError) counts as
+    unhealthy. The references are those of ``θ_0``, or ``references`` = ``(loss, ranks)`` of the
+    run this one continues (``resume=``: the same checks as one longer run). One host
+    synchronisation per epoch."""
     history = _History(problem)
     state = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     cross = cross_basis(problem)
-    kept, kept_t, ranks = state, 0, None
     zero_head = 1.0 if problem.task == "regression" else math.log(2.0)
-    loss_ref = zero_head
+    loss_ref, ranks = (zero_head, None) if references is None else references
+    kept, kept_t = state, 0
     stopped = "completed"
     for t in range(epochs + 1):
         try:
@@ -120,7 +136,7 @@ def run(
                 raise
             stopped = f"diverged: decomposition failed at epoch {t} ({type(exc).__name__}: {exc})"
             break
-        if t == 0 and math.isfinite(rec[4]):
+        if t == 0 and references is None and math.isfinite(rec[4]):
             loss_ref = max(zero_head, rec[4])
         why = _health(rec, ranks, loss_ref, t, problem.rtol)
         if why is not None:
@@ -143,7 +159,7 @@ def run(
         state = new
     if not history.rows["epoch"]:  # θ_0 itself is unusable: report it, from the metrics
         history.add(dict.fromkeys(HISTORY_KEYS, float("nan")) | {"epoch": 0.0})
-    return kept, history, stopped, kept_t
+    return Outcome(kept, history, stopped, kept_t, (loss_ref, ranks))
 
 
 def _reporter(problem: Problem, epochs: int, progress: bool, callback: Any):
@@ -167,7 +183,7 @@ def _warn(result: ImmunizationResult) -> None:
             f"immunize ({result.method}): {result.stopped}; returned theta of epoch "
             f"{result.epochs_run} (lower lr, or check the data's scale)",
             ImmunizationWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
     if not result.succeeded:
         warnings.warn(
@@ -175,7 +191,7 @@ def _warn(result: ImmunizationResult) -> None:
             f"(ii) = {result.ii:.4g}, RIR = {result.rir:.4g} (success needs (i) > 1 and "
             "(ii) <= 1); try more epochs, a larger max_step or other lam_p/lam_h",
             ImmunizationWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
 
 
@@ -184,19 +200,19 @@ def immunize(
     y_p: Array,
     X_h: Array,
     *,
-    method: str = "condreg",
-    task: str = "regression",
+    method: str | None = None,
+    task: str | None = None,
     lam_p: float | None = None,
     lam_h: float | None = None,
-    lr: float = 0.005,
+    lr: float | None = None,
     epochs: int = 100,
     theta0: Array | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     omega0: Array | None = None,
     y_h: Array | None = None,
-    max_step: float = 0.3,
+    max_step: float | None = None,
     ridge: float | None = None,
-    imma_steps: int = 5,
+    imma_steps: int | None = None,
     imma_lr: float | None = None,
     rtol: float | None = None,
     resume: ImmunizationResult | None = None,
@@ -204,85 +220,174 @@ def immunize(
     callback: Callable[[int, dict[str, float]], bool | None] | None = None,
     warn: bool = True,
     xp: Any = None,
+    setup: DataSetup | None = None,
 ) -> ImmunizationResult:
     """Immunize a linear feature extractor θ against linear probing on ``X_h`` (Algorithm 1).
 
-    Every default is explained in ``docs/immunization.md``.
+    Pre-trains ``f_θ(x) = xᵀθ`` and a head ω on ``(X_p, y_p)`` so that linear probing on the
+    harmful inputs ``X_h`` is ill-conditioned while the pre-training task stays
+    well-conditioned. One epoch of ``method="condreg"`` is
+
+    ``ω ← ω − η∇_ωL``,
+    ``θ ← θ − η∇_θL − ηλ_P K_P⁻¹∇_θR_well(H_P) − ηλ_H K_H⁻¹∇_θR_ill(H_H)``
+
+    with ``H(θ) = θᵀKθ``, ``K = XᵀX`` and ``K⁻¹`` on the left; success is measured by the
+    relative immunization ratio ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]``. Every default
+    is explained in ``docs/immunization.md``. Options left ``None`` take the resumed run's value
+    with ``resume=``, else the default written below.
 
     Parameters
     ----------
-    X_p, y_p : arrays ``(N_p, D)``, ``(N_p,)`` (or ``(N_p, 1)``) — the pre-training task (labels in
-        {0, 1} for ``task="classification"``). X_h : array ``(N_h, D)`` — the harmful inputs.
-    method : an entry of :data:`condreg.algorithm.REGISTRY`: ``"condreg"``, ``"r_ill_only"``,
-        ``"opt_kappa"`` or ``"imma"``. task : ``"regression"`` (squared error) or
-        ``"classification"`` (binary logistic loss of the head on ``D_P``).
-    lam_p, lam_h : regularizer weights; ``None``: balanced at ``θ_0`` (each update of relative
-        size ``max_step``). Terms a method does not use are 0.
-    lr, epochs : step size η (0.005, the paper's) and number of full-batch iterations.
-    theta0, omega0 : starting point ``(D, D)``, ``(D,)`` (default ``I`` and 0).
-    seed, y_h : ``"imma"`` trains on ``y_h``, or on labels drawn with ``seed`` (N(0, 1) or coin
-        flips) when it is None. imma_steps, imma_lr : IMMA's inner loop (default step ``1/L`` at
-        ``θ_0``, recorded as ``res.imma_lr``).
-    max_step : in (0, 0.5), default 0.3 — each regularizer step moves every eigenvalue of its
-        Hessian by at most a factor ``(1 ± max_step)²``.
-    ridge : ``None``: ``K⁻¹`` is the pseudo-inverse; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
-    rtol : the run's one rank tolerance: ``σ_i(Xθ)`` counts when ``> rtol·σ₁``, in the loop, the
-        history and the final metrics alike; default ``max(N_P, N_H, D)·eps``; ``res.rtol``.
-    resume : a previous result to continue (its θ, ω and start-of-run values ``lam_p``,
-        ``lam_h``, ``imma_lr``, ``rtol``, ``paths``): bit-identical to one longer run.
-    progress : print one line per epoch to stderr. callback : ``(epoch, row) -> bool | None``,
-        called with each history row; ``True`` stops the run there.
-    warn : emit :class:`ImmunizationWarning` when the run did not succeed or stopped early.
-    xp : Array API namespace to use instead of the inputs'.
+    X_p : array, shape (N_p, D)
+        The pre-training inputs.
+    y_p : array, shape (N_p,) or (N_p, 1)
+        Its labels (in {0, 1} for ``task="classification"``).
+    X_h : array, shape (N_h, D)
+        The harmful inputs.
+    method : str, default "condreg"
+        An entry of :data:`condreg.algorithm.REGISTRY`: ``"condreg"``, ``"r_ill_only"``,
+        ``"opt_kappa"`` or ``"imma"``.
+    task : str, default "regression"
+        ``"regression"`` (squared error) or ``"classification"`` (binary logistic loss of the
+        head on ``D_P``).
+    lam_p, lam_h : float >= 0, optional
+        Regularizer weights; default: balanced at ``θ_0`` (each update of relative size
+        ``max_step``). Terms a method does not use are 0.
+    lr : float > 0, default 0.005
+        Step size η (the paper's).
+    epochs : int >= 0, default 100
+        Number of full-batch iterations.
+    theta0 : array, shape (D, D), optional
+        Starting extractor (default ``I``).
+    seed : int >= 0, default 0
+        Seed of ``"imma"``'s surrogate harmful labels (N(0, 1) or coin flips) when ``y_h`` is
+        None.
+    omega0 : array, shape (D,), optional
+        Starting head (default 0).
+    y_h : array, shape (N_h,), optional
+        Harmful labels, used by ``"imma"`` only.
+    max_step : float in (0, 0.5), default 0.3
+        Each regularizer step moves every eigenvalue of its Hessian by at most a factor
+        ``(1 ± max_step)²``.
+    ridge : float > 0, optional
+        ``None``: ``K⁻¹`` is the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
+    imma_steps : int >= 1, default 5
+        Inner probe steps of ``"imma"``.
+    imma_lr : float > 0, optional
+        Inner step of ``"imma"``; default ``1/L`` at ``θ_0`` (recorded as ``res.imma_lr``).
+    rtol : float in (0, 1), optional
+        The run's one rank tolerance: ``σ_i(Xθ)`` counts when ``> rtol·σ₁``, in the loop, the
+        history and the final metrics alike; default ``max(N_P, N_H, D)·eps`` (``res.rtol``).
+    resume : ImmunizationResult, optional
+        A run to continue: its iterate (θ, the head, the factored parts), the references of its
+        health checks and every option it recorded (``method``, ``task``, ``lam_p``,
+        ``lam_h``, ``lr``, ``max_step``, ``ridge``, ``imma_steps``, ``imma_lr``, ``rtol``,
+        ``paths``, ``seed``, ``y_h``) are reused where not given, so that ten epochs and ten
+        more equal twenty bit for bit.
+    progress : bool, default False
+        Print one line per epoch to stderr.
+    callback : callable, optional
+        ``callback(epoch, row) -> bool | None`` with each history row; ``True`` stops the run.
+    warn : bool, default True
+        Emit :class:`ImmunizationWarning` when the run stopped early (diverged or lost rank)
+        or did not succeed.
+    xp : namespace, optional
+        Array API namespace to use instead of the inputs'.
+    setup : DataSetup, optional
+        :func:`condreg.algorithm.setup_data` of these very arrays ``X_p``, ``X_h`` (same
+        ``rtol`` and ``ridge``): the data are not decomposed again. The result is the same bit
+        for bit.
 
     Returns
     -------
-    ImmunizationResult — ``res.stopped`` is ``"completed"``, ``"stopped by callback at epoch t"``,
-    ``"diverged: …"`` or ``"rank collapse: …"``; a run that diverges or loses rank keeps the last
-    healthy θ (finite, full rank), warns, and reports finite metrics: diverging values never
-    raise.
+    ImmunizationResult
+        ``res.theta``, ``res.omega`` (raw units), ``res.history``, ``res.metrics`` and ``rir``,
+        ``i``, ``ii``, ``succeeded``; ``res.stopped`` is ``"completed"``, ``"stopped by
+        callback at epoch t"``, ``"diverged: …"`` or ``"rank collapse: …"``. A run that
+        diverges or loses rank keeps the last healthy θ (finite, full rank), warns, and
+        reports finite metrics: diverging values never raise.
 
     Raises
     ------
-    TypeError : arrays of different libraries, non-array data, non-real dtypes, non-numeric options.
-    ValueError : non-2-D or empty ``X``, mismatched shapes, NaN/Inf in the data, bad labels, an
-        unknown method or task, a zero data matrix, ``X_h`` of rank < 2 for R_ill, bad options.
-        All checks run before any decomposition.
+    TypeError
+        Arrays of different libraries, non-array data, non-real dtypes, non-numeric options, a
+        ``resume`` that is not a result or a ``setup`` that is not a :class:`DataSetup`.
+    ValueError
+        Non-2-D or empty ``X``, mismatched shapes, NaN/Inf in the data, bad labels, an unknown
+        method or task, a zero data matrix, ``X_h`` of rank < 2 for R_ill, bad options, a
+        ``resume`` of another method or task, a ``setup`` of other data or options. All checks
+        run before any decomposition.
+
+    Warns
+    -----
+    ImmunizationWarning
+        The run stopped early (``res.stopped`` starts with ``"diverged"`` or ``"rank
+        collapse"``), or it did not succeed (``not res.succeeded``); with ``warn=True``.
+
+    Examples
+    --------
+    >>> import numpy as np, condreg
+    >>> rng = np.random.default_rng(0)
+    >>> X_p = rng.standard_normal((60, 6)) @ np.diag(np.logspace(0, -1, 6))
+    >>> y_p = X_p @ rng.standard_normal(6)
+    >>> X_h = rng.standard_normal((60, 6)) @ np.linalg.qr(rng.standard_normal((6, 6)))[0]
+    >>> res = condreg.immunize(X_p, y_p, X_h, epochs=20)
+    >>> res.stopped, res.succeeded
+    ('completed', True)
+    >>> half = condreg.immunize(X_p, y_p, X_h, epochs=10)
+    >>> rest = condreg.immunize(X_p, y_p, X_h, epochs=10, resume=half)
+    >>> bool((rest.theta == res.theta).all())
+    True
     """
     epochs = _validate_epochs(epochs)
     if callback is not None and not callable(callback):
         raise TypeError(f"immunize: callback must be callable, got {type(callback).__name__}")
     if resume is not None and (theta0 is not None or omega0 is not None):
         raise ValueError("immunize: pass either resume or theta0/omega0, not both")
-    kw = result_defaults(
-        resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, imma_lr=imma_lr, rtol=rtol,
-        theta0=theta0, omega0=omega0, paths=None,
+    kw = run_options(
+        resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr, max_step=max_step,
+        ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol, paths=None, seed=seed,
+        y_h=y_h, theta0=theta0, omega0=omega0,
     )  # fmt: skip
-    problem, state = prepare(
-        X_p, y_p, X_h, lr=lr, seed=seed, y_h=y_h, max_step=max_step, ridge=ridge,
-        imma_steps=imma_steps, warn=warn, xp=xp, **kw,
-    )  # fmt: skip
-    start: State | Tracked = state
-    if resume is not None and resume.resume_state is not None:
-        kept, head_scale = resume.resume_state
-        if head_scale == problem.head_scale:  # the same data: continue from the exact iterate
-            start = State(state.theta, kept.omega)
-            if kept.on(problem):  # the same tasks: its factored parts and features too
-                start = kept._replace(P=problem.P, H=problem.H)
+    problem, state = prepare(X_p, y_p, X_h, warn=warn, xp=xp, setup=setup, **kw)
+    start, references = _continued(problem, state, resume)
     report = _reporter(problem, epochs, progress, callback)
-    theta0 = state.theta
-    kept, history, stopped, epochs_run = run(problem, start, epochs, report)
-    return _result(problem, theta0, kept, history, stopped, epochs_run, X_p, X_h, warn)
+    out = run(problem, start, epochs, report, references)
+    result = _result(problem, state.theta, out, X_p, X_h, kw)
+    if warn:
+        _warn(result)
+    return result
+
+
+def _continued(problem: Problem, state: State, resume: ImmunizationResult | None):
+    """The start of a run and the references of its health checks: ``state``, or the exact
+    iterate ``resume`` stopped at (its head in the algorithm's units and, on the same tasks,
+    its factored parts and features) and its references, when it is a run on the same data."""
+    saved = None if resume is None else resume.resume_state
+    if saved is None or saved.head_scale != problem.head_scale:
+        return state, None
+    start: State | Tracked = State(state.theta, saved.iterate.omega)
+    if saved.iterate.on(problem):  # the same tasks: its factored parts and features too
+        start = saved.iterate._replace(P=problem.P, H=problem.H)
+    return start, saved.references
 
 
 def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
-    """``problem.tasks`` (prepare's spectra of the data) when it is of these arrays."""
+    """The setup's spectra of the data (``problem.setup.tasks``) when they are of these
+    arrays."""
     from condreg.metrics import rir_spectra
 
-    tasks = problem.tasks
+    tasks = None if problem.setup is None else problem.setup.tasks
     if tasks is not None and X_p.dtype == tasks.s_kp.dtype:
         return tasks
     return rir_spectra(None, X_p, X_h, rtol=problem.rtol)
+
+
+def _detached(kept: Tracked) -> Tracked:
+    """The iterate without the setup's spectra at ``θ = I`` (a result keeps its own state
+    only; ``resume=`` reattaches the tasks of its run's setup)."""
+    P, H = (replace(task, at_identity=()) for task in (kept.P, kept.H))
+    return kept._replace(P=P, H=H)
 
 
 def _validate_epochs(epochs: Any) -> int:
@@ -292,12 +397,14 @@ def _validate_epochs(epochs: Any) -> int:
 
 
 def _result(
-    problem, theta0, kept, history, stopped, epochs_run, X_p, X_h, warn
+    problem: Problem, theta0: Array, out: Outcome, X_p: Array, X_h: Array, kw: dict[str, Any]
 ) -> ImmunizationResult:
+    """The result of the run ``out``: its θ and head, the metrics at ``θ_0`` and at θ (rows 0
+    and -1 of the history), every option the run depended on and its exact iterate."""
     from condreg.metrics import rir_spectra
 
-    xp = problem.xp
-    state = kept.state()
+    xp, history = problem.xp, out.history
+    state = out.kept.state()
     dtype = state.theta.dtype
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
     with np.errstate(all="ignore"):
@@ -306,7 +413,7 @@ def _result(
         tasks = _tasks(problem, X_p, X_h)
         spectra = rir_spectra(state.theta, X_p, X_h, rtol=problem.rtol, tasks=tasks)
         metrics = spectra.rir()
-        if epochs_run == 0:
+        if out.epochs_run == 0:
             first = metrics
         elif is_identity(theta0, xp):  # X·I = X exactly: rir(I) is the tasks' own
             first = tasks.rir()
@@ -314,7 +421,8 @@ def _result(
             first = rir_spectra(theta0, X_p, X_h, rtol=problem.rtol, tasks=tasks).rir()
     history.finish(first, metrics)
     uses_inner = problem.method.default_inner_lr is not None
-    result = ImmunizationResult(
+    saved = ResumeState(_detached(out.kept), problem.head_scale, out.references, kw["y_h"])
+    return ImmunizationResult(
         theta=state.theta,
         omega=problem.raw_omega(state),
         method=problem.method.name,
@@ -323,16 +431,16 @@ def _result(
         lam_h=problem.lam_h,
         lr=problem.lr,
         max_step=problem.max_step,
-        epochs_run=epochs_run,
+        epochs_run=out.epochs_run,
         history=history.rows,
         metrics=metrics,
-        stopped=stopped,
+        stopped=out.stopped,
         rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
         paths=problem.paths,
-        resume_state=(kept, problem.head_scale),
+        resume_state=saved,
         spectra=spectra,
+        ridge=problem.setup.ridge,
+        imma_steps=problem.imma_steps,
+        seed=kw["seed"],
     )
-    if warn:
-        _warn(result)
-    return result

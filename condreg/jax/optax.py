@@ -1,4 +1,6 @@
-"""Algorithm 1's regularizer as an ``optax`` gradient transformation (needs ``condreg[optax]``).
+"""Algorithm 1's regularizer as an ``optax`` gradient transformation.
+
+Needs ``pip install 'condreg-ml[optax]'``.
 
 :func:`condition_regularizer` returns an ``optax.GradientTransformationExtraArgs``: it adds
 Algorithm 1's ``K⁻¹``-left-preconditioned regularizer gradient
@@ -24,6 +26,16 @@ Put it *before* the optimizer: ``optax.sgd`` then takes exactly Algorithm 1's st
 ``θ ← θ − η(∇_θL + λ_P K_P⁺∇R_well + λ_H K_H⁺∇R_ill)``. Adaptive optimizers (``optax.adam``)
 rescale the sum per entry, which changes the preconditioned direction; κ still moves the intended
 way in our tests, but the theory (Theorem 4.3) is for SGD.
+
+Every batch a nonzero weight needs must be given (``x_p`` for ``lam_p > 0``, ``x_h`` for
+``lam_h > 0``) with ``D_in`` columns: a missing, misspelled (``X_p=``) or misshapen batch raises a
+``ValueError`` instead of leaving the update unregularized.
+
+Data parallelism: under ``jax.jit`` with the batches sharded over devices (``NamedSharding``) the
+update is that of the whole batch as it is (XLA inserts the collectives). Inside ``shard_map`` or
+``pmap``, where each device sees its own rows, pass ``axis_name``: the batches are all-gathered
+over that axis (``N_total·D_in`` numbers per batch and step) and every device computes the update
+of the global batch (the same on every device; docs/scaling.md).
 
 Pure; ``update`` is jit-able. Enable float64 yourself (``jax_enable_x64``) for ill-conditioned
 data; condreg never changes JAX's configuration.
@@ -74,19 +86,36 @@ def _set(tree: Any, path: tuple[Hashable, ...], value: Any) -> Any:
     raise TypeError(f"cannot index {type(tree).__name__} with key {head!r}")
 
 
+def _batch(name: str, lam: float, x: Any, extra: dict[str, Any]) -> Any:
+    """The batch ``x`` of a term of weight ``lam`` (``None`` when the term is off)."""
+    if lam == 0:
+        return None
+    if x is None:
+        got = sorted(extra)
+        hint = [k for k in got if k.lower() == name or k.lower().startswith(name[0])]
+        raise ValueError(
+            f"condition_regularizer: lam_{name[-1]}={lam} needs the batch {name}= in "
+            f"update(updates, state, params, x_p=..., x_h=...); extra arguments received: "
+            f"{got}" + (f" (did you mean {name} for {hint}?)" if hint else "")
+        )
+    return x
+
+
 def condition_regularizer(
     lam_p: float = 1.0,
     lam_h: float = 1.0,
     *,
     key: Any = None,
     ridge: float | None = None,
+    axis_name: Hashable | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """An ``optax`` transformation adding Algorithm 1's preconditioned regularizer gradient.
 
     ``update(updates, state, params, *, x_p=None, x_h=None, **extra)``: ``x_p`` (``N_P×D_in``)
-    and ``x_h`` (``N_H×D_in``) are the batches entering θ (flattened to 2-D); a batch that is
-    ``None`` leaves its term out. ``params`` is required (θ is read from it; ``ValueError``
-    otherwise). Other extra arguments are ignored, as ``optax.chain`` requires.
+    and ``x_h`` (``N_H×D_in``) are the batches entering θ (token batches ``(B, T, D_in)``: tokens
+    as rows). The batch of each term with a nonzero weight is required; a term of weight 0 needs
+    none. ``params`` is required (θ is read from it). Other extra arguments are ignored, as
+    ``optax.chain`` requires (they are named in the error for a missing batch).
 
     Parameters
     ----------
@@ -99,6 +128,10 @@ def condition_regularizer(
         them for a nested path (``("encoder", "theta")``). The other leaves pass through unchanged.
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹`` instead.
+    axis_name : hashable, optional
+        Inside ``shard_map`` / ``pmap``: the mapped axis the batches are split over; they are
+        all-gathered over it, so the update is that of the global batch. ``None`` (default):
+        the batches are whole (also when ``jax.jit`` shards them over devices).
 
     Returns
     -------
@@ -108,7 +141,24 @@ def condition_regularizer(
     Raises
     ------
     ValueError
-        For negative weights or a ridge that is not ``> 0`` (``None`` is the pseudo-inverse).
+        For negative weights or a ridge that is not ``> 0`` (``None`` is the pseudo-inverse);
+        from ``update``: without ``params``, without the batch of a term of nonzero weight, or
+        for a batch or θ of the wrong shape.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> from condreg.jax.optax import condition_regularizer
+    >>> params = {"theta": jnp.eye(3), "head": jnp.zeros(3)}
+    >>> tx = optax.chain(condition_regularizer(1.0, 1.0, key="theta"), optax.sgd(1e-2))
+    >>> grads = {"theta": jnp.zeros((3, 3)), "head": jnp.zeros(3)}
+    >>> x = jnp.asarray([[1.0, 0, 0], [0, 2, 0], [0, 0, 3], [1, 1, 1]])
+    >>> updates, state = tx.update(grads, tx.init(params), params, x_p=x, x_h=x)
+    >>> tx.update(grads, state, params, X_p=x, X_h=x)
+    Traceback (most recent call last):
+    ...
+    ValueError: condition_regularizer: lam_p=1.0 needs the batch x_p= ...
     """
     from condreg.jax.train import preconditioned_update
 
@@ -123,11 +173,11 @@ def condition_regularizer(
         return ConditionRegularizerState()
 
     def update(updates, state, params=None, *, x_p=None, x_h=None, **extra):
-        del extra
         if params is None:
             raise ValueError("condition_regularizer needs params (θ is read from them)")
+        x_p, x_h = _batch("x_p", lam_p, x_p, extra), _batch("x_h", lam_h, x_h, extra)
         theta = _get(params, path)
-        reg = preconditioned_update(theta, x_p, x_h, lam_p, lam_h, ridge=ridge)
+        reg = preconditioned_update(theta, x_p, x_h, lam_p, lam_h, ridge=ridge, axis_name=axis_name)
         g = _get(updates, path)
         return _set(updates, path, g + reg.astype(g.dtype)), state
 

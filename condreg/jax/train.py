@@ -10,10 +10,15 @@
   ``λ_P K_P⁺∇R_well + λ_H K_H⁺∇R_ill`` (Theorem 4.2: ``2θG`` projected onto the row space of the
   batch).
 - :func:`condition_regularizer` — that update as a real ``optax.GradientTransformationExtraArgs``
-  (:func:`condreg.jax.optax.condition_regularizer`; needs ``pip install condreg[optax]``), which
+  (:func:`condreg.jax.optax.condition_regularizer`; needs ``pip install 'condreg-ml[optax]'``),
+  which
   composes in ``optax.chain``.
 - :func:`algorithm1_step` — one epoch of :func:`condreg.immunize` (any method) as a jitted pure
   function of ``(theta, omega)``.
+
+Feature and input batches are ``(N, D)`` rows or ``(B, T, D)`` token batches, tokens as rows
+(``(B·T, D)``: the probing Hessian of a linear probe on token features sums ``f fᵀ`` over every
+token), as in :mod:`condreg.torch.nn`.
 
 Nothing here changes JAX's configuration; enable float64 yourself (``jax_enable_x64``) for
 ill-conditioned data.
@@ -41,10 +46,17 @@ __all__ = [
 ]
 
 
-def _flat(F: jax.Array) -> jax.Array:
-    if F.ndim < 2:
-        raise ValueError(f"expected a batch of features (N, ...), got shape {F.shape}")
-    return jnp.reshape(F, (F.shape[0], -1))
+def _rows(F: jax.Array, name: str = "features") -> jax.Array:
+    """``(N, D)`` as is, ``(B, T, D)`` as ``(B·T, D)`` (tokens as rows); other shapes raise."""
+    ndim = getattr(F, "ndim", None)
+    if ndim == 2:
+        return F
+    if ndim == 3:
+        return jnp.reshape(F, (-1, F.shape[-1]))
+    raise ValueError(
+        f"{name} must be (N, D) rows or (B, T, D) token features (tokens as rows), got "
+        f"{'shape ' + str(tuple(F.shape)) if ndim is not None else type(F).__name__}"
+    )
 
 
 def regularizer_loss(
@@ -55,24 +67,51 @@ def regularizer_loss(
     *,
     normalize: bool = True,
 ) -> jax.Array:
-    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` with ``H = FᵀF`` (features flattened to ``(N, -1)``).
+    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` with ``H = FᵀF``.
 
     ``normalize=True`` divides each batch by its Frobenius norm (under ``stop_gradient``), i.e.
     uses ``H / tr(H)``, as :class:`condreg.torch.nn.ConditionRegularizer` does. Pure and jit-able.
 
-    Raises :class:`condreg.RankError` for an all-zero batch (eagerly; under ``jax.jit`` the value
-    checks are skipped, as everywhere in condreg) and ``ValueError`` for non-finite features.
+    Parameters
+    ----------
+    features_p, features_h : jax.Array or None
+        ``(N, D)`` features or ``(B, T, D)`` token features (tokens as rows); ``None`` (or a
+        weight of 0) leaves a term out.
+    lam_p, lam_h : float
+        Weights of the two terms.
+    normalize : bool
+        Scale-free terms (default) or the plain ones of Eq. 11.
+
+    Returns
+    -------
+    jax.Array
+        A 0-d array, differentiable with ``jax.grad``.
+
+    Raises
+    ------
+    condreg.RankError
+        For an all-zero batch (eagerly; under ``jax.jit`` the value checks are skipped, as
+        everywhere in condreg).
+    ValueError
+        For non-finite features or a batch of another shape.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from condreg.jax.train import regularizer_loss
+    >>> F = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    >>> loss = regularizer_loss(F, F, 1.0, 0.5)
     """
     total = jnp.zeros(())
-    for F, lam, name in ((features_p, lam_p, "r_well"), (features_h, lam_h, "r_ill")):
+    for F, lam, name in ((features_p, lam_p, "features_p"), (features_h, lam_h, "features_h")):
         if F is None or lam == 0:
             continue
-        F = _flat(F)
+        F = _rows(F, name)
         if normalize:
             nrm = jax.lax.stop_gradient(jnp.linalg.norm(F))
             # a zero batch stays zero (the core raises RankError for it), never 0/0 = NaN
             F = F / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
-        fn = condreg.r_well if name == "r_well" else condreg.r_ill
+        fn = condreg.r_well if name == "features_p" else condreg.r_ill
         total = total + lam * fn(F, gram=True)
     return total
 
@@ -87,9 +126,9 @@ def _precondition_fwd(features, inputs, ridge):
 
 
 def _precondition_bwd(ridge, inputs, g):
-    x = _flat(inputs)
+    x = _rows(inputs, "inputs")
     pre = _precondition_home.sample_preconditioner(x, ridge=ridge, xp=jnp)
-    out = pre.apply(jnp.reshape(g, (g.shape[0], -1)))
+    out = pre.apply(jnp.reshape(g, (-1, g.shape[-1])))
     return jnp.reshape(out, g.shape).astype(g.dtype), jnp.zeros_like(inputs)
 
 
@@ -97,13 +136,59 @@ _precondition.defvjp(_precondition_fwd, _precondition_bwd)
 
 
 def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) -> jax.Array:
-    """Identity on ``features`` (``= inputs @ θ``); its VJP left-multiplies ``∇_θ`` by
-    ``(K + ε I)⁻¹``, ``K = xᵀx`` of this batch, ``ε = ridge·λ_max(K)`` (``ridge=0``:
-    pseudo-inverse).
-    ``inputs`` receives no gradient from this function."""
+    """The dummy layer: the identity on ``features``; its VJP left-multiplies ``∇_θ`` by
+    ``(K + ε I)⁻¹``, ``K = xᵀx`` of this batch, ``ε = ridge·λ_max(K)``.
+
+    Parameters
+    ----------
+    features : jax.Array
+        ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)`` (tokens as rows).
+    inputs : jax.Array
+        ``x``: ``(N, D_in)`` or ``(B, T, D_in)``, the same rows; it receives no gradient from
+        this function.
+    ridge : float
+        ``>= 0`` (0: the pseudo-inverse).
+
+    Returns
+    -------
+    jax.Array
+        ``features``, carrying the preconditioning VJP.
+
+    Raises
+    ------
+    ValueError
+        For ``ridge < 0`` or ``features`` and ``inputs`` with different rows.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import condreg
+    >>> from condreg.jax.train import precondition
+    >>> x = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    >>> g = jax.grad(lambda t: condreg.r_well(precondition(x @ t, x, 0.0), gram=True))(jnp.eye(2))
+    """
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
+    f, x = _rows(features, "features"), _rows(inputs, "inputs")
+    if f.shape[0] != x.shape[0] or features.shape[:-1] != inputs.shape[:-1]:
+        raise ValueError(
+            "precondition: features and inputs must have the same rows, got shapes "
+            f"{tuple(features.shape)} and {tuple(inputs.shape)}"
+        )
     return _precondition(features, inputs, float(ridge))
+
+
+def _input_rows(x: jax.Array, name: str, theta: jax.Array, axis_name: Any) -> jax.Array:
+    x = _rows(x, name)
+    if x.shape[1] != theta.shape[0]:
+        raise ValueError(
+            f"{name} has {x.shape[1]} columns, θ has {theta.shape[0]} rows: the batch must be "
+            f"the input of the immunized map F = {name} @ θ, got {name} {tuple(x.shape)} and θ "
+            f"{tuple(theta.shape)}"
+        )
+    if axis_name is not None:
+        x = jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+    return x
 
 
 def preconditioned_update(
@@ -114,17 +199,57 @@ def preconditioned_update(
     lam_h: float = 1.0,
     *,
     ridge: float | None = None,
+    axis_name: Any = None,
 ) -> jax.Array:
     """``λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` for the batches ``x_p``, ``x_h``
     (inputs of the immunized map ``θ``); see :func:`condreg.algorithm.preconditioned_gradient`.
-    Subtract ``η·`` this from θ (together with the supervised step) for Algorithm 1's update."""
+    Subtract ``η·`` this from θ (together with the supervised step) for Algorithm 1's update.
+
+    Parameters
+    ----------
+    theta : jax.Array
+        The immunized map, ``D_in×D`` (features ``F = xθ``).
+    x_p, x_h : jax.Array or None
+        ``(N, D_in)`` or ``(B, T, D_in)`` (tokens as rows); ``None`` (or a weight of 0) leaves a
+        term out.
+    lam_p, lam_h : float
+        Weights of the two terms.
+    ridge : float, optional
+        ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
+    axis_name : hashable, optional
+        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first (the update
+        of the global batch, the same on every device).
+
+    Returns
+    -------
+    jax.Array
+        ``D_in×D``, in θ's dtype.
+
+    Raises
+    ------
+    ValueError
+        If ``theta`` is not 2-D or a batch does not have ``D_in`` columns.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from condreg.jax.train import preconditioned_update
+    >>> x = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    >>> preconditioned_update(jnp.eye(2), x, x, 1.0, 0.5).shape
+    (2, 2)
+    """
+    if getattr(theta, "ndim", None) != 2:
+        raise ValueError(
+            f"theta must be a D_in×D matrix, got shape {getattr(theta, 'shape', None)}"
+        )
     total = jnp.zeros_like(theta)
-    if x_p is not None and lam_p != 0:
-        g = _alg.preconditioned_gradient(theta, _flat(x_p), "r_well", ridge=ridge)
-        total = total + lam_p * g
-    if x_h is not None and lam_h != 0:
-        g = _alg.preconditioned_gradient(theta, _flat(x_h), "r_ill", ridge=ridge)
-        total = total + lam_h * g
+    for x, lam, name, quantity in ((x_p, lam_p, "x_p", "r_well"), (x_h, lam_h, "x_h", "r_ill")):
+        if x is None or lam == 0:
+            continue
+        g = _alg.preconditioned_gradient(
+            theta, _input_rows(x, name, theta, axis_name), quantity, ridge=ridge
+        )
+        total = total + lam * g.astype(theta.dtype)
     return total
 
 
@@ -134,39 +259,43 @@ def condition_regularizer(
     *,
     key: Any = None,
     ridge: float | None = None,
+    axis_name: Any = None,
 ) -> Any:
     """Algorithm 1's preconditioned regularizer gradient as an ``optax`` transformation.
 
-    The same as :func:`condreg.jax.optax.condition_regularizer` (see there): a real
-    ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *, x_p,
-    x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
-    ``optax.chain`` (e.g. ``optax.chain(condition_regularizer(...), optax.sgd(lr))``). Needs
-    optax (``pip install condreg[optax]``); raises ``ImportError`` saying so otherwise.
+    The same as :func:`condreg.jax.optax.condition_regularizer` (see there for the parameters):
+    a real ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *,
+    x_p, x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
+    ``optax.chain`` (e.g. ``optax.chain(condition_regularizer(...), optax.sgd(lr))``).
+
+    Returns
+    -------
+    optax.GradientTransformationExtraArgs
+        The transformation.
+
+    Raises
+    ------
+    ImportError
+        Without optax (``pip install 'condreg-ml[optax]'``).
+    ValueError
+        As :func:`condreg.jax.optax.condition_regularizer`.
+
+    Examples
+    --------
+    >>> import optax
+    >>> from condreg.jax.train import condition_regularizer
+    >>> tx = optax.chain(condition_regularizer(1.0, 1e-3, key="theta"), optax.sgd(5e-3))
     """
     try:
-        from condreg.jax import optax as _optax
+        from condreg.jax import optax as condreg_optax
     except ImportError as exc:  # pragma: no cover - exercised only without optax
         raise ImportError(
             "condition_regularizer is an optax transformation and needs optax: "
-            "pip install 'condreg[optax]' (or use preconditioned_update directly)"
+            "pip install 'condreg-ml[optax]' (or use preconditioned_update directly)"
         ) from exc
-    return _optax.condition_regularizer(lam_p, lam_h, key=key, ridge=ridge)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GradientTransformation":
-        import warnings
-
-        warnings.warn(
-            "condreg.jax.train.GradientTransformation is gone: condition_regularizer returns "
-            "optax.GradientTransformationExtraArgs (condreg.jax.optax)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        import optax
-
-        return optax.GradientTransformationExtraArgs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return condreg_optax.condition_regularizer(
+        lam_p, lam_h, key=key, ridge=ridge, axis_name=axis_name
+    )
 
 
 def algorithm1_step(
@@ -197,6 +326,36 @@ def algorithm1_step(
     must be given (take them, and ``imma_lr``/``rtol``, from an ``immunize`` result to reproduce
     its defaults). Iterating ``step`` from ``(I, 0)`` reproduces ``immunize(...).theta`` (without
     its health checks: a diverging step gives non-finite values instead of stopping).
+
+    Parameters
+    ----------
+    X_p, y_p, X_h : jax.Array
+        The data of :func:`condreg.immunize` (``N_P×D``, ``N_P``, ``N_H×D``).
+    lam_p, lam_h : float
+        The regularizer weights (required).
+    method, task, lr, max_step, ridge, y_h, seed, imma_steps, imma_lr, rtol
+        As in :func:`condreg.immunize`.
+
+    Returns
+    -------
+    callable
+        ``step(theta, omega) -> (theta, omega, record)``, jitted.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For invalid data or options, as :func:`condreg.algorithm.prepare`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> from condreg.jax.train import algorithm1_step
+    >>> rng = np.random.default_rng(0)
+    >>> X_p = jnp.asarray(rng.standard_normal((20, 3)))
+    >>> X_h = jnp.asarray(rng.standard_normal((20, 3)))
+    >>> step = algorithm1_step(X_p, X_p @ jnp.ones(3), X_h, lam_p=1.0, lam_h=1e-3)
+    >>> theta, omega, record = step(jnp.eye(3), jnp.zeros(3))
     """
     problem, _ = _alg.prepare(
         X_p, y_p, X_h, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr,

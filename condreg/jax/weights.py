@@ -51,9 +51,33 @@ def weight_matrices(
 ) -> list[tuple[str, jax.Array]]:
     """``[(path, matrix(W))]`` for the selected leaves of ``params``, in tree order.
 
-    ``filter(path, leaf)`` defaults to ``leaf.ndim >= 2``; ``matrix`` to
-    ``W.reshape(-1, W.shape[-1])``. Leaves that are not arrays (``None``, Python scalars) are
-    skipped by the default filter.
+    Parameters
+    ----------
+    params : pytree
+        The model's parameters.
+    filter : callable, optional
+        ``filter(path, leaf) -> bool``; default ``leaf.ndim >= 2`` (leaves that are not arrays,
+        ``None`` or Python scalars, are skipped).
+    matrix : callable, optional
+        ``matrix(W)`` → a 2-D array; default ``W.reshape(-1, W.shape[-1])``.
+
+    Returns
+    -------
+    list of (str, jax.Array)
+        The key paths (``jax.tree_util.keystr``) and matrices.
+
+    Raises
+    ------
+    ValueError
+        If ``matrix`` returns an array that is not 2-D.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from condreg.jax.weights import weight_matrices
+    >>> params = {"dense": {"kernel": jnp.ones((3, 3, 2, 4)), "bias": jnp.zeros(4)}}
+    >>> [(p, W.shape) for p, W in weight_matrices(params)]
+    [("['dense']['kernel']", (18, 4))]
     """
     keep = filter or _default_filter
     to_matrix = matrix or _default_matrix
@@ -88,12 +112,40 @@ def weight_conditioning_loss(
     normalize: bool = True,
     reduction: Literal["sum", "mean"] = "sum",
 ) -> jax.Array:
-    """Sum (or mean) of ``penalty`` over :func:`weight_matrices` of ``params`` (a 0-d array).
+    """Sum (or mean) of ``penalty`` over :func:`weight_matrices` of ``params``.
 
-    Differentiable with ``jax.grad`` with respect to ``params`` (unselected leaves get zero
-    gradient). Raises ``ValueError`` when no leaf is selected or for an unknown
-    ``penalty``/``reduction``; :class:`condreg.RankError` for a zero weight (eagerly; under
-    ``jax.jit`` condreg's value checks are skipped).
+    Parameters
+    ----------
+    params : pytree
+        The model's parameters.
+    penalty : {"r_well", "condition_number", "log_condition_number"}
+        The per-matrix penalty (see the module documentation).
+    filter, matrix : callable, optional
+        The selection and reshaping of :func:`weight_matrices`.
+    normalize : bool
+        ``"r_well"`` of ``W/‖W‖_F`` (the norm under ``stop_gradient``), scale-free (default).
+    reduction : {"sum", "mean"}
+        Over the selected matrices.
+
+    Returns
+    -------
+    jax.Array
+        0-d, differentiable with ``jax.grad`` with respect to ``params`` (unselected leaves get
+        zero gradient); jit-able.
+
+    Raises
+    ------
+    ValueError
+        When no leaf is selected or for an unknown ``penalty``/``reduction``.
+    condreg.RankError
+        For a zero weight (eagerly; under ``jax.jit`` condreg's value checks are skipped).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> from condreg.jax.weights import weight_conditioning_loss
+    >>> params = {"w1": jnp.asarray([[2.0, 0.0], [0.0, 1.0]]), "b": jnp.zeros(2)}
+    >>> grads = jax.grad(weight_conditioning_loss)(params)
     """
     if penalty not in _PENALTIES:
         raise ValueError(f"penalty must be one of {_PENALTIES}, got {penalty!r}")
@@ -116,7 +168,32 @@ def weight_condition_numbers(
     filter: Filter | None = None,
     matrix: Callable[[jax.Array], jax.Array] | None = None,
 ) -> dict[str, float]:
-    """``{path: κ(W)}`` of the selected leaves (Python floats; for logging, not under jit)."""
+    """``{path: κ(W)}`` of the selected leaves (Python floats; for logging, not under jit).
+
+    Parameters
+    ----------
+    params : pytree
+        The model's parameters.
+    filter, matrix : callable, optional
+        The selection and reshaping of :func:`weight_matrices`.
+
+    Returns
+    -------
+    dict of str to float
+        κ over the nonzero singular values of each selected matrix.
+
+    Raises
+    ------
+    condreg.RankError
+        For a zero weight.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from condreg.jax.weights import weight_condition_numbers
+    >>> weight_condition_numbers({"w": jnp.asarray([[2.0, 0.0], [0.0, 1.0]])})
+    {"['w']": 2.0}
+    """
     return {
         path: float(condreg.condition_number(W))
         for path, W in weight_matrices(params, filter=filter, matrix=matrix)

@@ -1,7 +1,7 @@
 """Algorithm 1 in the Hugging Face ``Trainer``: immunize one ``nn.Linear`` of any model.
 
-Needs ``pip install condreg[hf]`` (``transformers``, ``accelerate``). :class:`ImmunizationTrainer`
-is a ``transformers.Trainer`` whose loss is
+Needs ``pip install 'condreg-ml[hf]'`` (``transformers``, ``accelerate``).
+:class:`ImmunizationTrainer` is a ``transformers.Trainer`` whose loss is
 
     model(**inputs).loss + λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)
 
@@ -10,8 +10,10 @@ where ``F`` are the outputs of the immunized linear map (named by ``immunized``,
 harmful batch drawn from ``harmful_dataset``; the map's inputs ``z`` feed
 :class:`condreg.torch.nn.Precondition`, so the update of the map's weight is Algorithm 1's
 ``K⁻¹``-left-preconditioned one (the supervised gradient is not preconditioned). Token features
-``(batch, tokens, d)`` become ``(tokens, d)`` rows; with an ``attention_mask`` in the batch,
-padding tokens are left out. The model itself is unchanged (no wrapper, no new parameters)::
+``(batch, tokens, d)`` become ``(batch·tokens, d)`` rows, as everywhere in condreg
+(:func:`condreg.torch.nn.rows`: the probing Hessian sums ``f fᵀ`` over every token); with an
+``attention_mask`` in the batch, padding tokens are left out. The model itself is unchanged (no
+wrapper, no new parameters)::
 
     from condreg.torch.hf import ImmunizationTrainer
 
@@ -22,21 +24,29 @@ padding tokens are left out. The model itself is unchanged (no wrapper, no new p
     trainer.train()
 
 The harmful batches are drawn with the trainer's collator and batch size
-(``per_device_train_batch_size``), reshuffled every pass; their labels, if any, are dropped.
+(``per_device_train_batch_size``), reshuffled every pass (seeded by ``args.seed``); their labels,
+if any, are dropped.
+
+On several processes (``torchrun``, ``accelerate launch``: an initialised ``torch.distributed``)
+each process draws its own share of every harmful pass (a ``DistributedSampler``), and the
+regularizer and the preconditioner's ``K`` are those of the **global** batch, every process's rows
+together (:mod:`condreg.torch.distributed`, docs/scaling.md), so 2 processes with 32 examples each
+train as one process on the 64. ``local=True`` keeps each process's own rows.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import transformers
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
-from condreg.torch.nn import ConditionRegularizer, Precondition
+from condreg.torch.nn import ConditionRegularizer, Precondition, rows
 
 __all__ = ["ImmunizationTrainer"]
 
@@ -62,11 +72,30 @@ class ImmunizationTrainer(transformers.Trainer):
         Ridge of the preconditioner (0: pseudo-inverse).
     normalize : bool
         Scale-free terms (see :class:`condreg.torch.nn.ConditionRegularizer`).
+    local : bool
+        ``True``: on several processes each regularizes and preconditions with its own rows
+        (default: the global batch).
+    *args, **kwargs
+        Passed to ``transformers.Trainer`` (``model``, ``args``, ``train_dataset``, …).
 
     Raises
     ------
     ValueError
-        If ``immunized`` names no module of the model.
+        If ``immunized`` names no module of the model; in training, if the model returns no loss
+        (the batch has no ``labels``).
+    TypeError
+        If ``immunized`` is neither a module nor a name, or a batch is not a mapping.
+    RuntimeError
+        If the immunized module does not run exactly once per forward pass.
+
+    Examples
+    --------
+    >>> trainer = ImmunizationTrainer(                                  # doctest: +SKIP
+    ...     model=model, args=transformers.TrainingArguments("out", max_steps=10),
+    ...     train_dataset=pretrain, harmful_dataset=harmful,
+    ...     immunized="bert.pooler.dense", lam_p=1.0, lam_h=1.0,
+    ... )
+    >>> trainer.train()                                                 # doctest: +SKIP
     """
 
     def __init__(
@@ -78,6 +107,7 @@ class ImmunizationTrainer(transformers.Trainer):
         lam_h: float = 1.0,
         ridge: float = 1e-4,
         normalize: bool = True,
+        local: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -90,8 +120,8 @@ class ImmunizationTrainer(transformers.Trainer):
             raise TypeError(f"immunized must be a module or its name, got {type(immunized)}")
         self.immunized_module = immunized
         self.harmful_dataset = harmful_dataset
-        self.reg = ConditionRegularizer(lam_p, lam_h, normalize=normalize)
-        self.pre = Precondition(ridge)
+        self.reg = ConditionRegularizer(lam_p, lam_h, normalize=normalize, local=local)
+        self.pre = Precondition(ridge, local=local)
         self._captured: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._harmful: Iterator[Any] | None = None
         self.last_terms: tuple[float, float] | None = None
@@ -102,27 +132,40 @@ class ImmunizationTrainer(transformers.Trainer):
             self._captured.append((inputs[0], output))
 
     def _harmful_batches(self) -> Iterator[Any]:
-        loader = DataLoader(
-            self.harmful_dataset,
-            batch_size=self.args.per_device_train_batch_size,
-            shuffle=True,
-            collate_fn=self.data_collator,
-        )
-        return itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
+        data, seed = self.harmful_dataset, int(self.args.seed)
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        for epoch in itertools.count():
+            if world > 1:  # each process its share of every pass, as the training data
+                sampler: Any = DistributedSampler(data, shuffle=True, seed=seed)
+                sampler.set_epoch(epoch)
+            else:
+                sampler = RandomSampler(data, generator=torch.Generator().manual_seed(seed + epoch))
+            yield from DataLoader(
+                data,
+                batch_size=self.args.per_device_train_batch_size,
+                sampler=sampler,
+                collate_fn=self.data_collator,
+            )
 
     def _next_harmful(self) -> dict[str, torch.Tensor]:
         if self._harmful is None:
             self._harmful = self._harmful_batches()
-        batch = dict(next(self._harmful))
+        batch = next(self._harmful)
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                "harmful_dataset must give mappings of model inputs (e.g. {'input_ids': ..., "
+                f"'attention_mask': ...}}), the collator gave a {type(batch).__name__}"
+            )
+        batch = dict(batch)
         for key in ("labels", "label", "label_ids"):
             batch.pop(key, None)
         return {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     @staticmethod
     def _rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if t.ndim > 2 and mask is not None and mask.shape == t.shape[:-1]:
+        if t.ndim == 3 and mask is not None and mask.shape == t.shape[:-1]:
             return t[mask.bool()]
-        return t.reshape(-1, t.shape[-1])
+        return rows(t, "the immunized module's input/output")
 
     def _features(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self._captured) != 1:
@@ -141,12 +184,19 @@ class ImmunizationTrainer(transformers.Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
+        """The model's loss plus the preconditioned regularizer (the model's own loss in
+        evaluation)."""
         if not model.training:  # evaluation: the model's own loss
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"a training batch must be a mapping, got {type(inputs).__name__}")
         self._captured.clear()
         out_p = model(**inputs)
         if getattr(out_p, "loss", None) is None:
-            raise ValueError("the model returned no loss: give it labels")
+            raise ValueError(
+                "the model returned no loss: a training batch needs 'labels' (the model's inputs "
+                f"and 'labels'), got keys {sorted(inputs)}"
+            )
         z_p, f_p = self._features(inputs)
         x_h = self._next_harmful()
         model(**x_h)

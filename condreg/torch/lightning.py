@@ -1,6 +1,6 @@
 """Algorithm 1 in PyTorch Lightning: a ``LightningModule`` that immunizes one linear map.
 
-Needs ``pip install condreg[lightning]``. :class:`ImmunizationModule` wraps three parts of a
+Needs ``pip install 'condreg-ml[lightning]'``. :class:`ImmunizationModule` wraps three parts of a
 model — ``backbone`` (anything, possibly frozen or ``nn.Identity()``), ``immunized`` (the
 ``nn.Linear`` whose output features ``F = zθ``, ``θ = weight.T``, are regularized) and ``head``
 (the pre-training task's head) — and trains them with
@@ -25,6 +25,12 @@ Optionally ``lam_weights > 0`` adds :func:`condreg.torch.weights.weight_conditio
 the backbone and head (Nenov et al.'s well-conditioned weights) with ``weights_kwargs``.
 Logged per step: ``task``, ``reg`` (and ``weights``), and, with ``log_kappa=True``, κ of this
 batch's ``H_P`` and ``H_H``.
+
+Under data parallelism (``strategy="ddp"``, ``"ddp_spawn"``, any strategy that initialises
+``torch.distributed``) the regularizer, the preconditioner's ``K`` and the logged κ's are those of
+the **global** batch, the rows of every process together (:mod:`condreg.torch.distributed`;
+docs/scaling.md says what is communicated), so ``devices=2`` with 32 rows each trains as one
+device on the 64 rows. ``local=True`` keeps each process's own rows.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ import torch
 from torch import nn
 
 import condreg
-from condreg.torch.nn import ConditionRegularizer, Precondition
+from condreg.torch._data_parallel import global_quantity, process_group
+from condreg.torch.nn import ConditionRegularizer, Precondition, rows
 
 __all__ = ["ImmunizationModule"]
 
@@ -66,6 +73,26 @@ class ImmunizationModule(L.LightningModule):
         Keyword arguments of :func:`condreg.torch.weights.weight_conditioning_loss`.
     log_kappa : bool
         Also log ``kappa_hp`` and ``kappa_hh`` of the batch (one small SVD each per step).
+    local : bool
+        ``True``: under data parallelism each process regularizes and preconditions with its own
+        rows (default: the global batch).
+
+    Raises
+    ------
+    ValueError
+        For ``lr <= 0``, negative weights or ridge; in :meth:`training_step`, for a batch that is
+        not ``{"pretrain": (x_p, y_p), "harmful": x_h or (x_h, ...)}``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.lightning import ImmunizationModule
+    >>> module = ImmunizationModule(
+    ...     torch.nn.Identity(), torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 2)
+    ... )
+    >>> batch = {"pretrain": (torch.randn(16, 8), torch.randint(0, 2, (16,))),
+    ...          "harmful": (torch.randn(16, 8),)}
+    >>> loss = module.training_step(batch, 0)
     """
 
     def __init__(
@@ -84,6 +111,7 @@ class ImmunizationModule(L.LightningModule):
         lam_weights: float = 0.0,
         weights_kwargs: Mapping[str, Any] | None = None,
         log_kappa: bool = False,
+        local: bool = False,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -91,8 +119,9 @@ class ImmunizationModule(L.LightningModule):
         if lam_weights < 0:
             raise ValueError(f"lam_weights must be >= 0, got {lam_weights}")
         self.backbone, self.immunized, self.head = backbone, immunized, head
-        self.reg = ConditionRegularizer(lam_p, lam_h, normalize=normalize)
-        self.pre = Precondition(ridge)
+        self.reg = ConditionRegularizer(lam_p, lam_h, normalize=normalize, local=local)
+        self.pre = Precondition(ridge, local=local)
+        self.local = bool(local)
         self.task_loss = task_loss or nn.functional.cross_entropy
         self.lr, self.momentum = float(lr), float(momentum)
         self.lam_weights = float(lam_weights)
@@ -104,19 +133,43 @@ class ImmunizationModule(L.LightningModule):
         return self.head(self.immunized(self.backbone(x)))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The immunized features ``F = immunized(backbone(x))``, flattened to ``(N, -1)``."""
-        return self.immunized(self.backbone(x)).reshape(x.shape[0], -1)
+        """The immunized features ``F = immunized(backbone(x))`` as rows: ``(N, D)``, token
+        features ``(B, T, D)`` as ``(B·T, D)`` (:func:`condreg.torch.nn.rows`)."""
+        return rows(self.immunized(self.backbone(x)))
+
+    @staticmethod
+    def _unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        expected = (
+            "ImmunizationModule expects batches {'pretrain': (x_p, y_p), 'harmful': x_h or "
+            "(x_h, ...)} (e.g. a CombinedLoader of two loaders)"
+        )
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"{expected}, got a {type(batch).__name__}")
+        missing = sorted({"pretrain", "harmful"} - set(batch))
+        if missing:
+            raise ValueError(f"{expected}; missing {missing}, got keys {sorted(map(str, batch))}")
+        pre, x_h = batch["pretrain"], batch["harmful"]
+        if not isinstance(pre, (tuple, list)) or len(pre) < 2:
+            raise ValueError(f"{expected}; 'pretrain' is not a pair (x_p, y_p)")
+        if isinstance(x_h, (tuple, list)):
+            if not x_h:
+                raise ValueError(f"{expected}; 'harmful' is empty")
+            x_h = x_h[0]
+        return pre[0], pre[1], x_h
+
+    def _kappas(self, f_p: torch.Tensor, f_h: torch.Tensor) -> dict[str, torch.Tensor]:
+        group = process_group(self.local, None)
+        with torch.no_grad():
+            fp, fh = rows(f_p.detach()), rows(f_h.detach())
+            if group is None:
+                kp, kh = (condreg.condition_number(f, gram=True) for f in (fp, fh))
+            else:
+                kp, kh = (global_quantity("condition_number", f, group) for f in (fp, fh))
+        return {"kappa_hp": kp, "kappa_hh": kh}
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        try:
-            (x_p, y_p), x_h = batch["pretrain"][:2], batch["harmful"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                "ImmunizationModule expects batches {'pretrain': (x_p, y_p), 'harmful': "
-                "(x_h, ...)} (e.g. a CombinedLoader)"
-            ) from exc
-        if isinstance(x_h, (tuple, list)):
-            x_h = x_h[0]
+        """Task loss plus the preconditioned regularizer of one combined batch (see the class)."""
+        x_p, y_p, x_h = self._unpack(batch)
         z_p, z_h = self.backbone(x_p), self.backbone(x_h)
         f_p, f_h = self.immunized(z_p), self.immunized(z_h)
         task = self.task_loss(self.head(f_p), y_p)
@@ -133,12 +186,10 @@ class ImmunizationModule(L.LightningModule):
             loss = loss + self.lam_weights * w
             logs["weights"] = w.detach()
         if self.log_kappa:
-            with torch.no_grad():
-                fp, fh = f_p.reshape(f_p.shape[0], -1), f_h.reshape(f_h.shape[0], -1)
-                logs["kappa_hp"] = condreg.condition_number(fp, gram=True)
-                logs["kappa_hh"] = condreg.condition_number(fh, gram=True)
+            logs.update(self._kappas(f_p, f_h))
         self.log_dict(logs, batch_size=int(x_p.shape[0]))
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD with ``lr`` and ``momentum`` over every parameter."""
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)

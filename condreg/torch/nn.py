@@ -32,6 +32,12 @@ Gradients that flow *below* ``x`` (into earlier trainable layers) through the re
 are the preconditioned ones too; feed ``x.detach()`` to the immunized map on the regularizer path
 if earlier layers should not receive them.
 
+Feature batches are ``(N, D)`` rows or ``(B, T, D)`` token features, tokens as rows
+(:func:`rows`). Under an initialised ``torch.distributed`` process group (DDP, FSDP, Lightning,
+the Hugging Face ``Trainer`` on several processes) :class:`ConditionRegularizer` and
+:class:`Precondition` work on the **global** batch, the rows of every process (``local=True``:
+each process's own); docs/scaling.md says what is communicated.
+
 :func:`layer_gram` / :func:`left_precondition`
     The same left preconditioner for the weights of a real network's own layers (``nn.Linear``,
     ``nn.Conv2d``, any number of them): ``K`` is the Gram matrix of the layer's *input* on the
@@ -46,10 +52,17 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import condreg
 from condreg import _precondition
+from condreg.torch._data_parallel import (
+    global_norm,
+    global_quantity,
+    global_sample_precondition,
+    process_group,
+)
 
 __all__ = [
     "ConditionRegularizer",
@@ -57,34 +70,100 @@ __all__ = [
     "layer_gram",
     "left_precondition",
     "precondition",
+    "rows",
 ]
 
 
-def _flat(F: torch.Tensor) -> torch.Tensor:
-    if F.ndim < 2:
-        raise ValueError(f"expected a batch of features (N, ...), got shape {tuple(F.shape)}")
-    return F.reshape(F.shape[0], -1)
+def rows(F: torch.Tensor, name: str = "features") -> torch.Tensor:
+    """A feature batch as the rows of the probing Hessian's factor: ``(N, D)`` as is,
+    token features ``(B, T, D)`` as ``(B·T, D)`` (tokens as rows).
+
+    The probing Hessian of a linear probe ``w`` on token features sums ``f fᵀ`` over every token
+    (``Σ_{b,t} (fᵀw − y)²`` has Hessian ``2 Σ_{b,t} f fᵀ``), so each token is a row; the same rule
+    as :func:`layer_gram` for an ``nn.Linear`` applied to tokens and as the Hugging Face trainer.
+
+    Parameters
+    ----------
+    F : torch.Tensor
+        ``(N, D)`` or ``(B, T, D)``.
+    name : str
+        The argument's name in error messages.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N, D)`` or ``(B·T, D)`` (a view where possible).
+
+    Raises
+    ------
+    TypeError
+        If ``F`` is not a ``torch.Tensor`` (convert NumPy arrays with ``torch.as_tensor``).
+    ValueError
+        For another number of dimensions: reshape other layouts yourself (``F.flatten(1)`` for
+        one row per example, ``F.movedim(1, -1).reshape(-1, C)`` for one row per pixel).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import rows
+    >>> rows(torch.zeros(4, 5, 3)).shape
+    torch.Size([20, 3])
+    """
+    if not isinstance(F, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(F).__module__}.{type(F).__name__} "
+            "(convert it with torch.as_tensor)"
+        )
+    if F.ndim == 2:
+        return F
+    if F.ndim == 3:
+        return F.reshape(-1, F.shape[-1])
+    raise ValueError(
+        f"{name} must be (N, D) features or (B, T, D) token features (tokens as rows), got shape "
+        f"{tuple(F.shape)}; reshape it yourself, e.g. F.flatten(1) (a row per example)"
+    )
 
 
 class ConditionRegularizer(nn.Module):
     """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` of the probing Hessians ``H = FᵀF`` of feature batches.
 
+    Under an initialised ``torch.distributed`` process group (DDP, Lightning's ``"ddp"``, the
+    Hugging Face ``Trainer`` on several processes) ``F`` is the **global** batch: the rows of every
+    rank, through :mod:`condreg.torch.distributed` (a ``D×D`` Gram all-reduce or a feature
+    all-gather, chosen there), with the gradient scale DDP's averaging expects (docs/scaling.md).
+    Every rank must then call it with the same terms. ``local=True`` keeps each rank's own rows.
+
     Parameters
     ----------
     lam_p, lam_h : float
-        Weights of the two terms (either may be 0).
+        Weights of the two terms (``>= 0``; 0 leaves a term out).
     normalize : bool
-        If True (default), each feature batch is divided by its (detached) Frobenius norm, so the
-        terms are those of ``H / tr(H)``: independent of the feature scale (R_well is homogeneous
-        of degree 2 and R_ill of degree −2 in ``H``, so without this the weights would have to
-        be retuned whenever the features grow). The direction of each term's gradient is
-        unchanged; only its size adapts. ``False`` gives the plain terms of Eq. 11.
+        If True (default), each feature batch is divided by its (detached, global) Frobenius
+        norm, so the terms are those of ``H / tr(H)``: independent of the feature scale (R_well is
+        homogeneous of degree 2 and R_ill of degree −2 in ``H``, so without this the weights
+        would have to be retuned whenever the features grow). The direction of each term's
+        gradient is unchanged; only its size adapts. ``False`` gives the plain terms of Eq. 11.
     rtol : float, optional
         Rank tolerance passed to :func:`condreg.r_ill`.
+    local : bool
+        ``True``: each process regularizes its own rows even under a process group.
+    group : torch.distributed.ProcessGroup, optional
+        The group whose rows form the batch (default: the world).
 
-    ``forward(features_p=None, features_h=None)`` takes ``(N, ...)`` tensors (flattened to
-    ``(N, -1)``) and returns a 0-d tensor; a term whose features are ``None`` is left out. Pass the
-    features through :class:`Precondition` first to get Algorithm 1's preconditioned update.
+    Raises
+    ------
+    ValueError
+        For negative weights.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import ConditionRegularizer
+    >>> reg = ConditionRegularizer(1.0, 1.0)
+    >>> F_p = torch.randn(32, 8, dtype=torch.float64, requires_grad=True)
+    >>> F_h = torch.randn(32, 8, dtype=torch.float64, requires_grad=True)
+    >>> loss = reg(F_p, F_h)          # a 0-d tensor to add to the task loss
+    >>> loss.backward()
     """
 
     def __init__(
@@ -94,6 +173,8 @@ class ConditionRegularizer(nn.Module):
         *,
         normalize: bool = True,
         rtol: float | None = None,
+        local: bool = False,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         if lam_p < 0 or lam_h < 0:
@@ -102,93 +183,207 @@ class ConditionRegularizer(nn.Module):
         self.lam_h = float(lam_h)
         self.normalize = bool(normalize)
         self.rtol = rtol
+        self.local = bool(local)
+        self.group = group
 
-    def _prepare(self, F: torch.Tensor) -> torch.Tensor:
-        F = _flat(F)
+    def _term(self, F: torch.Tensor, quantity: str, group) -> torch.Tensor:
         if self.normalize:
-            norm = torch.linalg.vector_norm(F.detach())
+            norm = global_norm(F, group)
             # A zero batch stays zero (condreg then raises RankError), not 0/0 = NaN.
             F = F / torch.where(norm > 0, norm, torch.ones_like(norm))
-        return F
+        kw = {"rtol": self.rtol} if quantity == "r_ill" else {}
+        if group is None:
+            return getattr(condreg, quantity)(F, gram=True, **kw)
+        return global_quantity(quantity, F, group, self.rtol)
 
     def forward(
         self, features_p: torch.Tensor | None = None, features_h: torch.Tensor | None = None
     ) -> torch.Tensor:
-        terms = []
-        if features_p is not None and self.lam_p != 0:
-            terms.append(self.lam_p * condreg.r_well(self._prepare(features_p), gram=True))
-        if features_h is not None and self.lam_h != 0:
-            F = self._prepare(features_h)
-            terms.append(self.lam_h * condreg.r_ill(F, gram=True, rtol=self.rtol))
-        if not terms:
-            ref = features_p if features_p is not None else features_h
-            if ref is None:
-                raise ValueError("ConditionRegularizer needs features_p and/or features_h")
-            return ref.new_zeros(())
-        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        """The regularizer of the two feature batches.
+
+        Parameters
+        ----------
+        features_p, features_h : torch.Tensor, optional
+            ``(N, D)`` features or ``(B, T, D)`` token features (tokens as rows, see
+            :func:`rows`) of the pre-training and the harmful batch; ``None`` leaves a term out.
+
+        Returns
+        -------
+        torch.Tensor
+            A 0-d tensor (0 when both terms are left out).
+
+        Raises
+        ------
+        ValueError
+            If both batches are ``None`` or a batch has another shape.
+        TypeError
+            If a batch is not a ``torch.Tensor``.
+        """
+        if features_p is None and features_h is None:
+            raise ValueError("ConditionRegularizer needs features_p and/or features_h")
+        group = process_group(self.local, self.group)
+        Fp = None if features_p is None else rows(features_p, "features_p")
+        Fh = None if features_h is None else rows(features_h, "features_h")
+        total = (Fp if Fp is not None else Fh).new_zeros(())
+        for F, lam, quantity in ((Fp, self.lam_p, "r_well"), (Fh, self.lam_h, "r_ill")):
+            if F is not None and lam != 0:
+                total = total + lam * self._term(F, quantity, group)
+        return total
 
     def extra_repr(self) -> str:
-        return f"lam_p={self.lam_p}, lam_h={self.lam_h}, normalize={self.normalize}"
+        return (
+            f"lam_p={self.lam_p}, lam_h={self.lam_h}, normalize={self.normalize}, "
+            f"local={self.local}"
+        )
 
 
 class _Precondition(torch.autograd.Function):
-    """Identity forward; backward ``ḡ ↦ U diag(1/(s² + ε)) Uᵀ ḡ`` with ``x = U S Vᵀ``."""
+    """Identity forward; backward ``ḡ ↦ U diag(1/(s² + ε)) Uᵀ ḡ`` with ``x = U S Vᵀ`` (of the
+    rows of every rank when ``group`` is a process group)."""
 
     @staticmethod
-    def forward(features, inputs, ridge, rtol):  # type: ignore[override]
+    def forward(features, inputs, ridge, rtol, group):  # type: ignore[override]
         return features.view_as(features)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        _, x, ridge, rtol = inputs
+        _, x, ridge, rtol, group = inputs
         ctx.save_for_backward(x)
-        ctx.ridge, ctx.rtol = ridge, rtol
+        ctx.ridge, ctx.rtol, ctx.group = ridge, rtol, group
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         (x,) = ctx.saved_tensors
-        x = _flat(x.detach())
-        pre = _precondition.sample_preconditioner(x, ridge=ctx.ridge, rtol=ctx.rtol)
-        out = pre.apply(grad.reshape(grad.shape[0], -1).to(x.dtype))
-        return out.reshape(grad.shape).to(grad.dtype), None, None, None
+        x = rows(x.detach(), "inputs")
+        g = grad.reshape(-1, grad.shape[-1])
+        if ctx.group is None:
+            pre = _precondition.sample_preconditioner(x, ridge=ctx.ridge, rtol=ctx.rtol)
+            out = pre.apply(g.to(x.dtype))
+        else:
+            out = global_sample_precondition(x, g, ridge=ctx.ridge, rtol=ctx.rtol, group=ctx.group)
+        return out.reshape(grad.shape).to(grad.dtype), None, None, None, None
 
 
 def precondition(
-    features: torch.Tensor, inputs: torch.Tensor, *, ridge: float = 1e-4, rtol: float | None = None
+    features: torch.Tensor,
+    inputs: torch.Tensor,
+    *,
+    ridge: float = 1e-4,
+    rtol: float | None = None,
+    local: bool = False,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
-    """The dummy layer as a function: returns ``features`` unchanged; its backward left-multiplies
-    the immunized map's parameter gradient by ``(K + ε I)⁻¹``, ``K = xᵀx`` the covariance of
-    ``inputs`` (``N×D_in``, flattened) in this batch, ``ε = ridge·λ_max(K)`` (``ridge=0``:
-    pseudo-inverse, directions with ``s_i ≤ rtol·s_1`` dropped; default ``rtol = max(N, D)·eps``).
+    """The dummy layer as a function: ``features`` unchanged; its backward left-multiplies the
+    immunized map's parameter gradient by ``(K + ε I)⁻¹``.
 
-    ``features`` must be the output ``F = inputs @ θ`` of the immunized linear map (first axis the
-    same samples). See the module documentation for why it sits here.
+    ``K = xᵀx`` is the covariance of ``inputs`` in this batch — of the global batch (every rank's
+    rows, :mod:`condreg.torch._data_parallel`) under an initialised ``torch.distributed`` process
+    group unless ``local=True`` —, ``ε = ridge·λ_max(K)``. ``features`` must be the output
+    ``F = inputs @ θ`` of the immunized linear map, row for row; see the module documentation
+    for why it sits here.
+
+    Parameters
+    ----------
+    features : torch.Tensor
+        ``(N, D)`` or ``(B, T, D)`` (tokens as rows, :func:`rows`).
+    inputs : torch.Tensor
+        ``(N, D_in)`` or ``(B, T, D_in)``, the same rows.
+    ridge : float
+        ``>= 0``; 0 gives the pseudo-inverse (directions with ``s_i ≤ rtol·s_1`` dropped).
+    rtol : float, optional
+        Rank tolerance on the singular values of ``x`` (default ``max(N, D_in)·eps``).
+    local : bool
+        ``True``: each process preconditions with its own rows' ``K``.
+    group : torch.distributed.ProcessGroup, optional
+        The group whose rows form the batch (default: the world).
+
+    Returns
+    -------
+    torch.Tensor
+        ``features`` (a view), carrying the preconditioning backward.
+
+    Raises
+    ------
+    ValueError
+        For ``ridge < 0`` or ``features`` and ``inputs`` with different rows.
+    TypeError
+        If either is not a ``torch.Tensor``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import condreg
+    >>> from condreg.torch.nn import precondition
+    >>> x = torch.randn(32, 6, dtype=torch.float64)
+    >>> theta = torch.eye(6, dtype=torch.float64, requires_grad=True)
+    >>> F = x @ theta
+    >>> condreg.r_well(precondition(F, x), gram=True).backward()   # theta.grad: K⁻¹-left
     """
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
-    if features.shape[0] != inputs.shape[0]:
+    f, x = rows(features, "features"), rows(inputs, "inputs")
+    if f.shape[0] != x.shape[0] or features.shape[:-1] != inputs.shape[:-1]:
         raise ValueError(
-            "precondition: features and inputs must share the sample axis, got "
-            f"{features.shape[0]} and {inputs.shape[0]} rows"
+            "precondition: features and inputs must have the same rows, got shapes "
+            f"{tuple(features.shape)} and {tuple(inputs.shape)}"
         )
-    return _Precondition.apply(features, inputs, float(ridge), rtol)
+    group = process_group(local, group)
+    return _Precondition.apply(features, inputs, float(ridge), rtol, group)
 
 
 class Precondition(nn.Module):
-    """Module form of :func:`precondition`: ``Precondition(ridge)(features, inputs)``."""
+    """Module form of :func:`precondition`: ``Precondition(ridge)(features, inputs)``.
 
-    def __init__(self, ridge: float = 1e-4, rtol: float | None = None) -> None:
+    Parameters
+    ----------
+    ridge : float
+        ``>= 0`` (0: the pseudo-inverse).
+    rtol : float, optional
+        Rank tolerance on the singular values of the inputs.
+    local : bool
+        ``True``: each process preconditions with its own rows' ``K`` under a process group.
+    group : torch.distributed.ProcessGroup, optional
+        The group whose rows form the batch (default: the world).
+
+    Raises
+    ------
+    ValueError
+        For ``ridge < 0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import ConditionRegularizer, Precondition
+    >>> layer = torch.nn.Linear(6, 6, bias=False).double()
+    >>> x = torch.randn(32, 6, dtype=torch.float64)
+    >>> F = layer(x)
+    >>> ConditionRegularizer(1.0, 0.0)(Precondition()(F, x)).backward()
+    """
+
+    def __init__(
+        self,
+        ridge: float = 1e-4,
+        rtol: float | None = None,
+        *,
+        local: bool = False,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         if ridge < 0:
             raise ValueError(f"ridge must be >= 0, got {ridge}")
         self.ridge = float(ridge)
         self.rtol = rtol
+        self.local = bool(local)
+        self.group = group
 
     def forward(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        return precondition(features, inputs, ridge=self.ridge, rtol=self.rtol)
+        """:func:`precondition` of ``features`` with the covariance of ``inputs``."""
+        return precondition(
+            features, inputs, ridge=self.ridge, rtol=self.rtol, local=self.local, group=self.group
+        )
 
     def extra_repr(self) -> str:
-        return f"ridge={self.ridge}"
+        return f"ridge={self.ridge}, local={self.local}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,8 +427,34 @@ def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
       ``Σ ḡ_o p`` over the same patches, so ``K[j]`` is the ``K`` of Theorem 4.2 for the
       reshaped weight ``(out, C/g·kh·kw)``.
 
-    Computed without gradient, in ``x``'s dtype. Raises ``TypeError`` for another layer type and
-    ``ValueError`` for an input whose feature/channel size does not match the layer.
+    Computed without gradient, in ``x``'s dtype, from this process's batch only (under data
+    parallelism, ``torch.distributed.all_reduce(K)`` makes it the global batch's).
+
+    Parameters
+    ----------
+    layer : nn.Linear or nn.Conv2d
+        The layer whose weight gradient is to be preconditioned.
+    x : torch.Tensor
+        The layer's input batch.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(in, in)`` for a Linear, ``(g, C/g·kh·kw, C/g·kh·kw)`` for a Conv2d.
+
+    Raises
+    ------
+    TypeError
+        For another layer type.
+    ValueError
+        For an input whose feature/channel size does not match the layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import layer_gram
+    >>> layer_gram(torch.nn.Linear(3, 2), torch.randn(10, 3)).shape
+    torch.Size([3, 3])
     """
     import torch.nn.functional as F_
 
@@ -310,8 +531,39 @@ def left_precondition(
     ``K = XᵀX``; default ``rtol = √(d·eps(K.dtype))``, the finest an eigendecomposition of ``K``
     resolves). ``ridge > 0`` uses ``(K + ridge·I)⁻¹`` instead (absolute ridge). Computed in
     float64, returned in ``grad_weight``'s dtype and shape. Apply it to the *regularizer's*
-    gradient only; the supervised gradient is not preconditioned. Raises ``TypeError`` for
-    another layer type and ``ValueError`` for mismatched shapes or ``ridge <= 0``.
+    gradient only; the supervised gradient is not preconditioned.
+
+    Parameters
+    ----------
+    layer : nn.Linear or nn.Conv2d
+        The layer.
+    grad_weight : torch.Tensor
+        A gradient of ``layer.weight`` (its shape).
+    K : torch.Tensor
+        :func:`layer_gram` of the layer's input batch.
+    ridge : float, optional
+        ``None``: the pseudo-inverse; ``> 0``: ``(K + ridge·I)⁻¹``.
+    rtol : float, optional
+        The rank tolerance of the pseudo-inverse.
+
+    Returns
+    -------
+    torch.Tensor
+        The preconditioned gradient, ``grad_weight``'s shape and dtype.
+
+    Raises
+    ------
+    TypeError
+        For another layer type.
+    ValueError
+        For mismatched shapes or ``ridge <= 0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.nn import layer_gram, left_precondition
+    >>> layer, x = torch.nn.Linear(3, 2), torch.randn(10, 3)
+    >>> G = left_precondition(layer, torch.ones(2, 3), layer_gram(layer, x))
     """
     if ridge is not None and not ridge > 0:
         raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge}")

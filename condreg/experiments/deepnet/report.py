@@ -9,8 +9,19 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import _report
+from condreg.experiments.convergence import digits_closed
 
-__all__ = ["PAPER_NOTE", "plots", "summaries", "table"]
+__all__ = [
+    "PAPER_NOTE",
+    "QUICK_NOTE",
+    "failures",
+    "plots",
+    "ranking",
+    "setup",
+    "summaries",
+    "table",
+    "title",
+]
 
 PAPER_NOTE = (
     "The paper immunizes ImageNet-pre-trained ResNet18 (last two conv blocks) and ViT (last "
@@ -18,6 +29,12 @@ PAPER_NOTE = (
     "5,000-image MNIST subset (digits 0-4 vs 5-9; a residual CNN's last two blocks and a "
     "one-layer transformer, 128-d features, Eq. 17 groups of 100 < 128): the numbers are "
     "comparable in kind, not in magnitude."
+)
+
+QUICK_NOTE = (
+    "**Quick run — a smoke test of the pipeline, not comparable with the paper nor with the "
+    "full run** (fewer images, seeds and steps; `condreg reproduce deepnet` without --quick "
+    "for the study)."
 )
 
 _SCALARS = (
@@ -201,9 +218,86 @@ def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str
     return lines
 
 
-def table(summaries_by_arch: dict[str, dict], s, records: dict[str, dict], seeds: Sequence[int]):
-    """The whole ``table.md`` (one block per arch, then the paper's Table 3)."""
-    lines = [
+def title(quick: bool) -> str:
+    """The ``# title`` of table.md."""
+    base = "Deep-net immunization (Table 3 / Fig. 3 analogue)"
+    return f"{base} — quick: not comparable with the paper" if quick else base
+
+
+def failures(per_arch: dict[str, list[dict]]) -> list[str]:
+    """One line per (arch, method, seed) whose immunization failed."""
+    return [
+        f"{a}: {m} failed on seed {r['seed']} and is left out: {why}"
+        for a, rows in per_arch.items()
+        for r in rows
+        for m, why in r["failed"].items()
+    ]
+
+
+def setup(per_arch: dict[str, list[dict]], s) -> dict[str, dict[str, Any]]:
+    """What was immunized, per arch (from the first seed's record)."""
+    keys = ("immunized", "immunized_weights", "immunized_parameters", "feature_dim", "n_train")
+    return {
+        a: {k: rows[0][k] for k in keys}
+        | {
+            "rir_group_size": s.rir_group_size,
+            "feature_dim_exceeds_group_size": rows[0]["feature_dim"] > s.rir_group_size,
+        }
+        for a, rows in per_arch.items()
+    }
+
+
+def _label(m: str) -> str:
+    return _report.METHOD_LABELS.get(m, m).replace(" (condreg)", "").replace(" (θ = I)", "")
+
+
+def ranking(summaries_by_arch: dict[str, dict]) -> list[str]:
+    """The lead of table.md: per arch, the methods by mean RIR_θ0, Ours against Opt κ seed by
+    seed, and the caveat for every method whose (i) < 1 (D_H did not get harder)."""
+    lines = []
+    for arch, summary in summaries_by_arch.items():
+        order = sorted(
+            (m for m in summary if m != "identity"), key=lambda m: -summary[m]["rir_theta0"]["mean"]
+        )
+        text = " > ".join(
+            f"{_label(m)} {_report.fmt_number(summary[m]['rir_theta0']['mean'], 3)}" for m in order
+        )
+        vs = summary.get("condreg", {}).get("vs_opt_kappa")
+        if vs is not None:
+            lost = vs["seeds"] - vs["wins"]
+            text += (
+                f"; Ours ahead of Opt κ on {vs['wins']} of {vs['seeds']} seeds"
+                if vs["wins"] >= lost
+                else f"; **Opt κ ahead of Ours on {lost} of {vs['seeds']} seeds**"
+            )
+        low = [m for m in order if summary[m]["i"]["mean"] < 1]
+        if low:
+            text += (
+                ". Caveat: (i) < 1 for "
+                + ", ".join(
+                    f"{_label(m)} ({_report.fmt_number(summary[m]['i']['mean'], 2)})" for m in low
+                )
+                + ": κ on D_H fell, so D_H did not get harder (Definition 3.1 (a) fails) "
+                "whatever RIR_θ0 says"
+            )
+        lines.append(f"- **{arch}** — RIR_θ0 (mean over seeds): {text}.")
+    return lines
+
+
+def table(
+    summaries_by_arch: dict[str, dict],
+    s,
+    per_arch: dict[str, list[dict]],
+    seeds: Sequence[int],
+    *,
+    quick: bool = False,
+) -> str:
+    """The whole ``table.md``: the ranking first (:func:`ranking`), then one block per arch and
+    the paper's Table 3; ``quick`` runs say first that they are not comparable."""
+    lines = [QUICK_NOTE, ""] if quick else []
+    lines += ["Ranking by RIR_θ0 (Eq. 17; the paper has Ours best on both networks):", ""]
+    lines += ranking(summaries_by_arch) + [""]
+    lines += [
         f"D_P = digits {list(s.pretrain_digits)}, D_H = digits {list(s.harmful_digits)}; "
         f"immunized: {'the block' if s.target == 'block' else 'an appended θ'}; seeds "
         f"{list(seeds)} (mean ± std). Step = each method's relative regularizer step chosen by "
@@ -217,7 +311,7 @@ def table(summaries_by_arch: dict[str, dict], s, records: dict[str, dict], seeds
         "",
     ]
     for arch, summary in summaries_by_arch.items():
-        lines += _arch_table(arch, summary, s, records[arch])
+        lines += _arch_table(arch, summary, s, per_arch[arch][0])
     lines += ["Paper (Table 3, as reported; ImageNet as D_P, ours = condreg):", ""]
     prow = [
         [k, _report.fmt_number(v["rir_theta0"]), f"{v['acc_before']:.2f}", f"{v['acc_after']:.2f}"]
@@ -230,38 +324,38 @@ def table(summaries_by_arch: dict[str, dict], s, records: dict[str, dict], seeds
     return "\n".join(lines)
 
 
-def plots(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], per_seed: dict[str, list]):
-    """probe_curves.png (mean ± std bands over seeds) and kappa_history.png (sweep seed)."""
-    colors = _colors()
+def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag: str):
     archs = list(summaries_by_arch)
     fig, axes = _report.new_figure(len(archs), 3, figsize=(15, 3.8 * len(archs)))
     axes = np.atleast_2d(axes)
     for r, arch in enumerate(archs):
         for m, summ in summaries_by_arch[arch].items():
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": colors.get(m)}
+            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _colors().get(m)}
             for c, key in enumerate(("probe_h", "probe_p")):
                 x = summ[f"{key}_steps"]
-                mu, sd = (
-                    100 * np.asarray(summ[f"{key}_mean_curve"]),
-                    100 * np.asarray(summ[f"{key}_std_curve"]),
-                )
+                mu = 100 * np.asarray(summ[f"{key}_mean_curve"])
+                sd = 100 * np.asarray(summ[f"{key}_std_curve"])
                 axes[r, c].plot(x, mu, **kw)
                 axes[r, c].fill_between(x, mu - sd, mu + sd, color=kw["color"], alpha=0.15)
-            axes[r, 2].plot(summ["norm_ratio_h_mean_curve"], **kw)
-        axes[r, 0].set_title(f"{arch}: linear probing on D_H (harmful)")
-        axes[r, 1].set_title(f"{arch}: linear probing on D_P (control)")
-        axes[r, 2].set_title(f"{arch}: Eq. 16 on D_H (ℓ2 probe, exact line search)")
+            d = digits_closed(summ["norm_ratio_h_mean_curve"])
+            axes[r, 2].semilogy(np.arange(1, d.size), d[1:], **kw)
+        axes[r, 0].set_title(f"{arch}{tag}: linear probing on D_H (harmful)")
+        axes[r, 1].set_title(f"{arch}{tag}: linear probing on D_P (control)")
+        axes[r, 2].set_title(f"{arch}{tag}: Eq. 16, ℓ2 probe of D_H")
         for c in range(2):
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
-        axes[r, 2].ticklabel_format(axis="y", useOffset=False)
-        axes[r, 2].set_xlabel("steps")
-        axes[r, 2].set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
+        axes[r, 2].minorticks_off()  # log-axis minor ticks cost more to draw than they show
+        axes[r, 2].set_xlabel("probe steps t")
+        axes[r, 2].set_ylabel("−log₁₀ ‖w_t − w*‖²/‖w_0 − w*‖²\n(lower = slower probing)")
         for ax in axes[r]:
             ax.grid(alpha=0.3)
         axes[r, 0].legend(fontsize=8)
-    paths = [_report.save_figure(fig, out_dir / "probe_curves.png")]
+    return _report.save_figure(fig, out_dir / "probe_curves.png")
 
+
+def _kappa_figure(out_dir: pathlib.Path, per_seed: dict[str, list], tag: str):
+    archs = list(per_seed)
     fig, axes = _report.new_figure(len(archs), 2, figsize=(11, 3.8 * len(archs)))
     axes = np.atleast_2d(axes)
     for r, arch in enumerate(archs):
@@ -269,17 +363,28 @@ def plots(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], per_seed: d
             h = res["history"]
             if not h:
                 continue
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": colors.get(m)}
+            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _colors().get(m)}
             st = [row["step"] for row in h]
             axes[r, 0].semilogy(st, [row["kappa_h"] for row in h], **kw)
             axes[r, 1].semilogy(st, [row["kappa_p"] for row in h], **kw)
-        axes[r, 0].set_title(
-            f"{arch}: κ(H_H) of the batch features (seed {per_seed[arch][0]['seed']})"
-        )
-        axes[r, 1].set_title(f"{arch}: κ(H_P) of the batch features")
+        seed = per_seed[arch][0]["seed"]
+        axes[r, 0].set_title(f"{arch}{tag}: κ(H_H) of the batch features (seed {seed}; want ↑)")
+        axes[r, 1].set_title(f"{arch}{tag}: κ(H_P) of the batch features (want ↓ or flat)")
         for ax in axes[r]:
             ax.set_xlabel("immunization step")
             ax.grid(alpha=0.3)
         axes[r, 0].legend(fontsize=8)
-    paths.append(_report.save_figure(fig, out_dir / "kappa_history.png"))
-    return paths
+    return _report.save_figure(fig, out_dir / "kappa_history.png")
+
+
+def plots(
+    out_dir: pathlib.Path,
+    summaries_by_arch: dict[str, dict],
+    per_seed: dict[str, list],
+    *,
+    quick: bool = False,
+) -> list[pathlib.Path]:
+    """probe_curves.png (mean ± std bands over seeds; Eq. 16 as :func:`digits_closed`) and
+    kappa_history.png (the first seed); every title of a ``quick`` run says "quick"."""
+    tag = " (quick)" if quick else ""
+    return [_probe_figure(out_dir, summaries_by_arch, tag), _kappa_figure(out_dir, per_seed, tag)]

@@ -40,13 +40,13 @@ class Prepared:
     device: torch.device
 
 
-def prepare(arch: str, s: Settings, seed: int, progress: bool) -> Prepared:
-    """Load the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs."""
+def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: bool) -> Prepared:
+    """Split the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs."""
     device = torch.device(s.device)
     dtype = getattr(torch, s.dtype)
     torch.manual_seed(seed)
     small = arch in SMALL_ARCHS
-    P, H = (_data.mnist_tasks if small else _data.folder_tasks)(s, seed)
+    P, H = images.tasks(seed)
     if small:
         parts = models.build_small(arch, s.feature_dim, P.n_classes)
     else:
@@ -220,11 +220,18 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
     }
 
 
-def run_seed(arch: str, s: Settings, seed: int, steps: dict[str, float] | None, progress: bool):
+def run_seed(
+    arch: str,
+    s: Settings,
+    images: _data.Images,
+    seed: int,
+    steps: dict[str, float] | None,
+    progress: bool,
+):
     """One seed of one arch: returns ``(record, sweep_record)``. ``steps`` None: this is the
     sweep seed; the sweep runs first and its chosen models are this seed's results."""
     t0 = time.perf_counter()
-    prep = prepare(arch, s, seed, progress)
+    prep = prepare(arch, s, images, seed, progress)
     sweep_record, ready = (None, {})
     if steps is None:
         sweep_record, ready = sweep(prep, s, progress)

@@ -1,0 +1,303 @@
+"""Algorithm 1's factored iterate: steps kept as factors (:class:`Delta`), the loop's iterate
+``θ = Θ + V_P·Y_P + V_H·Y_H`` with its features carried from epoch to epoch (:class:`Tracked`),
+and the steps on a task's basis from the extreme clusters' vectors (:func:`basis_step`).
+
+An epoch then pays no ``r×D×D`` product for the features ``F = Aθ`` and no ``D×r×D`` one for θ
+(docs/immunization.md, "How the preconditioned step is computed")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import device as _device
+
+from condreg import _extreme
+from condreg.algorithm._problem import Problem, State, TaskData
+
+Array = Any
+
+
+def initial_features(task: TaskData, theta: Array) -> Array:
+    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
+    so that the setup's spectrum at ``θ = I`` is reused
+    (:func:`condreg.algorithm._step.spectrum`)."""
+    A = task.A
+    same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
+    if same and is_numpy_array(theta) and is_numpy_array(A):
+        if is_identity(theta, array_namespace(theta)):
+            return A
+    return A @ theta
+
+
+def is_identity(theta: Array, xp: Any) -> bool:
+    """Whether the square ``theta`` is exactly ``I`` (reads its values)."""
+    n = theta.shape[0]
+    return bool(xp.all(theta == xp.eye(n, dtype=theta.dtype, device=_device(theta))))
+
+
+def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
+    """``min(1, max_step / rho)`` without dividing by zero."""
+    safe = xp.where(rho > max_step, rho, xp.full_like(rho, max_step))
+    return max_step / safe
+
+
+def rel_size(step: Any, theta: Array, xp: Any) -> Array:
+    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of an un-preconditioned step (an array or a
+    :class:`Delta`)."""
+    D = theta.shape[-1]
+    sq = step.frobenius_sq(theta, xp) if isinstance(step, Delta) else xp.sum(step * step)
+    return xp.sqrt(sq) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
+
+
+class Delta:
+    """A step ``θ_t − θ_{t+1}`` kept factored, so that the features ``Aθ`` of both tasks follow
+    it without a ``r×D×D`` product: ``Σ V_x N_x`` over the tasks' bases (``basis``: pairs of the
+    task and ``N_x``, ``r_x×D``) plus ``Σ L_i R_i`` (``outer``: ``D×c`` and ``c×D`` factors)
+    plus a dense ``D×D`` part (``dense``, or None). What :func:`condreg.algorithm.step`
+    subtracts is :meth:`materialize`; a method's ``update`` may return either."""
+
+    __slots__ = ("basis", "outer", "dense")
+
+    def __init__(self, basis=(), outer=(), dense: Array | None = None) -> None:
+        self.basis: list[tuple[TaskData, Array]] = list(basis)
+        self.outer: list[tuple[Array, Array]] = list(outer)
+        self.dense = dense
+
+    def __add__(self, other: Delta) -> Delta:
+        if self.dense is None or other.dense is None:
+            dense = other.dense if self.dense is None else self.dense
+        else:
+            dense = self.dense + other.dense
+        return Delta(self.basis + other.basis, self.outer + other.outer, dense)
+
+    def scaled(self, c: Any) -> Delta:
+        """``c·Δ`` (``c`` a scalar)."""
+        return Delta(
+            [(task, c * N) for task, N in self.basis],
+            [(c * L, R) for L, R in self.outer],
+            None if self.dense is None else c * self.dense,
+        )
+
+    def materialize(self, D: int, ref: Array) -> Array:
+        """The ``D×D`` array ``Δ`` (zeros of ``ref``'s dtype and device when empty)."""
+        out = self.dense
+        for term in [task.basis @ N for task, N in self.basis] + [L @ R for L, R in self.outer]:
+            out = term if out is None else out + term
+        if out is None:
+            xp = array_namespace(ref)
+            return xp.zeros((D, D), dtype=ref.dtype, device=_device(ref))
+        return out
+
+    def frobenius_sq(self, ref: Array, xp: Any) -> Array:
+        """``‖Δ‖_F²`` (0-d, of ``ref``'s dtype): from the ``c×c`` Grams of the factors when Δ
+        is all outer products (clipped at 0: that sum may round below it)."""
+        if self.basis or self.dense is not None:
+            M = self.materialize(0, self.dense)  # not empty: D is not needed
+            return xp.sum(M * M)
+        if not self.outer:
+            return xp.zeros((), dtype=ref.dtype, device=_device(ref))
+        L = xp.concat([L for L, _ in self.outer], axis=1)
+        R = xp.concat([R for _, R in self.outer], axis=0)
+        sq = xp.sum((L.T @ L) * (R @ R.T))
+        return xp.where(sq > 0, sq, xp.zeros_like(sq))
+
+    def features(self, task: TaskData, other: TaskData, cross: Array) -> Array:
+        """``A Δ`` for ``A`` the factor of ``task``: ``diag(sc)N`` on its own basis,
+        ``diag(sc)(V_taskᵀV_other)N`` on the other's (``cross``), ``(AL)R`` on the outer
+        products, ``AΔ_dense`` on the dense part (a ``r×D×D`` product, if any)."""
+        sc = task.sc[:, None]
+        out = None if self.dense is None else task.A @ self.dense
+        for owner, N in self.basis:
+            if owner is task:
+                term = sc * N
+            elif owner is other:
+                term = sc * (cross @ N)
+            else:  # pragma: no cover - a Delta of another problem's tasks
+                term = task.A @ (owner.basis @ N)
+            out = term if out is None else out + term
+        for L, R in self.outer:
+            term = (task.A @ L) @ R
+            out = term if out is None else out + term
+        return out
+
+
+def basis_step(
+    task: TaskData,
+    hs: Any,
+    d: Array,
+    left: Array,
+    a: Any = None,
+    sides: tuple[str, ...] | None = None,
+) -> Delta:
+    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
+    :class:`Delta` on the task's basis ``V_x``.
+
+    ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
+    so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
+    the right ones. ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for
+    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products.
+
+    With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
+    ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
+    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only;
+    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) outer products of rank ``|S|``, so the
+    step costs no ``D×r×D`` product at all."""
+    F = hs.sp.F  # the engine keeps F = Aθ with the vectors
+    ext = hs.ext
+    if ext is not None and sides is not None:
+        if isinstance(a, (int, float)) and a == 0:
+            return _low_rank(task, hs, d, left, sides)
+        return Delta([(task, _structured(hs, d, left, a, sides))])
+    if ext is not None:
+        return Delta([(task, _all_vectors(hs, d, left))])
+    if hs.W is not None:
+        FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
+    else:
+        FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
+    return Delta([(task, left[:, None] * FG)])
+
+
+def _all_vectors(hs: Any, d: Array, left: Array) -> Array:
+    """``diag(left)(W diag(d) Wᵀ)F`` from all of ``W`` (vectors on demand: the full
+    decomposition)."""
+    W = hs.ext.full()
+    return (left[:, None] * ((W * d[None, :]) @ W.T)) @ hs.sp.F
+
+
+def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None:
+    """The index ranges of the tie sets ``sides``; None when the two overlap."""
+    ranges = [hs.ext.bounds(side, hs.tie_rtol) for side in sides]
+    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:
+        return None
+    return ranges
+
+
+def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Delta:
+    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: outer
+    products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` and ``|S|×D``)."""
+    ext, F = hs.ext, hs.sp.F
+    ranges = _tie_ranges(hs, sides)
+    if ranges is None:  # the tie sets overlap: every value is in one of them
+        return Delta([(task, _all_vectors(hs, d, left))])
+    outer = []
+    for lo, hi in ranges:
+        if hi > lo:
+            W = ext.cluster(lo, hi)
+            outer.append((task.basis @ ((left[:, None] * W) * d[lo:hi][None, :]), W.T @ F))
+    return Delta(outer=outer)
+
+
+def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
+    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides`` (``a ≠ 0``):
+    one ``r×r`` matrix ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
+    ext, F = hs.ext, hs.sp.F
+    ranges = _tie_ranges(hs, sides)
+    if ranges is None:  # the two tie sets overlap
+        return _all_vectors(hs, d, left)
+    clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
+    terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
+    M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
+    return (left[:, None] * M) @ F
+
+
+#: The loop sums θ and recomputes ``F = Aθ`` every this many epochs: the carried features'
+#: rounding errors then never pile up (float32: ~1e-6 relative over 25 epochs, 2e-5 over 1000
+#: without), at ~4 GEMMs per refresh.
+REFRESH_EVERY = 25
+
+
+class Tracked(NamedTuple):
+    """The loop's iterate, factored: ``θ = theta + V_P·Y_P + V_H·Y_H`` (the basis parts of the
+    regularizer steps kept apart, so no ``D×r×D`` product is paid per epoch), the head
+    ``omega``, and the features ``F_P = A_Pθ``, ``F_H = A_Hθ``, updated with every step
+    (:meth:`Delta.features`) instead of recomputed (``None`` after the public
+    :func:`step`). ``P``, ``H``: the tasks the parts refer to. ``Y_P``/``Y_H`` are None until a
+    step has a part on that basis. ``age``: epochs since θ was last summed and ``F``
+    recomputed (:data:`REFRESH_EVERY`)."""
+
+    theta: Array
+    omega: Array
+    Y_P: Array | None
+    Y_H: Array | None
+    F_P: Array | None
+    F_H: Array | None
+    P: TaskData
+    H: TaskData
+    age: int = 0
+
+    @classmethod
+    def start(cls, problem: Problem, state: State) -> Tracked:
+        theta, omega = state
+        F_P, F_H = initial_features(problem.P, theta), initial_features(problem.H, theta)
+        return cls(theta, omega, None, None, F_P, F_H, problem.P, problem.H)
+
+    def dense(self) -> Array:
+        """θ as one ``D×D`` array (two ``D×r×D`` products when both basis parts exist)."""
+        theta = self.theta
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                theta = theta + task.basis @ Y
+        return theta
+
+    def state(self) -> State:
+        return State(self.dense(), self.omega)
+
+    def apply(self, w: Array) -> Array:
+        """``θw``."""
+        out = self.theta @ w
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                out = out + task.basis @ (Y @ w)
+        return out
+
+    def apply_t(self, c: Array) -> Array:
+        """``θᵀc``."""
+        out = self.theta.T @ c
+        for task, Y in ((self.P, self.Y_P), (self.H, self.Y_H)):
+            if Y is not None:
+                out = out + Y.T @ (task.basis.T @ c)
+        return out
+
+    def on(self, problem: Problem) -> bool:
+        """Whether the parts refer to ``problem``'s tasks (the same factors, entry for entry)."""
+        xp = problem.xp
+        return all(
+            mine is theirs or (mine.A.shape == theirs.A.shape and bool(xp.all(mine.A == theirs.A)))
+            for mine, theirs in ((self.P, problem.P), (self.H, problem.H))
+        )
+
+
+def cross_basis(problem: Problem) -> Array:
+    """``V_Pᵀ V_H`` (``r_P×r_H``): how a step on one task's basis moves the other's features."""
+    return problem.P.basis.T @ problem.H.basis
+
+
+def advance_parts(
+    problem: Problem, tr: Tracked, delta: Delta, omega: Array, cross: Array
+) -> Tracked:
+    """``tr − Δ`` kept factored: the outer and dense parts into ``theta``, the basis parts into
+    ``Y_P``/``Y_H``, and both features moved by ``AΔ`` — or, every :data:`REFRESH_EVERY`
+    epochs, θ summed and ``F = Aθ`` recomputed (deterministic in the epoch count, which
+    ``resume=`` carries: a resumed run stays bit-identical)."""
+    P, H = problem.P, problem.H
+    theta = tr.theta
+    for L, R in delta.outer:
+        theta = theta - L @ R
+    if delta.dense is not None:
+        theta = theta - delta.dense
+    Y = {"P": tr.Y_P, "H": tr.Y_H}
+    for task, N in delta.basis:
+        if task is P or task is H:
+            key = "P" if task is P else "H"
+            Y[key] = -N if Y[key] is None else Y[key] - N
+        else:  # a part on another basis (a third-party method): summed into θ
+            theta = theta - task.basis @ N
+    age = tr.age + 1
+    if age >= REFRESH_EVERY:
+        dense = Tracked(theta, omega, Y["P"], Y["H"], None, None, P, H).dense()
+        return Tracked(dense, omega, None, None, P.A @ dense, H.A @ dense, P, H)
+    F_P = tr.F_P - delta.features(P, H, cross)
+    F_H = tr.F_H - delta.features(H, P, cross.T)
+    return Tracked(theta, omega, Y["P"], Y["H"], F_P, F_H, P, H, age)

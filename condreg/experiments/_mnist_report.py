@@ -1,0 +1,421 @@
+"""Summaries, table.md and Fig. 2 of ``condreg reproduce mnist-pairs``.
+
+:func:`collect` gathers the finished units by method and pair, :func:`summarise` gives each
+method's statistics over the pairs (the paper's Table 2 statistic, success counts by
+Definition 3.1 (a) + (b) at three rank tolerances, Definition 3.1 (c)'s D_P losses),
+:func:`table` and :func:`heatmap` write them (Fig. 2: ln RIR per ordered (P, H) pair, rows = the
+pre-training digit P, columns = the harmful digit H).
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from condreg.experiments import _report as rp
+from condreg.experiments._linear import SEPARABLE_LOSS, TOLERANCE_FACTORS, stopped_early
+
+__all__ = ["collect", "summarise", "timing", "results", "notes", "table", "heatmap"]
+
+#: The paper publishes Ours' per-pair range and mean only, no per-pair values of any method.
+PAPER_PER_PAIR_NOTE = (
+    "the paper's per-pair values are not published (Ours: RIR 8.6–523 over the 90 pairs, "
+    "mean 70.04), so no per-pair comparison or Spearman ρ is possible"
+)
+
+
+def pair_key(pair: Sequence[int]) -> str:
+    """``"P-H"``, the key of a pair in results.json."""
+    return f"{pair[0]}-{pair[1]}"
+
+
+def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str, Any]:
+    """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas": {"P-H": …},
+    "loss_best_input": {"P-H": [per seed]}}`` from the units keyed ``(seed, pair)``."""
+    per_pair: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in methods}
+    kappas: dict[str, dict[str, float]] = {}
+    inputs: dict[str, list[float]] = {}
+    for seed in seed_values:
+        for pair in pairs:
+            unit, key = units[(seed, pair)], pair_key(pair)
+            kappas.setdefault(key, unit["kappas"])
+            inputs.setdefault(key, []).append(unit.get("loss_best_input", float("nan")))
+            for method in methods:
+                per_pair[method].setdefault(key, []).append(unit["methods"][method])
+    return {"per_pair": per_pair, "kappas": kappas, "loss_best_input": inputs}
+
+
+def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
+    """Each method's statistics: per seed the mean RIR over the pairs and the success counts
+    (mean ± std over seeds), and over every run the RIR range, the failure causes, the D_P
+    losses (trained head, best attainable on Xθ) and the rank tolerances."""
+    out = {}
+    for method, by_pair in per_pair.items():
+        mean_rir, mean_log = [], []
+        succ: dict[int, list[int]] = {f: [] for f in TOLERANCE_FACTORS}
+        for k in range(len(seed_values)):
+            runs = [by_pair[pair_key(p)][k] for p in pairs]
+            rirs = np.array([r["rir"] for r in runs])
+            mean_rir.append(float(np.mean(rirs)))
+            mean_log.append(float(np.mean(np.log(rirs))))
+            for f in TOLERANCE_FACTORS:
+                succ[f].append(sum(r["tolerance"][f"{f}x"]["success"] for r in runs))
+        all_runs = [r for runs in by_pair.values() for r in runs]
+        all_rir = np.array([r["rir"] for r in all_runs])
+        best = [r.get("loss_best", float("nan")) for r in all_runs]
+        out[method] = {
+            "mean_rir": rp.mean_std(mean_rir),
+            "mean_ln_rir": rp.mean_std(mean_log),
+            "successes": rp.mean_std(succ[1]),
+            "successes_by_rtol": {f"{f}x": rp.mean_std(succ[f]) for f in TOLERANCE_FACTORS},
+            "n_pairs": len(pairs),
+            "min_rir": float(np.min(all_rir)),
+            "median_rir": float(np.median(all_rir)),
+            "max_rir": float(np.max(all_rir)),
+            "pairs_with_i_at_most_1": int(sum(r["i"] <= 1 for r in all_runs)),
+            "pairs_with_ii_above_1": int(sum(r["ii"] > 1 for r in all_runs)),
+            "pairs_with_rir_at_most_1": int(sum(r["rir"] <= 1 for r in all_runs)),
+            "verdict_flips_with_rtol": sorted(
+                {
+                    pair_key(p)
+                    for p in pairs
+                    for r in by_pair[pair_key(p)]
+                    if r["tolerance"]["flips"]
+                }
+            ),
+            "runs_not_completed": sorted(
+                {f"{r['stopped']}" for r in all_runs if r["stopped"] != "completed"}
+            ),
+            "mean_loss_final": float(np.mean([r["loss_final"] for r in all_runs])),
+            "mean_loss_best": float(np.mean(best)),
+            "max_loss_best": float(np.max(best)),
+            "runs_separable": int(sum(b < SEPARABLE_LOSS for b in best)),
+            "runs_rank_kept": int(sum(r["rank_H_P"] == r["rank_K_P"] for r in all_runs)),
+            "n_runs": len(all_runs),
+            "rtol_range": [min(r["rtol"] for r in all_runs), max(r["rtol"] for r in all_runs)],
+        }
+    return out
+
+
+def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, methods):
+    """How long the units took: means per pair, workers, the extrapolated full run."""
+    mean_pair_s = float(np.mean([u["seconds"] for u in units.values()]))
+
+    def per_pair_sum(key):  # mean over the units computed now of the sum over the methods
+        sums = [sum(r[key] for r in u["methods"].values()) for u in computed]
+        return float(np.mean(sums)) if sums else None
+
+    return {
+        "mean_seconds_per_pair_all_methods": mean_pair_s,
+        # of which condreg.immunize and the scoring after it (RIR at 3 tolerances, D_P probe)
+        "mean_immunize_s_per_pair": per_pair_sum("runtime_s"),
+        "mean_scoring_s_per_pair": per_pair_sum("scoring_s"),
+        "jobs": jobs,
+        # distinct worker processes that computed units now (resumed units not counted)
+        "workers_used": len({u.get("worker") for u in computed}),
+        "units_cpu_s": float(sum(u.get("cpu_s", 0.0) for u in computed)),
+        "units_computed": len(computed),
+        "units_resumed": len(units) - len(computed),
+        "compute_wall_s": compute_wall,
+        # all 90 pairs × all four methods on `jobs` workers, if the pairs here are representative
+        "extrapolated_full_run_s": mean_pair_s
+        * n_pairs_all
+        * n_methods_all
+        / len(methods)
+        / max(jobs, 1),
+        "pairs_run": len(units),
+    }
+
+
+def results(collected, summary, timing_, *, n_features, tasks, cross_check) -> dict[str, Any]:
+    """The ``results`` of results.json."""
+    per_pair = collected["per_pair"]
+    runs = [r for by_pair in per_pair.values() for rs in by_pair.values() for r in rs]
+    diffs = [r["check_rel_diff"] for r in runs if r.get("check_rel_diff") is not None]
+    inputs = [v for vs in collected["loss_best_input"].values() for v in vs]
+    return {
+        "data": {
+            "n_features": n_features,
+            "task_sizes": {
+                str(d): {"n_positive": t.n_positive, "n_negative": t.n_negative}
+                for d, t in tasks.items()
+            },
+            "kappas": collected["kappas"],
+            # Definition 3.1 (c) at θ = I: the best attainable D_P loss on the inputs
+            "loss_best_input": collected["loss_best_input"],
+            "mean_loss_best_input": float(np.mean(inputs)),
+        },
+        "methods": summary,
+        "per_pair": per_pair,
+        "timing": timing_,
+        "paper": rp.PAPER_MNIST,
+        "paper_per_pair": None,  # not published (PAPER_PER_PAIR_NOTE)
+        "stopped_early": stopped_early(runs),
+        # whether NumPy's SVD recomputed every κ, and the largest relative difference
+        "cross_check": {"enabled": bool(cross_check), "max_rel_diff": max(diffs, default=None)},
+    }
+
+
+def notes(summary, per_pair, n_pairs: int) -> list[str]:
+    """One line per failure cause, verdict flip, early stop and distinct warning."""
+    out = []
+    for m, s in summary.items():
+        label = rp.METHOD_LABELS[m]
+        if s["successes"]["mean"] < n_pairs:
+            failed = n_pairs - s["successes"]["mean"]
+            count = f"{failed:.0f}" if failed == round(failed) else f"{failed:.1f} (seed mean)"
+            out.append(
+                f"{label} failed Definition 3.1 (a) + (b) on {count} of {n_pairs} pairs ((i) <= 1 "
+                f"on {s['pairs_with_i_at_most_1']}, (ii) > 1 on {s['pairs_with_ii_above_1']} "
+                f"run(s))"
+            )
+        flips = s["verdict_flips_with_rtol"]
+        if flips:
+            shown = ", ".join(flips[:12]) + (" …" if len(flips) > 12 else "")
+            by = ", ".join(
+                f"{count_text(s['successes_by_rtol'][f'{f}x'], n_pairs)} at {f}× rtol"
+                for f in TOLERANCE_FACTORS
+            )
+            out.append(
+                f"{label}: the verdict flips with the rank tolerance on {len(flips)} pair(s) "
+                f"({shown}); successes {by}"
+            )
+        for why in s["runs_not_completed"]:
+            out.append(f"{label}: a run stopped early: {why}")
+        warned = sorted(
+            {
+                w
+                for runs in per_pair[m].values()
+                for r in runs
+                for w in r["warnings"]
+                if "did not succeed" not in w  # counted in the failure note above
+            }
+        )
+        out += [f"{label}: warning from condreg.immunize: {w}" for w in warned[:3]]
+    return out
+
+
+def count_text(summary: dict[str, Any], n_pairs: int) -> str:
+    """``"k/n"``, or ``"mean ± std of n"`` when the count differs between seeds."""
+    if summary["std"] == 0:
+        return f"{summary['mean']:g}/{n_pairs}"
+    return f"{summary['mean']:.1f} ± {summary['std']:.1f} of {n_pairs}"
+
+
+def _best_text(loss: float) -> str:
+    """A best attainable logistic loss: the number, or "≈ 0 (separable)"."""
+    return "≈ 0 (separable)" if loss < SEPARABLE_LOSS else rp.fmt_number(loss, 3)
+
+
+def _rows(summary, n_pairs: int, loss_input: float) -> list[list[str]]:
+    best = _best_text(loss_input)
+    rows = [[rp.METHOD_LABELS["identity"], "1", "—", f"0/{n_pairs}", "—", "—", "—", "—", best]]
+    for m in (m for m in rp.METHODS if m in summary):
+        s, p = summary[m], rp.PAPER_MNIST[m]
+        by = s["successes_by_rtol"]
+        rows.append(
+            [
+                rp.METHOD_LABELS[m],
+                rp.fmt_mean_std(s["mean_rir"]),
+                rp.fmt_number(p["mean_rir"]),
+                count_text(s["successes"], n_pairs),
+                " / ".join(count_text(by[f"{f}x"], n_pairs) for f in TOLERANCE_FACTORS[1:]),
+                f"{p['successes']}/90",
+                f"{rp.fmt_number(s['min_rir'], 3)} – {rp.fmt_number(s['median_rir'], 3)} – "
+                f"{rp.fmt_number(s['max_rir'], 3)}",
+                rp.fmt_number(s["mean_loss_final"], 3),
+                _best_text(s["mean_loss_best"]),
+            ]
+        )
+    return rows
+
+
+def _loss_text(summary, loss_input: float, settings) -> str:
+    """Definition 3.1 (c) in words, from what was measured."""
+    n_runs = sum(s["n_runs"] for s in summary.values())
+    kept = sum(s["runs_rank_kept"] for s in summary.values())
+    separable = sum(s["runs_separable"] for s in summary.values())
+    text = (
+        "D_P loss, trained head: the mean logistic loss on D_P of the head trained jointly with "
+        "θ (ln 2 = 0.693 at ω = 0), averaged over pairs. Best on Xθ (Definition 3.1 (c)): the "
+        "lowest mean logistic loss any linear head reaches on X_Pθ (a converged probe over the "
+        f"column space of X_Pθ), averaged over pairs; on the inputs (θ = I) "
+        f"{_best_text(loss_input)}. "
+    )
+    if kept == n_runs:
+        text += (
+            "Every run kept the rank of X_P (θ invertible on its row space), so X_Pθ spans what "
+            "X_P spans and the best attainable loss is the input's: θ takes nothing from the "
+            "pre-training task that a head could use. "
+        )
+    else:
+        text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P. "
+    if separable == n_runs:
+        text += (
+            f"D_P is linearly separable on Xθ in every run (best loss < {SEPARABLE_LOSS:g}, "
+            f"infimum 0); the trained head's loss measures how far {settings['epochs']} epochs "
+            f"of η = {settings['lr']:g} train the head, not what θ keeps. "
+        )
+    return text
+
+
+def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds: int) -> str:
+    """table.md's body from :func:`results`: the methods beside the paper's, how they were
+    run, the notes."""
+    summary, timing_, check = results_["methods"], results_["timing"], results_["cross_check"]
+    n_features, loss_input = (
+        results_["data"]["n_features"],
+        results_["data"]["mean_loss_best_input"],
+    )
+    n_pairs = summary[next(iter(summary))]["n_pairs"]
+    factors = " / ".join(f"{f}×" for f in TOLERANCE_FACTORS[1:])
+    text = rp.markdown_table(
+        [
+            "method",
+            "mean RIR ours",
+            "mean RIR paper",
+            "success ours (Def. 3.1 (a) + (b))",
+            f"at {factors} rtol",
+            "success paper (its rule not stated)",
+            "RIR min – median – max (ours)",
+            "D_P loss, trained head",
+            "D_P loss, best on Xθ",
+        ],
+        _rows(summary, n_pairs, loss_input),
+    )
+    lo, hi = summary[next(iter(summary))]["rtol_range"]
+    rtols = rp.fmt_number(lo, 3) if lo == hi else f"{rp.fmt_number(lo, 3)}–{rp.fmt_number(hi, 3)}"
+    if settings["inputs"] == "raw":
+        inputs = "the 784 raw pixels, (x/255 − 0.1307)/0.3081 (the authors' preprocessing)"
+    else:
+        inputs = (
+            f"{n_features} inputs ({settings['pool']}×{settings['pool']} pooling, pixels "
+            f"active in > {settings['min_pixel_activity']:g} of the images)"
+        )
+    split = ""
+    if timing_["mean_scoring_s_per_pair"] is not None:
+        split = (
+            f" (condreg.immunize {timing_['mean_immunize_s_per_pair']:.2f} s, scoring "
+            f"{timing_['mean_scoring_s_per_pair']:.2f} s)"
+        )
+    text += (
+        f"\n{n_pairs} ordered (P, H) pair(s); {settings['epochs']} epochs, η = {settings['lr']}, "
+        f"θ_0 = I, binary logistic loss on D_P, {inputs}, {n_seeds} seed(s) (mean ± sample std "
+        f"over seeds of the per-seed statistic). Success (Definition 3.1 (a) + (b)) = (i) > 1 "
+        f"and (ii) ≤ 1 at the run's rank tolerance rtol (σ_i of Xθ counted when > rtol·σ₁; "
+        f"rtol as recorded by condreg.immunize, {rtols}), and again at 10× and 100× rtol. The "
+        f"paper's counts (Ours 90, Opt κ 58, IMMA 1, R_ill only 0 of 90) are its own; it does "
+        f"not state the rule behind them. Task d: digit d (label 1) vs a "
+        f"{settings['negative_fraction']:g}× sample of other digits (label 0). "
+        + _loss_text(summary, loss_input, settings)
+        + f"Mean time per pair (all methods, one worker): "
+        f"{timing_['mean_seconds_per_pair_all_methods']:.2f} s{split}; "
+        f"{timing_['jobs']} worker(s). "
+    )
+    if check["max_rel_diff"] is not None:
+        text += (
+            "Every κ recomputed from NumPy's SVD of Xθ (--cross-check): (i), (ii) and RIR "
+            f"agree to {rp.fmt_number(check['max_rel_diff'], 2)} (largest relative "
+            "difference).\n"
+        )
+    else:
+        text += "Not cross-checked by an independent SVD (--cross-check does it).\n"
+    text += f"\nFig. 2 (ln_rir_heatmap.png): {PAPER_PER_PAIR_NOTE}.\n"
+    if notes_:
+        text += "\n" + "\n".join(f"- {n}" for n in notes_) + "\n"
+    return text
+
+
+def _grids(per_pair, methods, digits):
+    """ln RIR (mean over seeds) and failure (in any seed) per (P, H) cell, for each method."""
+    grids, failed = {}, {}
+    for m in methods:
+        grid = np.full((len(digits), len(digits)), np.nan)
+        bad = np.zeros(grid.shape, dtype=bool)
+        for key, runs in per_pair[m].items():
+            p, h = (digits.index(int(v)) for v in key.split("-"))
+            grid[p, h] = float(np.mean(np.log([x["rir"] for x in runs])))
+            bad[p, h] = not all(x["success"] for x in runs)
+        grids[m], failed[m] = grid, bad
+    return grids, failed
+
+
+def _draw_panel(ax, m, grid, bad, digits, vmax):
+    """One method's heat-map: colour = ln RIR, failed cells hatched and crossed."""
+    from matplotlib.patches import Rectangle
+
+    image = ax.imshow(grid, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+    n_bad, n_run = int(bad.sum()), int(np.isfinite(grid).sum())
+    paper = rp.PAPER_MNIST[m]["successes"]
+    ax.set_title(
+        f"{rp.METHOD_LABELS[m]}: {n_run - n_bad}/{n_run} succeed (paper: {paper}/90)", fontsize=9
+    )
+    ax.set_xlabel("harmful digit H (columns)")
+    ax.set_ylabel("pre-training digit P (rows)")
+    ax.set_xticks(range(len(digits)), [str(d) for d in digits])
+    ax.set_yticks(range(len(digits)), [str(d) for d in digits])
+    for (r, c), v in np.ndenumerate(grid):
+        if r == c:
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="0.85"))
+        if not np.isfinite(v):
+            continue
+        if bad[r, c]:  # a failure: paled and hatched
+            cell = Rectangle((c - 0.5, r - 0.5), 1, 1, fc=(1, 1, 1, 0.55), hatch="//", ec="0.3")
+            ax.add_patch(cell)
+        box = {"boxstyle": "round,pad=0.1", "fc": "w", "ec": "none", "alpha": 0.8}
+        ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=6, bbox=box)
+    return image
+
+
+def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> Any:
+    """Fig. 2 as the paper draws it: ln RIR per ordered (P, H) pair, one panel per method,
+    rows = pre-training digit P, columns = harmful digit H (the digits of the pairs run; the
+    diagonal P = H, not an experiment, grey; a pair not run, blank). A pair failing Definition
+    3.1 (a) + (b) in any seed is hatched. The colour bar marks the paper's range of Ours
+    (8.6–523); the paper publishes no per-pair values (:data:`PAPER_PER_PAIR_NOTE`). Writes
+    ``ln_rir_heatmap.png`` and returns the Matplotlib figure."""
+    from matplotlib.patches import Patch
+
+    ordered = [m for m in rp.METHODS if m in methods]
+    digits = sorted({d for p in pairs for d in p})
+    grids, failed = _grids(per_pair, ordered, digits)
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids.values()])
+    paper_lo, paper_hi = math.log(8.6), math.log(523.0)
+    vmax = max(float(np.max(np.abs(finite))) if finite.size else 1.0, paper_hi)
+    ncols = 2 if len(ordered) > 1 else 1
+    nrows = (len(ordered) + ncols - 1) // ncols
+    side = 0.42 * len(digits) + 1.8
+    fig, axes = rp.new_figure(
+        nrows,
+        ncols,
+        figsize=(max(3.4, 1.05 * side) * ncols + 1.4, side * nrows + 0.8),
+        squeeze=False,
+    )
+    for ax, m in zip(axes.ravel(), ordered, strict=False):
+        image = _draw_panel(ax, m, grids[m], failed[m], digits, vmax)
+    for ax in axes.ravel()[len(ordered) :]:
+        ax.set_visible(False)
+    bar = fig.colorbar(
+        image,
+        ax=axes.ravel().tolist(),
+        shrink=0.8,
+        label="ln RIR (0: θ = I); black bar: the paper's range of Ours, RIR 8.6–523",
+    )
+    bar.ax.plot([0.5, 0.5], [paper_lo, paper_hi], color="k", lw=3)
+    handles = [
+        Patch(facecolor="w", edgecolor="0.3", hatch="//", label="fails Def. 3.1 (a) + (b)"),
+        Patch(facecolor="0.85", label="P = H: not an experiment"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    fig.suptitle(
+        f"{'[quick run] ' if quick else ''}Fig. 2: ln RIR per ordered pair "
+        "(rows = pre-training digit P, columns = harmful digit H); red = harder to probe\n"
+        f"The paper's per-pair values are not published: no per-pair comparison",
+        fontsize=9,
+    )
+    rp.save_figure(fig, out_dir / "ln_rir_heatmap.png")
+    return fig

@@ -1,0 +1,415 @@
+"""The ablation's training loop: condreg's protocol with any set of the released code's choices.
+
+:func:`emulate` trains one method (``condreg``, ``r_ill_only``, ``opt_kappa``, ``imma``) on one
+(D_P, D_H) pair under a :class:`Protocol`: a set of :data:`~.released.RELEASED_SWITCHES` turned
+on, every other choice condreg's (docs/ablation.md lists both sides of every switch). With no
+switch on it is condreg's Algorithm 1 re-written in plain NumPy (θ_0 = I, full batch, gradient
+descent, K⁺ on the left, λ balanced at θ_0 and every regularizer step clipped to relative size
+``max_step``); the experiment's default row is ``condreg.immunize`` itself, not this loop.
+
+The emulation exists only to explain the paper's numbers; nothing here is used by
+``condreg.immunize``. NumPy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from condreg.experiments.ablation.released import (
+    RELEASED_CONFIG,
+    RIDGE_FLOOR,
+    ridge_floor_spectrum,
+)
+
+__all__ = [
+    "Protocol",
+    "Trained",
+    "emulate",
+    "regularizer_gradient",
+    "batches",
+    "Adam",
+    "TaskArrays",
+    "prepare_task",
+    "precondition",
+    "initial_parameters",
+]
+
+_EPS = np.finfo(np.float64).eps
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One training protocol: ``switches`` (released choices turned on) resolved into values.
+
+    ``dataset`` is ``"house"`` or ``"mnist"``; ``epochs``/``lr`` condreg's (the experiment's
+    default) unless ``config_schedule`` is on; ``max_step`` condreg's step clip (0.3)."""
+
+    dataset: str
+    switches: frozenset[str]
+    epochs: int
+    lr: float
+    task: str
+    max_step: float = 0.3
+    imma_steps: int = 5
+
+    def on(self, name: str) -> bool:
+        """Whether the released choice ``name`` is switched on."""
+        return name in self.switches
+
+    @property
+    def config(self) -> dict[str, float]:
+        """The released config of this dataset (:data:`~.released.RELEASED_CONFIG`)."""
+        return RELEASED_CONFIG[self.dataset]
+
+    def schedule(self) -> tuple[int, float]:
+        """(epochs, lr) of this protocol."""
+        if self.on("config_schedule"):
+            return int(self.config["epochs"]), float(self.config["lr"])
+        return self.epochs, self.lr
+
+
+@dataclass
+class Trained:
+    """An emulated run's result: θ, the bias (None without ``linear_init``), why it stopped,
+    the λ's used and the epochs run."""
+
+    theta: np.ndarray
+    bias: np.ndarray | None
+    stopped: str = "completed"
+    lam: dict[str, float] = field(default_factory=dict)
+    epochs_run: int = 0
+
+
+# -- the spectrum of S = ΦᵀΦ and the regularizers' gradients G = ∇_S f ----------------------
+
+
+def _spectrum(F: np.ndarray, ridge_kappa: bool) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(eigenvalues, eigenvectors as columns, index of σ_min, index of σ_max) of ``S = FᵀF``:
+    condreg's (nonzero singular values of F, rank tolerance max(N, D)·eps) or the released
+    ridge-floor spectrum."""
+    if ridge_kappa:
+        return ridge_floor_spectrum(F)
+    R = np.linalg.qr(F, mode="r") if F.shape[0] > F.shape[1] else F
+    _, s, Vh = np.linalg.svd(R, full_matrices=False)
+    rank = int(np.sum(s > max(F.shape) * _EPS * s[0])) if s[0] > 0 else 0
+    if rank < 1:
+        raise FloatingPointError("features of rank 0")
+    return s * s, Vh.T, rank - 1, 0
+
+
+def regularizer_gradient(
+    F: np.ndarray, quantity: str, *, ridge_kappa: bool, normaliser: int | None
+) -> tuple[np.ndarray, float]:
+    """``G = ∇_S f(S)`` for ``S = FᵀF`` and the value ``f``; ``quantity`` is ``"r_well"``,
+    ``"r_ill"`` or ``"log_kappa"``.
+
+    R_well = ½σ₁² − ‖S‖_F²/(2p), R_ill = 1/(‖S‖_F²/(2k) − ½σ_k²), log κ = log σ₁ − log σ_k, with
+    σ's the eigenvalues of S by :func:`_spectrum`; p = D and k = rank (condreg) or both
+    ``normaliser`` (the released raw last axis)."""
+    mu, V, lo, hi = _spectrum(F, ridge_kappa)
+    S = F.T @ F
+    s_max, s_min = float(mu[hi]), float(mu[lo])
+    v_max, v_min = V[:, hi], V[:, lo]
+    fro2 = float(np.sum(S * S))
+    if quantity == "log_kappa":
+        G = np.outer(v_max, v_max) / s_max - np.outer(v_min, v_min) / s_min
+        return G, math.log(s_max) - math.log(s_min)
+    if quantity == "r_well":
+        p = normaliser or F.shape[1]
+        return s_max * np.outer(v_max, v_max) - S / p, 0.5 * s_max**2 - fro2 / (2 * p)
+    # the rank: the eigenvalues κ counts (nonzero singular values; above the ridge floor)
+    k = normaliser or (int(np.sum(mu > RIDGE_FLOOR)) if ridge_kappa else lo + 1)
+    den = fro2 / (2 * k) - 0.5 * s_min**2
+    if not 0 < den < 1e150:
+        raise FloatingPointError(f"R_ill's denominator is {den:.3g} (pole, or θ blew up)")
+    return (s_min * np.outer(v_min, v_min) - S / k) / den**2, 1.0 / den
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+def batches(n_pairs: int, protocol: Protocol, rng: np.random.Generator) -> list[list[Any]]:
+    """One epoch's steps; each step a list with one row-index array per device (``None``: the
+    full task). Released (``minibatch``): a shuffled permutation of the ``n_pairs`` row pairs,
+    split over the devices as a distributed sampler does (``perm[r::devices]``), 64 rows per
+    batch, the incomplete last batch dropped."""
+    if not protocol.on("minibatch"):
+        return [[None]]
+    size, devices = int(protocol.config["batch"]), int(protocol.config["devices"])
+    perm = rng.permutation(n_pairs)
+    shards = [perm[r::devices] for r in range(devices)]
+    n_steps = min(len(s) // size for s in shards)
+    return [[s[j * size : (j + 1) * size] for s in shards] for j in range(n_steps)]
+
+
+# -- one step's gradients ----------------------------------------------------------------------
+
+
+@dataclass
+class TaskArrays:
+    """One task's data as the loop sees it: inputs (scaled for condreg's supervised loss),
+    labels, K⁺ of the full task (condreg's preconditioner), the released ridge."""
+
+    X: np.ndarray
+    y: np.ndarray | None
+    Xs: np.ndarray
+    ys: np.ndarray | None
+    pinv: np.ndarray
+    ridge: float
+
+
+def prepare_task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> TaskArrays:
+    """:class:`TaskArrays` of one task: K⁺ from the SVD of ``X`` (rank tolerance
+    ``max(N, D)·eps``), the inputs scaled by ``√N/σ₁(X)`` and (regression) the labels by their
+    root mean square, as ``condreg.immunize`` scales its supervised loss."""
+    _, s, Vh = np.linalg.svd(X, full_matrices=False)
+    keep = s > max(X.shape) * _EPS * s[0]
+    pinv = (Vh[keep].T / s[keep] ** 2) @ Vh[keep]
+    scale = math.sqrt(X.shape[0]) / s[0]
+    ys = None
+    if y is not None:
+        rms = math.sqrt(float(np.mean(y * y))) or 1.0
+        ys = y / rms if task == "regression" else y
+    return TaskArrays(X, y, X * scale, ys, pinv, ridge)
+
+
+def _loss_derivative(z: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:
+    if task == "regression":
+        return 2.0 * (z - y)
+    return 0.5 * (1.0 + np.tanh(0.5 * z)) - y
+
+
+def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
+    """Gradients of the D_P loss with respect to θ, the bias and ω on ``rows`` (condreg's
+    scaled loss under gradient descent, the released raw loss under Adam)."""
+    raw = protocol.on("adam")
+    X = t.X if raw else t.Xs
+    y = t.y if raw else t.ys
+    if rows is not None:
+        X, y = X[rows], y[rows]
+    phi = X @ theta + (0.0 if bias is None else bias)
+    d1 = _loss_derivative(phi @ omega, y, protocol.task) / X.shape[0]
+    g_theta = np.outer(X.T @ d1, omega)
+    g_bias = None if bias is None else float(np.sum(d1)) * omega
+    return g_theta, g_bias, phi.T @ d1
+
+
+def precondition(g: np.ndarray, t: TaskArrays, B: np.ndarray, protocol: Protocol) -> np.ndarray:
+    """K⁻¹ on the left (condreg) or the right (released); K⁺ of the full task, or the batch's
+    ``(BᵀB + ridge·I)⁻¹`` (released mini-batches)."""
+    right = protocol.on("right_precond")
+    if protocol.on("minibatch"):
+        K = B.T @ B + t.ridge * np.eye(B.shape[1])
+        return np.linalg.solve(K, g.T).T if right else np.linalg.solve(K, g)
+    return g @ t.pinv if right else t.pinv @ g
+
+
+def _term(method: str, which: str) -> str | None:
+    """The quantity a method puts on task ``which`` ("p" or "h"), None if none."""
+    table = {
+        "condreg": {"p": "r_well", "h": "r_ill"},
+        "r_ill_only": {"h": "r_ill"},
+        "opt_kappa": {"p": "log_kappa", "h": "inv_log_kappa"},
+    }
+    return table.get(method, {}).get(which)
+
+
+def _reg_direction(method, which, t: TaskArrays, rows, theta, bias, protocol: Protocol):
+    """The (unweighted) descent direction of one regularizer term: θ part (preconditioned for
+    condreg and R_ill only) and bias part; ``None`` when the method has no such term."""
+    quantity = _term(method, which)
+    if quantity is None:
+        return None
+    B = t.X if rows is None else t.X[rows]
+    F = B @ theta + (0.0 if bias is None else bias)
+    normaliser = None
+    if protocol.on("raw_normaliser"):
+        normaliser = int(protocol.config.get("normaliser", theta.shape[0]))
+    base = "log_kappa" if quantity == "inv_log_kappa" else quantity
+    G, value = regularizer_gradient(
+        F, base, ridge_kappa=protocol.on("ridge_kappa"), normaliser=normaliser
+    )
+    if quantity == "inv_log_kappa":
+        G = G * (-1.0 / value**2 if value > 0 else 0.0)
+    dF = 2.0 * F @ G
+    g_theta = B.T @ dF
+    if method != "opt_kappa":
+        g_theta = precondition(g_theta, t, B, protocol)
+    return g_theta, (None if bias is None else dF.sum(axis=0))
+
+
+def _imma_direction(t: TaskArrays, rows, theta, protocol: Protocol, alpha: float):
+    """IMMA's descent direction: minus the gradient of the attacker's adapted loss
+    (:func:`condreg.algorithm.imma_gradient`, condreg's scaled inputs), so descent = ascent."""
+    from condreg.algorithm import imma_gradient
+
+    X, y = (t.Xs, t.ys) if rows is None else (t.Xs[rows], t.ys[rows])
+    _, grad = imma_gradient(theta, X, y, protocol.task, protocol.imma_steps, alpha, np)
+    return -grad, None
+
+
+def _gradients(method, P: TaskArrays, H: TaskArrays, rows, theta, bias, omega, protocol, alpha):
+    """Every gradient of one step on one device: ``{"sup": (θ, bias, ω), "p": …, "h": …}``."""
+    out = {"sup": _supervised(P, rows, theta, bias, omega, protocol)}
+    out["p"] = _reg_direction(method, "p", P, rows, theta, bias, protocol)
+    if method == "imma":
+        out["h"] = _imma_direction(H, rows, theta, protocol, alpha)
+    else:
+        out["h"] = _reg_direction(method, "h", H, rows, theta, bias, protocol)
+    return out
+
+
+def _mean(parts: list[Any]) -> Any:
+    """The average over devices of matching (nested tuples of) arrays; None stays None."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, (tuple, list)):
+        return tuple(_mean([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _mean([p[k] for p in parts]) for k in first}
+    return sum(parts) / len(parts)
+
+
+def _rel_size(U: np.ndarray, theta: np.ndarray, preconditioned: bool) -> float:
+    """A step's relative size: ``‖θ⁺U‖₂`` for a preconditioned step ``θ(I − E)`` (condreg's
+    ``max|eigenvalue of E|``), ``‖U‖_F·√D/‖θ‖_F`` for a plain one (condreg's ``rel_size``)."""
+    if preconditioned:
+        E = np.linalg.lstsq(theta, U, rcond=None)[0]
+        return float(np.linalg.norm(E, 2))
+    return float(np.linalg.norm(U) * math.sqrt(theta.shape[1]) / np.linalg.norm(theta))
+
+
+def _weights(method: str, grads, theta, protocol: Protocol, lr: float) -> dict[str, float]:
+    """λ_P, λ_H: the released fixed values (``fixed_lambda``; IMMA has none there and keeps
+    condreg's rule), else condreg's rule: each term's first update has relative size
+    ``max_step``."""
+    if protocol.on("fixed_lambda") and method != "imma":
+        config = RELEASED_CONFIG["opt_kappa" if method == "opt_kappa" else protocol.dataset]
+        return {k: float(config[f"lam_{k}"]) for k in ("p", "h") if grads[k] is not None}
+    lam = {}
+    pre = method in ("condreg", "r_ill_only")
+    for k in ("p", "h"):
+        if grads[k] is not None:
+            size = _rel_size(lr * grads[k][0], theta, pre)
+            lam[k] = protocol.max_step / size if size > 0 and math.isfinite(size) else 1.0
+    return lam
+
+
+def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> float:
+    """condreg's step clip ``min(1, max_step/size)`` under gradient descent; 1 under the
+    released fixed λ's (no clip) and under Adam (which normalises its steps itself)."""
+    if protocol.on("adam") or (protocol.on("fixed_lambda") and method != "imma"):
+        return 1.0
+    size = _rel_size(U, theta, method in ("condreg", "r_ill_only"))
+    return min(1.0, protocol.max_step / size) if size > 0 else 1.0
+
+
+class Adam:
+    """Adam as torch.optim.Adam with its defaults (β = 0.9, 0.999; ε = 1e-8; no decay)."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr, self.t, self.m, self.v = lr, 0, {}, {}
+
+    def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict:
+        self.t += 1
+        out = {}
+        for k, p in params.items():
+            g = grads[k]
+            self.m[k] = 0.9 * self.m.get(k, 0.0) + 0.1 * g
+            self.v[k] = 0.999 * self.v.get(k, 0.0) + 0.001 * g * g
+            m_hat = self.m[k] / (1 - 0.9**self.t)
+            v_hat = self.v[k] / (1 - 0.999**self.t)
+            out[k] = p - self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+        return out
+
+
+def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | None):
+    """The new ``{"theta", "bias", "omega"}`` after one step with the averaged gradients."""
+    g_theta, g_bias, g_omega = g["sup"]
+    if adam is not None:
+        grads = {"theta": g_theta, "omega": g_omega}
+        if params.get("bias") is not None:
+            grads["bias"] = g_bias
+        for k, w in lam.items():
+            grads["theta"] = grads["theta"] + w * g[k][0]
+            if "bias" in grads and g[k][1] is not None:
+                grads["bias"] = grads["bias"] + w * g[k][1]
+        return adam.step({k: params[k] for k in grads}, grads) | (
+            {} if "bias" in grads else {"bias": None}
+        )
+    theta = params["theta"] - lr * g_theta
+    bias = None if params["bias"] is None else params["bias"] - lr * g_bias
+    for k, w in lam.items():
+        U = lr * w * g[k][0]
+        c = _clip(method, U, params["theta"], protocol)
+        theta = theta - c * U
+        if bias is not None and g[k][1] is not None:
+            bias = bias - c * lr * w * g[k][1]
+    return {"theta": theta, "bias": bias, "omega": params["omega"] - lr * g_omega}
+
+
+def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> dict[str, Any]:
+    """condreg's θ = I, no bias, ω = 0; or (``linear_init``) nn.Linear's default θ and bias,
+    U(±1/√D), and the released head ω ~ N(0, 1)."""
+    if not protocol.on("linear_init"):
+        return {"theta": np.eye(D), "bias": None, "omega": np.zeros(D)}
+    bound = 1.0 / math.sqrt(D)
+    W = rng.uniform(-bound, bound, (D, D))  # nn.Linear's weight (out × in); θ = Wᵀ
+    bias = rng.uniform(-bound, bound, D)
+    return {"theta": W.T.copy(), "bias": bias, "omega": rng.standard_normal(D)}
+
+
+def emulate(
+    method: str,
+    X_p: np.ndarray,
+    y_p: np.ndarray,
+    X_h: np.ndarray,
+    y_h: np.ndarray | None,
+    protocol: Protocol,
+    *,
+    seed: int = 0,
+) -> Trained:
+    """Train ``method`` on (``X_p``, ``y_p``) against ``X_h`` under ``protocol``.
+
+    ``y_h`` is used by IMMA only (its simulated attacker). A step that raises (R_ill at its
+    pole, a singular batch) or makes anything non-finite ends the run; θ is then the last
+    finite one and ``stopped`` says why."""
+    epochs, lr = protocol.schedule()
+    ridge = protocol.config
+    P = prepare_task(X_p, y_p, protocol.task, float(ridge["ridge_p"]))
+    H = prepare_task(X_h, y_h, protocol.task, float(ridge["ridge_h"]))
+    rng = np.random.default_rng(seed)
+    params = initial_parameters(X_p.shape[1], protocol, rng)
+    top = np.linalg.norm(H.Xs @ params["theta"], 2) ** 2 / H.Xs.shape[0]
+    alpha = 1.0 / ((2.0 if protocol.task == "regression" else 0.25) * top)
+    adam = Adam(lr) if protocol.on("adam") else None
+    n_pairs = min(X_p.shape[0], X_h.shape[0])
+    lam: dict[str, float] | None = None
+    stopped, epoch = "completed", 0
+    for epoch in range(1, epochs + 1):
+        for step in batches(n_pairs, protocol, rng):
+            try:
+                g = _mean(
+                    [
+                        _gradients(method, P, H, r, params["theta"], params["bias"],
+                                   params["omega"], protocol, alpha)
+                        for r in step
+                    ]
+                )  # fmt: skip
+                lam = _weights(method, g, params["theta"], protocol, lr) if lam is None else lam
+                new = _update(method, g, lam, params, protocol, lr, adam)
+            except (FloatingPointError, OverflowError, np.linalg.LinAlgError) as exc:
+                stopped = f"stopped at epoch {epoch}: {exc}"
+                break
+            if not all(v is None or np.all(np.isfinite(v)) for v in new.values()):
+                stopped = f"diverged at epoch {epoch}"
+                break
+            params = new
+        if stopped != "completed":
+            break
+    return Trained(params["theta"], params["bias"], stopped, lam or {}, epoch)
