@@ -20,9 +20,11 @@ Per shape (N, D), dtype and framework (PyTorch eager, JAX under ``jit``):
     entry of the latter (the closed form from ``numpy.linalg.svd`` of each task's features, written
     out here, independent of the engine).
 
-Times are medians over ``--repeat`` interleaved rounds (each round runs every method, so a load
-spike hits all of them; within a round each method runs three times back to back and counts its
-best, so no method pays for the caches another one evicted) after one warm-up. ``--threads n``
+Times are medians (``--stat min``: minima) over ``--repeat`` interleaved rounds (each round
+runs every method, so a load spike hits all of them; within a round each method whose warm-up
+took under 50 ms runs three times back to back and counts its best, so no method pays for the
+caches another one evicted) after one warm-up. ``--clock cpu`` times the process's CPU time
+instead of wall time (with ``--threads 1`` on a loaded host). ``--threads n``
 limits PyTorch's intra-op threads, NumPy's BLAS (threadpoolctl) and, for ``n = 1``, XLA to ``n``
 threads. The first line printed is the host's speed indicator: a 529×784 NumPy QR + SVD on one
 thread (34 ms on the quietest host these pages were measured on), taken before and after the run.
@@ -53,19 +55,27 @@ import condreg
 SHAPES = [(64, 784), (64, 2048), (256, 1024), (1024, 512), (4096, 1024)]
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    for fn in fns.values():
+def _interleaved(
+    fns: dict[str, Callable[[], object]], repeat: int, clock: Callable[[], float]
+) -> dict[str, float]:
+    """``{name: median over rounds of the round's best, name + "_min": best of all calls}``."""
+    inner = {}
+    for k, fn in fns.items():
+        t0 = clock()
         fn()  # warm-up (compilation, allocator)
+        # three back-to-back calls (warm caches, the best of them) unless a call is slow
+        inner[k] = 3 if clock() - t0 < 0.05 else 1
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             best = math.inf
-            for _ in range(3):  # three back-to-back calls: warm caches, the best of them
-                t0 = time.perf_counter()
+            for _ in range(inner[k]):
+                t0 = clock()
                 fn()
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, clock() - t0)
             times[k].append(best)
-    return {k: statistics.median(v) for k, v in times.items()}
+    out = {k: statistics.median(v) for k, v in times.items()}
+    return out | {k + "_min": min(v) for k, v in times.items()}
 
 
 def _data(N: int, D: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,7 +98,7 @@ def _r_from_mu(mu, D: int, xp_sum):
 # --------------------------------------------------------------------------------------------
 
 
-def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu") -> dict:
+def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu", clock=None) -> dict:
     import torch
 
     dt = getattr(torch, dtype)
@@ -151,7 +161,7 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu") ->
     if D <= 2048:
         fns["step_official"] = step_official
     fns = {k: (lambda f=f: (f(), sync())) for k, f in fns.items()}
-    t = _interleaved(fns, repeat)
+    t = _interleaved(fns, repeat, clock or time.perf_counter)
     ref = _step_reference(*(a.double().cpu().numpy() for a in (XP, XH, th)))
     got = step_ours().double().cpu().numpy()
     t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
@@ -163,7 +173,7 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu") ->
 # --------------------------------------------------------------------------------------------
 
 
-def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
+def bench_jax(N: int, D: int, dtype: str, repeat: int, clock=None) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -214,7 +224,7 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int) -> dict:
     }
     if D <= 2048:
         fns["step_official"] = run(step_official, th)
-    t = _interleaved(fns, repeat)
+    t = _interleaved(fns, repeat, clock or time.perf_counter)
     ref = _step_reference(*(np.asarray(a, dtype=np.float64) for a in (XP, XH, th)))
     got = np.asarray(step_ours(th)[1], dtype=np.float64)
     t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
@@ -271,6 +281,8 @@ def speed_indicator() -> float:
     return best
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
 COLUMNS = (
     "| framework | dtype | threads | N×D | reg: svdvals-AD / condreg | step: peer / condreg | "
     "step: svdvals-AD / condreg | step: condreg / free | free step in GEMMs | reg ms | step ms | "
@@ -279,8 +291,11 @@ COLUMNS = (
 )
 
 
-def markdown_row(r: dict) -> str:
-    """One row of :data:`COLUMNS` from a result row."""
+def markdown_row(r: dict, stat: str = "median") -> str:
+    """One row of :data:`COLUMNS` from a result row: ratios of medians, or of minima
+    (``stat="min"``)."""
+    if stat == "min":
+        r = r | {k.removesuffix("_min"): v for k, v in r.items() if k.endswith("_min")}
     off = r.get("step_official")
     peer = f"{off / r['step_ours']:.1f}×" if off else "—"
     return (
@@ -300,6 +315,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true", help="print the rows as a markdown table")
+    ap.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="wall time, or the process's CPU time (with --threads 1 on a loaded host: the time "
+        "waiting for a core is not counted)",
+    )
+    ap.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="the table's statistic: the median round, or the fastest call (on a loaded host "
+        "a call longer than a scheduler slice waits for the other runnable processes, which "
+        "penalises the slower methods' medians)",
+    )
     ap.add_argument("--device", default="cpu", help="PyTorch device (cpu, cuda)")
     ap.add_argument("--threads", type=int, default=None, help="threads (torch, BLAS; XLA if 1)")
     args = ap.parse_args(argv)
@@ -333,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown:
         print(COLUMNS)
         for r in rows:
-            print(markdown_row(r))
+            print(markdown_row(r, args.stat))
     if args.json:
         meta = {"machine": machine(), "speed_before": speed, "speed_after": speed_after}
         with open(args.json, "w") as fh:
@@ -343,9 +373,9 @@ def main(argv: list[str] | None = None) -> None:
 def _row(fw: str, dtype: str, N: int, D: int, args) -> dict:
     repeat = args.repeat if N * D <= 300_000 else max(2, args.repeat // 2)
     if fw == "torch":
-        t = bench_torch(N, D, dtype, repeat, args.device)
+        t = bench_torch(N, D, dtype, repeat, args.device, CLOCKS[args.clock])
     else:
-        t = bench_jax(N, D, dtype, repeat)
+        t = bench_jax(N, D, dtype, repeat, CLOCKS[args.clock])
     device = args.device if fw == "torch" else "default"
     row = {"framework": fw, "device": device, "dtype": dtype, "threads": args.threads}
     row.update({"N": N, "D": D, **t})

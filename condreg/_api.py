@@ -21,7 +21,7 @@ gram : bool
     If True, the argument is a feature matrix ``F`` of shape ``(..., N, D)`` and the quantity is
     that of the Gram matrix ``H = FᵀF`` (``D×D``, the probing Hessian); gradients are with
     respect to ``F``. The spectral engine picks the cheapest exact path: the eigh of the smaller
-    Gram (``N×N`` when ``N < D``, ``D×D`` otherwise) where it resolves every singular value the
+    Gram (``N×N`` when ``N <= D``, ``D×D`` otherwise) where it resolves every singular value the
     rank rule counts, a QR of ``F`` and the SVD of its small ``R`` otherwise (docs/api.md).
 subgradient : {"min_norm", "any", "raise"}
     At a tied extreme singular value: ``"min_norm"`` (default) averages the tied rank-one terms,
@@ -39,16 +39,6 @@ xp : namespace, optional
 compute_dtype : dtype, optional
     The dtype to compute in. Default: float32 for float16/bfloat16 input, the input's dtype
     otherwise. Values and gradients are returned in the input dtype.
-
-Raises (all functions)
-----------------------
-TypeError
-    Not an array, boolean or complex dtype, a namespace without ``linalg``, or a
-    ``compute_dtype`` that is not a real floating dtype.
-ValueError
-    ``ndim < 2``, an empty matrix, NaN/Inf entries; :class:`RankError` (a ``ValueError``) for a
-    zero matrix (rank 0). Integer input is promoted to the namespace's default real floating
-    dtype, like ``numpy.linalg``.
 """
 
 from __future__ import annotations
@@ -84,6 +74,18 @@ def _adapter(S: Any) -> Any:
     return adapter
 
 
+def _prepared(S: Array, where: str, check_finite: bool, xp: Any, compute_dtype: Any) -> tuple:
+    """``(S, xp, concrete, out_dtype, adapter)``: ``S`` validated (with the adapter's value
+    reader) and in its compute dtype."""
+    adapter = _adapter(S)
+    read = None if adapter is None else adapter.concrete
+    S, xp, concrete = _validation.matrix(
+        S, xp=xp, where=where, check_finite=check_finite, concrete=read
+    )
+    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=where)
+    return S, xp, concrete, out_dtype, adapter
+
+
 def _value(
     quantity: str,
     S: Array,
@@ -95,19 +97,17 @@ def _value(
     xp: Any,
     compute_dtype: Any = None,
 ) -> Array:
-    """validate → (adapter) decompose → value: the one route of every value function."""
-    adapter = _adapter(S)
-    read = None if adapter is None else adapter.concrete
-    S, xp, concrete = _validation.matrix(
-        S, xp=xp, where=quantity, check_finite=check_finite, concrete=read
-    )
-    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=quantity)
+    """validate → decompose → value: the one route of every value function (through the
+    array's adapter, whose forward is the same three calls, for PyTorch and JAX)."""
+    S, xp, concrete, out_dtype, adapter = _prepared(S, quantity, check_finite, xp, compute_dtype)
     if adapter is None:
-        out = _core.value(
-            quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete
+        out = xp.asarray(
+            _core.value(quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete)
         )
-        return _validation.as_output(xp.asarray(out), out_dtype, xp)
-    out = adapter.value(quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite)
+    else:
+        out = adapter.value(
+            quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite
+        )
     return _validation.as_output(out, out_dtype, xp)
 
 
@@ -124,12 +124,7 @@ def _grad(
     compute_dtype: Any = None,
 ) -> Array:
     where = quantity + "_grad"
-    adapter = _adapter(S)
-    read = None if adapter is None else adapter.concrete
-    S, xp, concrete = _validation.matrix(
-        S, xp=xp, where=where, check_finite=check_finite, concrete=read
-    )
-    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=where)
+    S, xp, concrete, out_dtype, _ = _prepared(S, where, check_finite, xp, compute_dtype)
     G = _core.gradient(
         quantity,
         S,
@@ -152,8 +147,7 @@ def condition_number(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Condition number over the nonzero singular values (Eq. 1).
-
+    """Condition number over the nonzero singular values (Eq. 1):
     ``kappa(S) = sigma_1 / sigma_k``, ``k = #{i : sigma_i > rtol·sigma_1}``.
 
     ``k`` is the numerical rank, so ``kappa = ‖S‖₂ ‖S⁺‖₂`` and a rank-deficient matrix has a
@@ -163,10 +157,9 @@ def condition_number(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     rtol : float, optional
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
@@ -192,11 +185,9 @@ def condition_number(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -228,8 +219,7 @@ def r_well(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """R_well, the well-conditioning regularizer (Eq. 3, Nenov et al.).
-
+    """R_well, the well-conditioning regularizer (Eq. 3, Nenov et al.):
     ``R_well(S) = ½ sigma_1² − ‖S‖_F² / (2p)``, ``p = min(m, n)``.
 
     Non-negative, zero iff ``S`` has full rank and ``kappa = 1``; minimising it makes ``S``
@@ -238,10 +228,9 @@ def r_well(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     gram : bool, default False
         The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
         gradient is with respect to ``F``.
@@ -264,11 +253,9 @@ def r_well(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -302,8 +289,7 @@ def r_ill(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """R_ill, the ill-conditioning regularizer (Eq. 12).
-
+    """R_ill, the ill-conditioning regularizer (Eq. 12):
     ``R_ill(S) = 1 / (‖S‖_F² / (2k) − ½ sigma_k²)``, ``k`` the numerical rank.
 
     Non-negative; at fixed ``sigma_k`` it tends to 0 iff ``kappa -> inf`` (Theorem 4.1).
@@ -315,10 +301,9 @@ def r_ill(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     rtol : float, optional
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
@@ -346,11 +331,9 @@ def r_ill(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -385,8 +368,7 @@ def condition_number_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form (sub)gradient of the condition number.
-
+    """Closed-form (sub)gradient of the condition number:
     ``∇kappa = u_1 v_1ᵀ / sigma_k − (sigma_1 / sigma_k²) u_k v_kᵀ``.
 
     At tied extremes each rank-one term is replaced according to ``subgradient``. With
@@ -395,10 +377,9 @@ def condition_number_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     rtol : float, optional
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
@@ -427,11 +408,9 @@ def condition_number_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -468,8 +447,7 @@ def r_well_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form (sub)gradient of R_well (Theorem A.1).
-
+    """Closed-form (sub)gradient of R_well (Theorem A.1):
     ``∇R_well = sigma_1 u_1 v_1ᵀ − S / p``.
 
     At a tied ``sigma_1`` (multiplicity r) the default uses ``(sigma_1 / r) U_J V_Jᵀ``, the
@@ -479,10 +457,9 @@ def r_well_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
         What to return at a tied extreme singular value (module documentation).
     tie_rtol : float, optional
@@ -508,11 +485,9 @@ def r_well_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -549,8 +524,7 @@ def r_ill_grad(
     xp: Any = None,
     compute_dtype: Any = None,
 ) -> Array:
-    """Closed-form (sub)gradient of R_ill (Eq. 13).
-
+    """Closed-form (sub)gradient of R_ill (Eq. 13):
     ``∇R_ill = (sigma_k u_k v_kᵀ − S / k) / (‖S‖_F² / (2k) − ½ sigma_k²)²``.
 
     At a tied ``sigma_k`` the default averages the tied rank-one terms (minimum norm). With
@@ -559,10 +533,9 @@ def r_ill_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real floating matrix (or with ``gram=True`` a feature batch ``F`` of shape
-        ``(..., N, D)``) of any Array API library. Leading axes are a batch: ``(B, N, D)`` is B
-        matrices and gives B values (with ``gram=True``, token features ``(B, T, D)`` are B
-        matrices of T rows each).
+        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
+        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
+        features ``(B, T, D)`` are B matrices of T rows each.
     rtol : float, optional
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
@@ -591,11 +564,9 @@ def r_ill_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean or complex dtype, a namespace without ``linalg``, or a
-        ``compute_dtype`` that is not a real floating dtype of the input's library.
+        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries (``check_finite``), an invalid
-        ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError

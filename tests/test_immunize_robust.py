@@ -471,3 +471,18 @@ def test_raw_mnist_loop_history_and_metrics_report_one_kappa():
     np.testing.assert_allclose([res.i, res.ii, res.rir], [i, ii, i / ii], rtol=1e-9)
     loop = [float(record[1]) / problem.H.kappa_K, float(record[0]) / problem.P.kappa_K]
     np.testing.assert_allclose(loop, [i, ii], rtol=1e-6)
+
+
+def test_immunize_and_prepare_have_the_same_defaults():
+    """immunize's None options resolve to prepare's defaults (one table, DEFAULTS)."""
+    import inspect
+
+    from condreg.algorithm._prepare import DEFAULTS
+
+    params = inspect.signature(algorithm.prepare).parameters
+    assert {key: params[key].default for key in DEFAULTS} == dict(DEFAULTS)
+    X_p, y, X_h = _pair(12)
+    res = _quiet(X_p, y, X_h, epochs=1)
+    assert (res.method, res.task, res.lr, res.max_step, res.imma_steps, res.seed) == tuple(
+        DEFAULTS.values()
+    )

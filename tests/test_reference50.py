@@ -726,7 +726,7 @@ def test_r_ill_pole(lib, dtype_name, gram, request):
 
 
 # --------------------------------------------------------------------------------------------
-# condreg.extreme (large D, N ≥ D)
+# The engine's "extreme" route (large single feature batches, PyTorch on the CPU)
 # --------------------------------------------------------------------------------------------
 
 

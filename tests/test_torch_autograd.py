@@ -202,7 +202,7 @@ def test_grad_of_grad_and_hessian(name):
 @pytest.mark.parametrize("batch", [2, None], ids=["batch", "single"])
 def test_torch_compile_smoke(name, batch):
     """One full graph (no graph break) with the aot_eager backend: value and gradient (a
-    single matrix too, which eagerly takes the eager host Function)."""
+    single matrix and a batch)."""
     torch._dynamo.reset()
     f = FUNCTIONS[name][0]
     compiled = torch.compile(lambda X: f(X, gram=True), backend="aot_eager", fullgraph=True)
@@ -387,3 +387,43 @@ def test_cuda_errors_and_func_transforms():
         condreg.r_ill(P).backward()
     with pytest.raises(condreg.RankError):
         condreg.r_well(torch.zeros(3, 3, device="cuda"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Known bugs of the many-route adapter, fixed by the one route (issue 22)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("name", ["r_well", "condition_number", "r_ill"])
+def test_compiled_backward_of_every_function(name, backend):
+    """``torch.compile(lambda F: condreg.<q>(F, gram=True), fullgraph=True)(F).backward()``: the
+    closed-form gradient (r_well and condition_number raised "Placeholder node not found in env"
+    while their forward returned one empty tensor as several outputs)."""
+    torch._dynamo.reset()
+    F = torch.randn(40, 9, dtype=torch.float64, requires_grad=True)
+    f = torch.compile(
+        lambda X: getattr(condreg, name)(X, gram=True), backend=backend, fullgraph=True
+    )
+    f(F).backward()
+    want = getattr(condreg, name + "_grad")(F.detach().numpy(), gram=True)
+    np.testing.assert_allclose(F.grad.numpy(), want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [(40, 9), (9, 40), (300, 200)])
+def test_autocast_bfloat16_linear_features(shape):
+    """A float32 ``nn.Linear`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` produces a
+    bfloat16 feature batch: the value is computed in float32 (autocast off inside the Function),
+    returned in bfloat16, and the backward reaches the float32 weights (it failed with "expected
+    m1 and m2 to have the same dtype" below 128 features)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, shape[1])
+    x = torch.randn(shape[0], 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        F = lin(x)
+        v = condreg.r_ill(F, gram=True)
+    assert F.dtype == v.dtype == torch.bfloat16
+    v.backward()
+    assert lin.weight.grad.dtype == torch.float32 and torch.isfinite(lin.weight.grad).all()
+    F32 = F.detach().float().numpy()  # the same (bfloat16) features, closed form in float32
+    assert float(v) == pytest.approx(float(condreg.r_ill(F32, gram=True)), rel=1e-2)

@@ -232,12 +232,6 @@ def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) ->
     )
 
 
-def _all_finite(a: Array, xp: Any) -> Array:
-    """0-d boolean: no NaN or Inf in ``a`` (its smallest and largest entry, no ``a``-sized
-    temporary; a sum of magnitudes would also overflow on finite entries near the maximum)."""
-    return _validation.all_finite(a, xp)
-
-
 def step(problem: Problem, state: State) -> tuple[State, Array]:
     """One epoch of ``problem.method`` from ``state = (θ_t, ω̂_t)``.
 
@@ -298,15 +292,15 @@ def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked
     if cross is None:
         new_theta = tr.dense() - delta.materialize(tr.theta.shape[0], tr.theta)
         new = Tracked(new_theta, new_omega, None, None, None, None, tr.P, tr.H)
-        ok = _all_finite(new_theta, xp) & _all_finite(new_omega, xp)
+        ok = _validation.all_finite(new_theta, xp) & _validation.all_finite(new_omega, xp)
     else:
         new = advance_parts(problem, tr, delta, new_omega, cross)
         parts = [new.theta, new.omega, new.F_P, new.F_H] + [
             Y for Y in (new.Y_P, new.Y_H) if Y is not None
         ]
-        ok = _all_finite(parts[0], xp)
+        ok = _validation.all_finite(parts[0], xp)
         for part in parts[1:]:
-            ok = ok & _all_finite(part, xp)
+            ok = ok & _validation.all_finite(part, xp)
     rec = record(problem, hsP, hsH, loss, xp.astype(ok, loss.dtype))
     return new, rec
 

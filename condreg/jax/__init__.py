@@ -133,5 +133,37 @@ def value(
     gram: bool,
     check: bool,
 ) -> jax.Array:
-    """Differentiable value of ``quantity`` (validated ``S``; used by the top-level functions)."""
+    """Differentiable value of ``quantity`` for a validated JAX array ``S`` (the public functions
+    :func:`condreg.r_ill` etc. call this for JAX arrays): ``jax.custom_vjp`` around the engine's
+    decompose → value, the engine's gradient assembly as the backward.
+
+    Parameters
+    ----------
+    quantity : {"condition_number", "r_well", "r_ill"}
+        The quantity.
+    S : jax.Array, shape (..., m, n)
+        A matrix or batch (``(B, N, D)``: B matrices, value shape ``(B,)``).
+    rtol, tie_rtol : float or None
+        Rank and tie tolerances (``None``: the defaults of :mod:`condreg._api`).
+    gram : bool
+        The quantity of ``H = SᵀS`` (a feature batch ``S``).
+    check : bool
+        Run the value checks where values are concrete.
+
+    Returns
+    -------
+    jax.Array, shape S.shape[:-2]
+
+    Raises
+    ------
+    RankError
+        A zero matrix (when ``check`` and values are concrete).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, condreg.jax
+    >>> kw = {"rtol": None, "tie_rtol": None, "gram": True, "check": True}
+    >>> float(condreg.jax.value("r_well", jnp.eye(3), **kw))
+    0.0
+    """
     return _spectral_value(quantity, S, rtol, tie_rtol, gram, check)

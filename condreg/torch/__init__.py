@@ -56,6 +56,8 @@ Training adapters (a regularizer loss module, the preconditioning "dummy layer")
 
 from __future__ import annotations
 
+import contextlib
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without torch
@@ -73,7 +75,24 @@ __all__ = ["concrete", "value"]
 def concrete(x: torch.Tensor) -> bool | None:
     """Read a 0-d boolean tensor (one host synchronisation on a GPU), or return ``None`` when its
     value cannot be read: under ``torch.compile`` (dynamo, fake or meta tensors) and inside
-    ``torch.func.vmap`` (batched tensors)."""
+    ``torch.func.vmap`` (batched tensors). The value reader the public functions pass to the
+    engine for tensors.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        A 0-d boolean tensor.
+
+    Returns
+    -------
+    bool or None
+
+    Examples
+    --------
+    >>> import torch, condreg.torch
+    >>> condreg.torch.concrete(torch.tensor(True))
+    True
+    """
     if _spectrum.traced(x):
         return None
     try:
@@ -90,7 +109,9 @@ def _reader(check: bool) -> _core.Concrete:
 def _no_autocast(S: torch.Tensor):
     """Autocast off: the engine computes in the dtype it was given (a Gram matrix formed in
     bfloat16 would swamp the spectrum, and the backward's GEMM must match ``F``'s dtype)."""
-    return torch.autocast(S.device.type, enabled=False)
+    if torch.is_autocast_enabled(S.device.type):
+        return torch.autocast(S.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
@@ -251,8 +272,40 @@ def value(
     gram: bool,
     check: bool,
 ) -> torch.Tensor:
-    """Differentiable value of ``quantity`` for a validated ``S`` (the public functions of
-    :mod:`condreg._api` call this for tensors); the spectrum is kept for the backward when a
-    gradient may be asked for (grad mode on and ``S.requires_grad``)."""
+    """Differentiable value of ``quantity`` for a validated tensor ``S`` (the public functions
+    :func:`condreg.r_ill` etc. call this for tensors, after validation and the compute-dtype
+    cast). The spectrum is kept for the backward when a gradient may be asked for (grad mode on
+    and ``S.requires_grad``).
+
+    Parameters
+    ----------
+    quantity : {"condition_number", "r_well", "r_ill"}
+        The quantity.
+    S : torch.Tensor, shape (..., m, n)
+        A float32/float64 matrix or batch (``(B, N, D)``: B matrices, value shape ``(B,)``).
+    rtol, tie_rtol : float or None
+        Rank and tie tolerances (``None``: the defaults of :mod:`condreg._api`).
+    gram : bool
+        The quantity of ``H = SᵀS`` (a feature batch ``S``).
+    check : bool
+        Run the value checks (``check_finite`` of the public functions).
+
+    Returns
+    -------
+    torch.Tensor, shape S.shape[:-2]
+        The value, differentiable (backward, ``torch.func``, forward mode, ``torch.compile``).
+
+    Raises
+    ------
+    RankError
+        A zero matrix (when ``check`` and values can be read).
+
+    Examples
+    --------
+    >>> import torch, condreg.torch
+    >>> F = torch.eye(3, dtype=torch.float64, requires_grad=True)
+    >>> condreg.torch.value("r_well", F, rtol=None, tie_rtol=None, gram=True, check=True)
+    tensor(0., dtype=torch.float64, grad_fn=<_SpectralValueWithJvpBackward>)
+    """
     vectors = torch.is_grad_enabled() and S.requires_grad
     return _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)[0]
