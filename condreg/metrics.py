@@ -82,8 +82,21 @@ def _as_matrix(X: Array, name: str, where: str) -> None:
 
 
 def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
-    """The one rank tolerance of a pair of tasks: ``max(N_P, N_H, D)·eps(dtype)`` (the default of
-    :func:`rir` and of :func:`condreg.immunize`, recorded there as ``res.rtol``)."""
+    """The one rank tolerance of a pair of tasks: ``max(N_P, N_H, D)·eps(dtype)``.
+
+    Parameters
+    ----------
+    X_p, X_h : array
+        The pre-training and harmful data, ``N_P×D`` and ``N_H×D``.
+    dtype : optional
+        The dtype whose ``eps`` counts (default ``X_p``'s; float64 for a non-floating dtype).
+
+    Returns
+    -------
+    float
+        The tolerance on singular values relative to ``σ₁``: the default of :func:`rir` and of
+        :func:`condreg.immunize` (recorded there as ``res.rtol``).
+    """
     xp = array_namespace(X_p, X_h)
     dtype = X_p.dtype if dtype is None else dtype
     if not xp.isdtype(dtype, "real floating"):
@@ -106,6 +119,14 @@ class RIRSpectra:
     ``rir_spectra(θ, X_p, X_h, rtol=r).rir()`` is ``rir(θ, X_p, X_h, rtol=r)`` exactly, and
     ``.rir(f·r)`` for ``f >= 1`` equals ``rir(θ, X_p, X_h, rtol=f·r)`` up to the rounding of the
     decomposition path (identical where the engine takes the same path at both tolerances).
+
+    Parameters
+    ----------
+    parts, fingerprint, xp
+        Internal: the four spectra, the tasks' fingerprint, the namespace (use
+        :func:`rir_spectra`).
+    rtol : float
+        The tolerance the spectra were decomposed at.
     """
 
     __slots__ = ("_parts", "_fingerprint", "_xp", "rtol")
@@ -160,10 +181,21 @@ class RIRSpectra:
         return rtol
 
     def rir(self, rtol: float | None = None) -> RIR:
-        """Eq. 15 with singular values ``σ_i > rtol·σ₁`` counted (default: :attr:`rtol`).
+        """Eq. 15 with the singular values ``σ_i > rtol·σ₁`` counted: :func:`rir` at ``rtol``.
 
-        Raises ``ValueError`` for ``rtol`` outside ``[self.rtol, 1)``, ``TypeError`` for a
-        non-number.
+        Parameters
+        ----------
+        rtol : float, optional
+            In ``[self.rtol, 1)``; default :attr:`rtol`.
+
+        Returns
+        -------
+        RIR
+
+        Raises
+        ------
+        ValueError, TypeError
+            For ``rtol`` outside ``[self.rtol, 1)``, or not a real number.
         """
         rtol = self._checked(rtol, "RIRSpectra.rir")
         k_kp, k_kh, k_hp, k_hh = (self._kappa(part, rtol) for part in self._parts)
@@ -171,7 +203,22 @@ class RIRSpectra:
         return RIR(i_ratio, ii_ratio, i_ratio / ii_ratio, k_hp, k_hh, k_kp, k_kh)
 
     def ranks(self, rtol: float | None = None) -> tuple[int, int, int, int]:
-        """Numerical ranks ``#{σ_i > rtol·σ₁}`` of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ``."""
+        """Numerical ranks ``#{σ_i > rtol·σ₁}`` of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ``.
+
+        Parameters
+        ----------
+        rtol : float, optional
+            In ``[self.rtol, 1)``; default :attr:`rtol`.
+
+        Returns
+        -------
+        tuple of int
+
+        Raises
+        ------
+        ValueError, TypeError
+            For ``rtol`` outside ``[self.rtol, 1)``, or not a real number.
+        """
         rtol = self._checked(rtol, "RIRSpectra.ranks")
         xp = self._xp
         a, b, c, d = (int(float(_recut(part.sp, rtol, xp).k)) for part in self._parts)
@@ -200,23 +247,36 @@ def rir_spectra(
 ) -> RIRSpectra:
     """Decompose the four matrices of Eq. 15 once; evaluate RIR at several tolerances from it.
 
-    Returns an :class:`RIRSpectra` holding the singular values of ``X_p``, ``X_h``, ``X_pθ``,
-    ``X_hθ`` from the spectral engine at ``rtol`` (default :func:`run_rtol`), exactly as
-    :func:`rir` computes them; ``.rir()`` is :func:`rir` at ``rtol`` and ``.rir(f·rtol)``
-    (``f >= 1``) the same metric at a coarser cut, without a new decomposition::
+    The singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` come from the spectral engine at
+    ``rtol``, exactly as :func:`rir` computes them; ``.rir()`` is :func:`rir` at ``rtol`` and
+    ``.rir(f·rtol)`` (``f >= 1``) the same metric at a coarser cut, without a new
+    decomposition::
 
         sp = rir_spectra(res.theta, X_p, X_h, rtol=res.rtol)
         at = [sp.rir(f * res.rtol) for f in (1, 10, 100)]   # at[0] == res.metrics
 
-    ``theta=None`` means θ = I (``X_pθ = X_p``: two decompositions, RIR exactly 1).
-    ``tasks``: the result of an earlier call on the same ``X_p``, ``X_h`` (e.g. with
-    ``theta=None``) whose spectra of ``X_p`` and ``X_h`` are reused instead of decomposed
-    again — the saving when several θ's are scored on one pair of tasks; it must have been
-    decomposed at a tolerance ``<= rtol``. Inputs as in :func:`rir`.
+    Parameters
+    ----------
+    theta : array or None
+        ``(D, D_out)``; ``None`` means θ = I (``X_pθ = X_p``: two decompositions, RIR exactly 1).
+    X_p, X_h : array
+        As in :func:`rir`.
+    rtol : float, optional
+        Rank tolerance, ``σ_i > rtol·σ₁`` counts (default :func:`run_rtol`).
+    tasks : RIRSpectra, optional
+        An earlier result on the same ``X_p``, ``X_h`` (e.g. ``theta=None``) at a tolerance
+        ``<= rtol``: its spectra of ``X_p``, ``X_h`` are reused, not decomposed again (the saving
+        when several θ's are scored on one pair of tasks).
 
-    Raises what :func:`rir` raises, and ``ValueError`` when ``tasks`` was computed on other
-    data (shape, dtype or entries differ) or at a tolerance above ``rtol``; ``TypeError``
-    when ``tasks`` is not an :class:`RIRSpectra`.
+    Returns
+    -------
+    RIRSpectra
+
+    Raises
+    ------
+    ValueError, TypeError
+        What :func:`rir` raises; ``ValueError`` when ``tasks`` was computed on other data or at a
+        tolerance above ``rtol``, ``TypeError`` when it is not an :class:`RIRSpectra`.
     """
     arrays = {"X_p": X_p, "X_h": X_h} if theta is None else {"theta": theta, "X_p": X_p, "X_h": X_h}
     xp = _namespace("rir", **arrays)
@@ -311,16 +371,37 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
 
     ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]`` with ``H(θ) = θᵀXᵀXθ`` and ``K = XᵀX``,
     each κ computed as ``condition_number(X @ θ, gram=True, rtol=rtol)`` (the ``D×D`` matrices
-    are never formed; every singular value the rank rule counts is resolved). One tolerance
-    serves all four κ's: a singular value counts when ``σ_i > rtol·σ₁``, default
-    :func:`run_rtol` ``= max(N_P, N_H, D)·eps`` — the rule :func:`condreg.immunize` uses, so
-    ``rir(res.theta, X_p, X_h)`` (or ``rtol=res.rtol``) reproduces ``res.metrics``. ``theta`` is
-    ``(D, D_out)``; ``X_p``, ``X_h`` are ``(N, D)`` of the same namespace. ``rir(I, X_p, X_h)`` is
-    exactly 1. Eager (returns Python floats). To evaluate several tolerances from one
-    decomposition, use :func:`rir_spectra` (``rir(...)`` is ``rir_spectra(...).rir()``).
+    are never formed). One tolerance serves all four κ's, the rule of :func:`condreg.immunize`, so
+    ``rir(res.theta, X_p, X_h)`` reproduces ``res.metrics``. ``rir(I, X_p, X_h)`` is exactly 1.
+    Eager. Several tolerances from one decomposition: :func:`rir_spectra`.
 
-    Raises ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices and an
-    ``rtol`` outside ``[0, 1)``.
+    Parameters
+    ----------
+    theta : array
+        The linear extractor, ``(D, D_out)``.
+    X_p, X_h : array
+        The pre-training and harmful data, ``N_P×D`` and ``N_H×D``, of ``theta``'s namespace.
+    rtol : float, optional
+        A singular value counts when ``σ_i > rtol·σ₁``; default :func:`run_rtol`.
+
+    Returns
+    -------
+    RIR
+        Python floats: ``i``, ``ii``, ``rir`` and the four condition numbers.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices, an
+        ``rtol`` outside ``[0, 1)``; ``TypeError`` for ``theta=None`` or mixed libraries.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.metrics import rir
+    >>> rng = np.random.default_rng(0)
+    >>> rir(np.eye(3), rng.standard_normal((20, 3)), rng.standard_normal((10, 3))).rir
+    1.0
     """
     if theta is None:
         raise TypeError("rir: theta must be an array, got NoneType")
@@ -347,20 +428,44 @@ def rir_theta0(
     """RIR relative to the initial model θ_0, for non-linear feature maps (Eq. 17).
 
     ``K`` of Eq. 15 is replaced by ``H̃(θ_0) = X̃(θ_0)ᵀX̃(θ_0)`` with ``X̃(θ) = [f_θ(x)]``. For each of
-    ``groups`` random groups (``group_size`` samples drawn without replacement from each of
-    ``X_p`` and ``X_h``, with ``numpy.random.default_rng(seed)``; all samples if fewer), the ratio
+    ``groups`` random groups of samples, the ratio
+    ``[κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]`` is computed from the features
+    (flattened to ``(n, -1)``; ``gram=True``), and the ratios are averaged, as the paper does.
 
-        [κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]
+    Parameters
+    ----------
+    f_I, f_0 : callable
+        The immunized and the initial feature map (two objects): take a batch (``X[idx]`` along
+        axis 0) and return features of the same namespace (wrap a network in
+        ``torch.no_grad()`` yourself).
+    X_p, X_h : array
+        The pre-training and harmful samples (axis 0), of one namespace.
+    groups : int
+        Number of groups, ``>= 1``.
+    group_size : int
+        Samples drawn without replacement from each of ``X_p``, ``X_h`` per group, ``>= 2`` (all
+        samples if fewer).
+    seed : int
+        Seed of the ``numpy.random.default_rng`` that draws the groups.
+    rtol : float, optional
+        Rank tolerance of each κ (default ``max(n, d)·eps`` per feature matrix).
 
-    is computed from the features (flattened to ``(n, -1)``; ``gram=True``), and the ratios are
-    averaged, as the paper does. ``f_I`` is the immunized feature map, ``f_0`` the initial one;
-    they take a batch (``X[idx]`` along axis 0, any trailing shape) and return features of the
-    same namespace (wrap a network in ``torch.no_grad()`` yourself).
+    Returns
+    -------
+    RIRTheta0
 
-    Raises ``ValueError`` when ``f_I is f_0`` — the defect of the public code (docs/math.md §9.6),
-    which passes the same extractor twice so that every ratio is 1 — and warns
-    (``UserWarning``) when both maps return identical features on the first group (e.g. a network
-    modified in place after its "initial" copy was taken).
+    Raises
+    ------
+    ValueError, TypeError
+        ``ValueError`` when ``f_I is f_0`` (the defect of the public code, docs/math.md §9.6:
+        every ratio is 1), for ``groups < 1``, ``group_size < 2`` or empty data; ``TypeError``
+        when a map is not callable or the data are of different libraries.
+
+    Warns
+    -----
+    UserWarning
+        When both maps return identical features on the first group (e.g. a network modified in
+        place after its "initial" copy was taken).
     """
     if f_I is f_0:
         raise ValueError(
@@ -425,18 +530,34 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     """Norm-ratio curve of linear probing with exact line search (Eq. 16).
 
     Gradient descent on ``L(w) = ‖Aw − y‖²`` from ``w_0 = 0`` with the exact step
-    ``α = gᵀg / (2 gᵀAᵀA g)`` (``g = ∇L = 2Aᵀ(Aw − y)``; α = 0 once ``g`` vanishes). Returns the
-    1-D array ``[‖w_t − w*‖² / ‖w_0 − w*‖²]_{t=0..steps}`` (first entry 1) in ``A``'s namespace,
-    ``w*`` the minimum-norm least-squares solution ``pinv(A) y``. ``norm="hessian"`` measures the
-    error in the ``AᵀA``-norm instead, ``‖A(w_t − w*)‖² / ‖A(w_0 − w*)‖²``. Steepest descent with
-    exact line search contracts ``‖A(w − w*)‖²`` by at least ``((κ−1)/(κ+1))²`` per step
-    (Kantorovich), ``κ = κ(AᵀA)``; a larger κ gives a slower curve. No host synchronisation
-    (jit-able).
+    ``α = gᵀg / (2 gᵀAᵀA g)`` (``g = ∇L = 2Aᵀ(Aw − y)``; α = 0 once ``g`` vanishes); the curve is
+    ``‖w_t − w*‖² / ‖w_0 − w*‖²``, ``w* = pinv(A) y``. Steepest descent with exact line search
+    contracts ``‖A(w − w*)‖²`` by at least ``((κ−1)/(κ+1))²`` per step (Kantorovich),
+    ``κ = κ(AᵀA)``. ``A`` and ``y`` are first scaled by powers of two (the ratios do not change).
+    No host synchronisation (jit-able).
 
-    ``A`` and ``y`` are first scaled by powers of two (the ratios do not change), so entries of
-    any representable size work. Raises ``ValueError`` for shapes other than ``A (N, D)``,
-    ``y (N,)`` or ``(N, 1)`` and for NaN/Inf, ``TypeError`` for arrays of different libraries.
-    When ``w* = 0`` (``y ⟂`` the range of ``A``, or ``A = 0``) the ratio is undefined (NaN).
+    Parameters
+    ----------
+    A : array
+        ``N×D``.
+    y : array
+        ``(N,)`` or ``(N, 1)``, of ``A``'s namespace.
+    steps : int
+        Number of descent steps, ``>= 0``.
+    norm : {"euclidean", "hessian"}
+        The error's norm: Euclidean, or ``‖A(w_t − w*)‖² / ‖A(w_0 − w*)‖²``.
+
+    Returns
+    -------
+    array
+        1-D, the ``steps + 1`` ratios (first entry 1), in ``A``'s namespace; NaN when ``w* = 0``
+        (``y ⟂`` the range of ``A``, or ``A = 0``).
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``ValueError`` for other shapes, an unknown ``norm``, an invalid ``steps``, NaN/Inf
+        entries; ``TypeError`` for arrays of different libraries.
     """
     xp = _namespace("probe_convergence", A=A, y=y)
     _as_matrix(A, "A", "probe_convergence")

@@ -52,7 +52,18 @@ class Method:
     uses_theta: bool = True
 
     def vectors(self, problem: Problem) -> tuple[bool, bool]:
-        """Eigenvectors needed this epoch (none for a zero weight)."""
+        """The eigenvectors this epoch needs: ``needs_vectors``, none for a zero weight.
+
+        Parameters
+        ----------
+        problem : Problem
+            The problem (its ``lam_p``, ``lam_h`` are read).
+
+        Returns
+        -------
+        tuple of bool
+            Whether eigenvectors of ``H_P`` and of ``H_H`` are needed.
+        """
         return (
             self.needs_vectors[0] and problem.lam_p > 0,
             self.needs_vectors[1] and problem.lam_h > 0,
@@ -143,10 +154,45 @@ def _opt_kappa_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tupl
 def imma_gradient(
     theta: Array, X: Array, y: Array, task: str, steps: int, alpha: float, xp: Any
 ) -> tuple[Array, Array]:
-    """The attacker's adapted loss Φ(θ) = L_H(w_J(θ), θ) and its exact gradient (adjoint).
+    """The attacker's adapted loss ``Φ(θ) = L_H(w_J(θ), θ)`` and its exact gradient (adjoint).
 
     Inner loop: ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0`` for ``J = steps`` steps,
-    ``A = Xθ`` (never formed); ``ℓ`` the squared error or the logistic loss."""
+    ``A = Xθ`` (never formed); ``ℓ`` the squared error or the logistic loss; ``Φ`` is the mean of
+    ``ℓ(Aw_J)``. The gradient is assembled from ``2J + 1`` rank-one terms, without
+    differentiating through the loop.
+
+    Parameters
+    ----------
+    theta : array
+        The immunized map, ``D×D``.
+    X : array
+        The harmful data, ``N×D``.
+    y : array
+        Their labels, ``(N,)`` (``{0, 1}`` for classification).
+    task : {"regression", "classification"}
+        Squared error or logistic loss.
+    steps : int
+        ``J``, the attacker's inner steps.
+    alpha : float
+        ``α``, the attacker's step.
+    xp : namespace
+        The arrays' Array API namespace.
+
+    Returns
+    -------
+    tuple of array
+        ``(Φ(θ), ∇_θΦ)``: a 0-d array and a ``D×D`` array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.algorithm import imma_gradient
+    >>> rng = np.random.default_rng(0)
+    >>> X, y = rng.standard_normal((20, 3)), rng.standard_normal(20)
+    >>> loss, grad = imma_gradient(np.eye(3), X, y, "regression", 4, 0.1, np)
+    >>> grad.shape
+    (3, 3)
+    """
     loss, L, R = _imma_factors(theta, X, y, task, steps, alpha, xp)
     return loss, L @ R
 

@@ -89,15 +89,52 @@ class Problem:
     setup: Any = None
 
     def state(self, theta: Array, omega_raw: Array) -> State:
-        """The :class:`State` of ``θ`` and a head in raw units."""
+        """The :class:`State` of ``θ`` and a head in raw units: ``(θ, ω_raw / head_scale)``.
+
+        Parameters
+        ----------
+        theta : array
+            The immunized map, ``D×D``.
+        omega_raw : array
+            The head in the units of the raw data, ``(D,)`` (as ``ImmunizationResult.omega``).
+
+        Returns
+        -------
+        State
+            The iterate in the problem's scaled units.
+        """
         return State(theta, omega_raw / self.head_scale)
 
     def raw_omega(self, state: State) -> Array:
-        """The head of ``state`` in the units of the raw data."""
+        """The head of ``state`` in the units of the raw data: ``ω̂·head_scale``.
+
+        Parameters
+        ----------
+        state : State
+            An iterate of this problem.
+
+        Returns
+        -------
+        array
+            ``(D,)``, as ``ImmunizationResult.omega``.
+        """
         return state.omega * self.head_scale
 
     def with_weights(self, lam_p: float, lam_h: float, imma_lr: float | None = None) -> Problem:
-        """A copy with other regularizer weights (and IMMA inner step)."""
+        """A copy with other regularizer weights (and IMMA inner step).
+
+        Parameters
+        ----------
+        lam_p, lam_h : float
+            The new ``λ_P`` and ``λ_H``.
+        imma_lr : float, optional
+            The new inner step of IMMA (``None``: unchanged).
+
+        Returns
+        -------
+        Problem
+            The copy (``dataclasses.replace``); ``self`` is unchanged.
+        """
         kw: dict[str, Any] = {"lam_p": float(lam_p), "lam_h": float(lam_h)}
         if imma_lr is not None:
             kw["imma_lr"] = float(imma_lr)

@@ -88,8 +88,19 @@ class DataSetup:
         """Refuse a run on other data or options than this setup's.
 
         "The same data" is the same array objects (``X_p is self.X_p``), with the shape and
-        dtype they had when the setup was built: the data are not read again. Writing into
-        the arrays between :func:`setup_data` and the run is not detected.
+        dtype they had when the setup was built: the data are not read again. Writing into the
+        arrays between :func:`setup_data` and the run is not detected.
+
+        Parameters
+        ----------
+        X_p, X_h : array
+            The run's data.
+        rtol : float
+            The run's rank tolerance.
+        ridge : float or None
+            The run's preconditioner ridge.
+        xp : namespace
+            The run's Array API namespace.
 
         Raises
         ------

@@ -59,8 +59,28 @@ __all__ = ["concrete", "value"]
 
 
 def concrete(x: jax.Array) -> bool | None:
-    """Read a 0-d boolean array, or return ``None`` when it is abstract (under ``jax.jit``,
-    ``jax.vmap`` and other tracing)."""
+    """Read a 0-d boolean array, or ``None`` when it is abstract.
+
+    Abstract under ``jax.jit``, ``jax.vmap`` and other tracing: the engine's checks are then
+    skipped.
+
+    Parameters
+    ----------
+    x : jax.Array
+        A 0-d boolean array.
+
+    Returns
+    -------
+    bool or None
+        Its value, or ``None`` for a tracer.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from condreg.jax import concrete
+    >>> concrete(jnp.asarray(True))
+    True
+    """
     try:
         return bool(x)
     except jax.errors.ConcretizationTypeError:

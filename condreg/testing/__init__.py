@@ -51,6 +51,22 @@ def to_numpy(x: Array) -> np.ndarray:
     PyTorch tensors are detached and moved to the CPU first (``requires_grad`` and CUDA tensors are
     fine); CuPy arrays are copied to the host; JAX arrays are transferred to the host; other
     arrays go through ``numpy.asarray`` and, failing that, DLPack.
+
+    Parameters
+    ----------
+    x : array_like
+        The array to copy.
+
+    Returns
+    -------
+    numpy.ndarray
+        A copy that shares no memory with ``x``.
+
+    Examples
+    --------
+    >>> from condreg.testing import to_numpy
+    >>> to_numpy([[1.0, 2.0]]).shape
+    (1, 2)
     """
     if isinstance(x, np.ndarray):
         return x.copy()
@@ -83,8 +99,25 @@ def _is_float_dtype(dtype: Any) -> bool:
 def default_tolerance(dtype: Any) -> float:
     """Default relative tolerance of :func:`assert_close` for a NumPy ``dtype``.
 
-    ``4 * sqrt(eps(dtype))`` for floating dtypes (float64: ``6.0e-8``, float32: ``1.4e-3``,
+    ``4·sqrt(eps(dtype))`` for floating dtypes (float64: ``6.0e-8``, float32: ``1.4e-3``,
     float16: ``0.12``), as SciPy's ``xp_assert_close``; ``0`` (exact comparison) otherwise.
+
+    Parameters
+    ----------
+    dtype : dtype_like
+        Anything ``numpy.dtype`` accepts.
+
+    Returns
+    -------
+    float
+        The relative tolerance.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import default_tolerance
+    >>> default_tolerance(np.int64)
+    0.0
     """
     dtype = np.dtype(dtype)
     if _is_float_dtype(dtype):
@@ -106,21 +139,37 @@ def assert_close(
 ) -> None:
     """Assert that ``actual`` and ``desired`` are the same kind of array and numerically close.
 
-    Checks, in order (each can be switched off):
+    Values pass when ``|actual − desired| ≤ atol + rtol·|desired|`` elementwise
+    (``numpy.testing.assert_allclose`` on NumPy copies), NaNs equal to NaNs and infinities equal to
+    infinities of the same sign. The namespace, dtype, device and shape are checked first; a Python
+    scalar or sequence ``desired`` is compared by value only.
 
-    - ``check_namespace``: both have the same Array API namespace (``array_namespace``); a Python
-      scalar ``desired`` is accepted and compared by value only;
-    - ``check_dtype``: the same dtype; ``check_shape``: the same shape;
-    - ``check_device``: the same device (``array_api_compat.device``);
-    - values: ``|actual - desired| <= atol + rtol * |desired|`` elementwise (``numpy.testing.
-      assert_allclose`` in the dtype of ``actual`` converted to NumPy), NaNs equal to NaNs and
-      infinities equal to infinities of the same sign.
+    Parameters
+    ----------
+    actual, desired : array_like
+        The arrays to compare.
+    rtol : float, optional
+        Relative tolerance; default :func:`default_tolerance` of ``actual``'s dtype (float64: 6e-8,
+        float32: 1.4e-3).
+    atol : float, optional
+        Absolute tolerance; default 0 (pass one for values that may be near zero, e.g. gradient
+        entries).
+    check_namespace, check_dtype, check_shape, check_device : bool
+        Require the same Array API namespace, dtype, shape and device
+        (``array_api_compat.device``).
+    err_msg : str
+        Prepended to the failure message.
 
-    Default tolerances: ``rtol = 4 * sqrt(eps)`` of ``actual``'s dtype (float64: 6e-8, float32:
-    1.4e-3; see :func:`default_tolerance`) and ``atol = 0``. Pass ``atol`` for values that may be
-    (near) zero, e.g. gradient entries.
+    Raises
+    ------
+    AssertionError
+        If a check fails or the values are not close.
 
-    Raises ``AssertionError`` with ``err_msg`` prepended.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import assert_close
+    >>> assert_close(np.asarray([1.0, np.nan]), np.asarray([1.0 + 1e-12, np.nan]))
     """
     prefix = f"{err_msg}: " if err_msg else ""
     scalar_desired = isinstance(desired, (int, float, bool, np.generic)) or (
@@ -158,11 +207,37 @@ def assert_close(
 
 
 def random_orthonormal(n: int, r: int, *, seed: Any = None) -> np.ndarray:
-    """A random ``n×r`` matrix with orthonormal columns (``r <= n``), float64.
+    """A random ``n×r`` matrix with orthonormal columns, float64.
 
     The Q factor of the QR decomposition of an ``n×r`` standard Gaussian matrix, with the signs of
     the columns fixed so that ``diag(R) > 0`` (which makes Q Haar-distributed).
-    ``seed``: anything ``numpy.random.default_rng`` accepts, or a ``Generator``.
+
+    Parameters
+    ----------
+    n : int
+        Number of rows.
+    r : int
+        Number of columns, ``r ≤ n``.
+    seed : optional
+        Anything ``numpy.random.default_rng`` accepts, or a ``Generator``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``n×r``, ``QᵀQ = I``.
+
+    Raises
+    ------
+    ValueError
+        If ``r > n``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import random_orthonormal
+    >>> Q = random_orthonormal(5, 3, seed=0)
+    >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
+    True
     """
     if r > n:
         raise ValueError(f"cannot have {r} orthonormal columns in dimension {n}")
@@ -213,18 +288,48 @@ def matrix_with_spectrum(
 
     ``p = min(m, n)``.
 
-    ``singular_values``: at most ``p`` values (zero-padded to ``p``), any order, repeats and zeros
-    allowed — exactly tied values give exactly tied singular values of the float64 matrix (up to
-    the rounding of the product), zeros give a rank-deficient matrix. A 2-D array of shape
-    ``(B, r)`` builds a batch of shape ``(B, m, n)`` (independent factors per matrix).
-
     The matrix is formed in float64 NumPy, then converted with ``xp.asarray(S, dtype=dtype,
-    device=device)`` (``xp`` defaults to NumPy; ``dtype=None`` keeps float64 where the library
-    allows it; ``device=None`` uses the library's default).
+    device=device)``. Exactly tied values give exactly tied singular values of the float64 matrix
+    (up to the rounding of the product); zeros give a rank-deficient matrix.
 
-    With ``return_factors=True`` returns ``(S, SpectralFactors(U, s, Vt))`` with float64 NumPy
-    factors, useful to build directions (see :func:`rank_preserving_direction`) or rotate a tied
-    subspace. ``seed`` is passed to ``numpy.random.default_rng``.
+    Parameters
+    ----------
+    singular_values : sequence of float or numpy.ndarray
+        At most ``p`` finite values ``≥ 0`` (zero-padded to ``p``), any order, repeats and zeros
+        allowed; a 2-D array of shape ``(B, r)`` builds a batch of shape ``(B, m, n)``
+        (independent factors per matrix).
+    m, n : int
+        The matrix shape.
+    seed : optional
+        Passed to ``numpy.random.default_rng``.
+    xp : module, optional
+        The Array API namespace of the result (default NumPy).
+    dtype : optional
+        The result's dtype (``None`` keeps float64 where the library allows it).
+    device : optional
+        The result's device (``None``: the library's default).
+    return_factors : bool
+        Also return the float64 :class:`SpectralFactors` (to build directions with
+        :func:`rank_preserving_direction`, or rotate a tied subspace).
+
+    Returns
+    -------
+    array or tuple
+        ``S``, or ``(S, SpectralFactors(U, s, Vt))`` with ``return_factors=True``.
+
+    Raises
+    ------
+    ValueError
+        For values that are negative or not finite, more than ``p`` of them, or an array that is
+        not 1-D or 2-D.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import matrix_with_spectrum
+    >>> S = matrix_with_spectrum([3.0, 1.0, 0.0], 4, 3)
+    >>> np.round(np.linalg.svd(S, compute_uv=False), 12)
+    array([3., 1., 0.])
     """
     rng = np.random.default_rng(seed)
     values = np.asarray(singular_values, dtype=np.float64)
@@ -282,11 +387,36 @@ def numerical_gradient(
 ) -> np.ndarray:
     """Entrywise central-difference gradient of a scalar function, in float64 NumPy.
 
-    ``G[idx] = (f(S + h e_idx) − f(S − h e_idx)) / (2h)`` for every index ``idx`` of ``S`` (any
-    shape; ``f`` must return a scalar, e.g. a sum over a batch). ``S`` is converted to float64
-    NumPy and ``f`` is called with float64 NumPy arrays. Default step ``h = eps**(1/3) *
-    max(1, max|S|)`` (about ``6e-6`` at unit scale), which balances the O(h²) truncation error
-    against rounding. Costs ``2 * S.size`` evaluations; only valid where ``f`` is differentiable.
+    ``G[idx] = (f(S + h e_idx) − f(S − h e_idx)) / (2h)`` for every index ``idx`` of ``S``. Costs
+    ``2·S.size`` evaluations; only valid where ``f`` is differentiable.
+
+    Parameters
+    ----------
+    f : callable
+        Called with float64 NumPy arrays of ``S``'s shape; returns a scalar (e.g. a sum over a
+        batch).
+    S : array_like
+        The point (any shape), converted to float64 NumPy.
+    h : float, optional
+        The step; default ``eps**(1/3)·max(1, max|S|)`` (about ``6e-6`` at unit scale), which
+        balances the O(h²) truncation error against rounding.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``S``'s shape.
+
+    Raises
+    ------
+    ValueError
+        If ``f`` does not return a scalar.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import numerical_gradient
+    >>> np.round(numerical_gradient(lambda a: np.sum(a**2), np.asarray([1.0, -2.0])), 6)
+    array([ 2., -4.])
     """
     S = to_numpy(S).astype(np.float64)
     if h is None:
@@ -302,11 +432,31 @@ def numerical_gradient(
 def rank_preserving_direction(U: Any, V: Any, rng: Any = None) -> np.ndarray:
     """A random unit-Frobenius-norm direction ``E = U A Vᵀ`` that keeps the rank of ``S``.
 
-    ``U`` (``(..., m, k)``) and ``V`` (``(..., n, k)``) are orthonormal factors of the nonzero
-    part of ``S = U diag(s) Vᵀ`` (``s > 0``); ``A`` is ``k×k`` standard Gaussian. Then
+    With ``S = U diag(s) Vᵀ`` (``s > 0``) and ``A`` a ``k×k`` standard Gaussian,
     ``S + tE = U (diag(s) + tA) Vᵀ`` has rank ``k`` for all small ``t``, so finite differences of
     functions of the nonzero spectrum (κ, R_ill) stay on the smooth rank-``k`` manifold.
-    ``rng``: a seed or ``numpy.random.Generator``.
+
+    Parameters
+    ----------
+    U : array_like
+        ``(..., m, k)``, orthonormal factor of the nonzero part of ``S``.
+    V : array_like
+        ``(..., n, k)``, likewise.
+    rng : optional
+        A seed or ``numpy.random.Generator``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``(..., m, n)``, ``‖E‖_F = 1``.
+
+    Examples
+    --------
+    >>> from condreg.testing import matrix_with_spectrum, rank_preserving_direction
+    >>> S, f = matrix_with_spectrum([2.0, 1.0, 0.0], 3, 3, return_factors=True)
+    >>> E = rank_preserving_direction(f.U[:, :2], f.V[:, :2], rng=0)
+    >>> E.shape
+    (3, 3)
     """
     U = to_numpy(U).astype(np.float64)
     V = to_numpy(V).astype(np.float64)
@@ -328,26 +478,52 @@ def check_gradient(
     rtol: float = 1e-6,
     atol: float = 1e-9,
 ) -> None:
-    """Check ``grad`` (the gradient of the scalar ``f`` at ``S``) against finite differences.
+    """Check ``grad``, the gradient of the scalar ``f`` at ``S``, against finite differences.
 
-    For each direction ``E`` (given, or ``n_directions`` random Gaussian ones of unit Frobenius
-    norm), the directional derivative ``⟨grad, E⟩ = Σ grad * E`` is compared with the fourth-order
-    central difference
+    For each direction ``E``, the directional derivative ``⟨grad, E⟩ = Σ grad·E`` is compared with
+    the fourth-order central difference, computed in float64 NumPy::
 
-        (−f(S+2hE) + 8 f(S+hE) − 8 f(S−hE) + f(S−2hE)) / (12 h)
+        fd = (−f(S+2hE) + 8 f(S+hE) − 8 f(S−hE) + f(S−2hE)) / (12 h)
 
-    computed in float64 NumPy (``f`` is called with float64 NumPy arrays and must return a
-    scalar). Default step ``h = eps**(1/5) * max(1, max|S|)`` (about ``7e-4`` at unit scale); the
-    truncation error is O(h⁴). The check passes when
+    and passes when ``|⟨grad, E⟩ − fd| ≤ atol + rtol·max(|fd|, ‖grad‖_F ‖E‖_F)`` (the second term
+    makes the test scale-aware when ``⟨grad, E⟩`` happens to be small). At points where ``f`` is
+    not differentiable (tied extreme singular values, a change of rank) use directions along which
+    it is, e.g. :func:`rank_preserving_direction`.
 
-        |⟨grad, E⟩ − fd| <= atol + rtol * max(|fd|, ‖grad‖_F ‖E‖_F)
+    Parameters
+    ----------
+    f : callable
+        Called with float64 NumPy arrays of ``S``'s shape; returns a scalar.
+    grad : array_like
+        The gradient to check, ``S``'s shape.
+    S : array_like
+        The point.
+    directions : sequence of array_like, optional
+        The directions ``E`` (``S``'s shape); default ``n_directions`` random Gaussian ones of unit
+        Frobenius norm.
+    n_directions : int
+        Number of random directions (without ``directions``).
+    seed : optional
+        Seed of the random directions.
+    h : float, optional
+        The step; default ``eps**(1/5)·max(1, max|S|)`` (about ``7e-4`` at unit scale), truncation
+        error O(h⁴).
+    rtol, atol : float
+        The tolerances of the test above.
 
-    for every direction (the second term makes the test scale-aware when ``⟨grad, E⟩`` happens to
-    be small). At points where ``f`` is not differentiable (tied extreme singular values, a change
-    of rank) use directions along which it is: e.g. :func:`rank_preserving_direction` at
-    rank-deficient ``S``.
+    Raises
+    ------
+    AssertionError
+        Listing every failing direction, or if ``grad`` and ``S`` differ in shape.
+    ValueError
+        For a direction of another shape.
 
-    Raises ``AssertionError`` listing every failing direction.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.testing import check_gradient
+    >>> S = np.asarray([[1.0, 2.0], [3.0, 4.0]])
+    >>> check_gradient(lambda a: np.sum(a**3), 3 * S**2, S)
     """
     S = to_numpy(S).astype(np.float64)
     G = to_numpy(grad).astype(np.float64)

@@ -136,19 +136,41 @@ def spectra(
 ) -> SearchStrategy[np.ndarray]:
     """Descending nonzero singular values (float64 NumPy, length ``rank``) with a given spectrum.
 
-    The spectrum is ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0`` with
+    The spectrum is ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0``: exactly
+    ``t`` values equal to ``σ_1`` and exactly ``b`` equal to ``σ_k`` (bit-identical floats), the
+    middle values log-uniform in the open interval between. Tie counts are clipped to what ``k``
+    allows (``t ≤ k − 1``, ``b ≤ k − t``). κ = 1 (drawn exactly 1.0, and ``gap == 0``) or ``k = 1``
+    gives ``k`` equal values (``t = b = k``; R_ill's pole). Every argument but ``gap`` is a fixed
+    value, an inclusive ``(low, high)`` range or a hypothesis strategy.
 
-    - ``k`` from ``rank`` (≥ 1);
-    - ``σ_k`` from ``sigma_min`` (> 0) and ``σ_1 = κ·σ_k`` with ``κ`` from ``kappa`` (≥ 1);
-    - ``t`` from ``top_ties`` and ``b`` from ``bottom_ties``: exactly ``t`` values equal to
-      ``σ_1`` and exactly ``b`` equal to ``σ_k`` (bit-identical floats); the middle values are
-      log-uniform in the open interval between, at a relative distance ≥ ``gap`` from both ends.
+    Parameters
+    ----------
+    rank : int, (int, int) or SearchStrategy
+        ``k ≥ 1``.
+    kappa : float, (float, float) or SearchStrategy
+        ``κ = σ_1/σ_k ≥ 1``.
+    sigma_min : float, (float, float) or SearchStrategy
+        ``σ_k > 0``.
+    top_ties, bottom_ties : int, (int, int) or SearchStrategy
+        ``t`` and ``b``, ``≥ 1``.
+    gap : float
+        ``≥ 0``: the middle values keep a relative distance ``≥ gap`` from both ends; κ is raised
+        to at least ``(1 + gap)²`` (``1 + gap`` without middle values) so that the gap fits.
 
-    Tie counts are clipped to what ``k`` allows (``t ≤ k − 1``, ``b ≤ k − t``). κ = 1 (drawn
-    exactly 1.0, and ``gap == 0``) or ``k = 1`` gives ``k`` equal values (``t = b = k``; R_ill's
-    pole). With ``gap > 0``, κ is raised to at least ``(1 + gap)²`` (``1 + gap`` when there are no
-    middle values) so that the gap fits. Arguments: a fixed value, an inclusive ``(low, high)``
-    range or a hypothesis strategy.
+    Returns
+    -------
+    SearchStrategy
+        Of float64 NumPy arrays.
+
+    Raises
+    ------
+    TypeError, ValueError
+        At construction, for malformed arguments (e.g. ``rank < 1``, ``kappa < 1``, ``gap < 0``).
+
+    Examples
+    --------
+    >>> from condreg.testing.strategies import spectra
+    >>> strategy = spectra(rank=3, kappa=10.0, sigma_min=1.0)
     """
     if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
         raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
@@ -289,22 +311,45 @@ def spectral_cases(
 ) -> SearchStrategy[SpectralCase]:
     """:class:`SpectralCase` draws: a matrix ``U diag(s) Vᵀ`` with the spectrum of :func:`spectra`.
 
-    Shape: ``batch_shape + (m, n)``. ``rows``/``cols`` (``m``, ``n``) default to
-    ``k + 0…2`` each, so ``min(m, n) − k ∈ {0, 1, 2}`` exact zero singular values make the
-    matrix rank-deficient about a third of the time; given explicitly, the rank is clipped to
-    ``min(m, n)``. A batch shares ``m``, ``n``, ``k`` and the tie pattern; every matrix draws its
-    own κ, ``σ_k``, middle values and random factors (a member that draws κ = 1 exactly is all
-    tied).
+    Shape ``batch_shape + (m, n)``. A batch shares ``m``, ``n``, ``k`` and the tie pattern; every
+    matrix draws its own κ, ``σ_k``, middle values and random factors (a member that draws κ = 1
+    exactly is all tied). The float64 NumPy matrix is converted with ``xp.asarray(S, dtype=dtype,
+    device=device)``; exact ties are exact in the float64 spectrum (converting to float32 rounds
+    them).
 
-    ``xp``: any Array API namespace (``numpy`` by default, ``array_api_strict``, ``torch``,
-    ``jax.numpy``, ``cupy`` …); the float64 NumPy matrix is converted with
-    ``xp.asarray(S, dtype=dtype, device=device)``. ``dtype`` may be a strategy (e.g.
-    ``st.sampled_from([xp.float32, xp.float64])``); ``None`` keeps float64 where the library
-    allows it. Exact ties are exact in the float64 spectrum; converting to float32 rounds them
-    (ties then hold to float32 precision only).
+    Parameters
+    ----------
+    rank, kappa, sigma_min, top_ties, bottom_ties, gap
+        The spectrum, as in :func:`spectra`.
+    rows, cols : int, (int, int) or SearchStrategy, optional
+        ``m`` and ``n``; default ``k + 0…2`` each, so ``min(m, n) − k ∈ {0, 1, 2}`` exact zero
+        singular values make the matrix rank-deficient about a third of the time; given
+        explicitly, the rank is clipped to ``min(m, n)``.
+    batch_shape : tuple of int or SearchStrategy
+        ``()`` (default) for one matrix.
+    xp : module, optional
+        Any Array API namespace (``numpy`` by default, ``array_api_strict``, ``torch``,
+        ``jax.numpy``, ``cupy`` …).
+    dtype : optional
+        A dtype of ``xp`` or a strategy of them (e.g. ``st.sampled_from([xp.float32,
+        xp.float64])``); ``None`` keeps float64 where the library allows it.
+    device : optional
+        A device of ``xp`` (``None``: the library's default).
 
-    Raises ``TypeError``/``ValueError`` at construction for malformed arguments (e.g. a negative
-    rank, ``kappa < 1``).
+    Returns
+    -------
+    SearchStrategy
+        Of :class:`SpectralCase`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        At construction, for malformed arguments (e.g. a negative rank, ``kappa < 1``).
+
+    Examples
+    --------
+    >>> from condreg.testing.strategies import spectral_cases
+    >>> strategy = spectral_cases(rank=(2, 4), kappa=(1.0, 100.0), batch_shape=(3,))
     """
     if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
         raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
@@ -328,5 +373,26 @@ def spectral_cases(
 
 
 def matrices(**kwargs: Any) -> SearchStrategy[Any]:
-    """The matrices of :func:`spectral_cases` alone (same keyword arguments)."""
+    """The matrices of :func:`spectral_cases` alone.
+
+    Parameters
+    ----------
+    **kwargs
+        The keyword arguments of :func:`spectral_cases`.
+
+    Returns
+    -------
+    SearchStrategy
+        Of arrays in the requested namespace, dtype and device.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`spectral_cases`.
+
+    Examples
+    --------
+    >>> from condreg.testing.strategies import matrices
+    >>> strategy = matrices(rank=2, rows=3, cols=3)
+    """
     return spectral_cases(**kwargs).map(lambda case: case.matrix)

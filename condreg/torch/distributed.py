@@ -54,13 +54,32 @@ def _initialised() -> bool:
 
 
 def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Differentiable all-gather of a feature batch along axis 0 over ``group`` (default: the
-    world). Returns ``features`` itself when ``torch.distributed`` is not initialised, so the same
-    training code runs on one process.
+    """Differentiable all-gather of a feature batch along axis 0 over ``group``.
 
     Uses ``torch.distributed.nn.functional.all_gather`` (autograd-aware: its backward sums the
-    incoming gradients over ranks). Every rank must pass the same number of rows (use the
-    quantity functions below for uneven batches).
+    incoming gradients over ranks). Every rank must pass the same number of rows (use the quantity
+    functions of this module for uneven batches).
+
+    Parameters
+    ----------
+    features : torch.Tensor
+        This rank's rows, ``(N, ...)``.
+    group : torch.distributed.ProcessGroup, optional
+        The ranks to gather from (default: the world).
+
+    Returns
+    -------
+    torch.Tensor
+        Every rank's rows stacked in rank order, ``(world·N, ...)``; ``features`` itself when
+        ``torch.distributed`` is not initialised, so the same training code runs on one process.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.distributed import gather_features
+    >>> F = torch.ones(4, 3)
+    >>> gather_features(F) is F   # no process group
+    True
     """
     if not _initialised():
         return features
@@ -71,8 +90,28 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
 
 
 def choose_strategy(n_total: int, d: int) -> str:
-    """``"gram"`` when the global batch has at least as many rows as features (the ``D×D``
-    all-reduce is then no larger than the gather), ``"gather"`` otherwise."""
+    """The automatic strategy: ``"gram"`` if ``n_total >= d``, else ``"gather"``.
+
+    With at least as many rows as features the ``D×D`` all-reduce is no larger than the gather.
+
+    Parameters
+    ----------
+    n_total : int
+        Rows of the global batch, ``N_total = Σ_r N_r``.
+    d : int
+        The feature dimension ``D``.
+
+    Returns
+    -------
+    str
+        ``"gram"`` or ``"gather"``.
+
+    Examples
+    --------
+    >>> from condreg.torch.distributed import choose_strategy
+    >>> choose_strategy(1024, 768), choose_strategy(64, 768)
+    ('gram', 'gather')
+    """
     return "gram" if n_total >= d else "gather"
 
 
@@ -169,9 +208,44 @@ def condition_number(
     strategy: Strategy = "auto",
     rtol: float | None = None,
 ) -> torch.Tensor:
-    """κ(H) of the data-parallel probing Hessian ``H = Σ_r F_rᵀF_r`` (features flattened to
-    ``(N_r, D)``; ``N_r`` may differ between ranks for ``"gram"``), differentiable; see the module
-    documentation for ``strategy`` and the gradient scale."""
+    """κ(H) of the data-parallel probing Hessian ``H = Σ_r F_rᵀF_r = FᵀF``, differentiable.
+
+    ``κ(H) = σ_1(F)²/σ_k(F)²`` over the nonzero spectrum; see the module documentation for the
+    strategies and the gradient scale. Without an initialised process group it is
+    ``condreg.condition_number(features, gram=True, rtol=rtol)``.
+
+    Parameters
+    ----------
+    features : torch.Tensor
+        This rank's features ``F_r``, flattened to ``(N_r, D)``; ``N_r`` may differ between ranks
+        (the ``"gather"`` strategy needs equal ``N_r``).
+    group : torch.distributed.ProcessGroup, optional
+        The ranks whose rows form the batch (default: the world).
+    strategy : {"auto", "gram", "gather"}
+        How to get the spectrum of ``H`` (module documentation); ``"auto"``:
+        :func:`choose_strategy`.
+    rtol : float, optional
+        Rank tolerance on the singular values of ``F`` (default ``max(N_total, D)·eps``).
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, the same on every rank, in the features' dtype.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``strategy`` or NaN/Inf features (on any rank).
+    condreg.RankError
+        For all-zero features.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from condreg.torch.distributed import condition_number
+    >>> condition_number(torch.tensor([[2.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
+    tensor(4., dtype=torch.float64)
+    """
     return _value(
         "condition_number", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=None
     )
@@ -183,7 +257,34 @@ def r_well(
     group: dist.ProcessGroup | None = None,
     strategy: Strategy = "auto",
 ) -> torch.Tensor:
-    """R_well(H) of the data-parallel probing Hessian (see :func:`condition_number`)."""
+    """R_well(H) of the data-parallel probing Hessian ``H = Σ_r F_rᵀF_r``, differentiable.
+
+    ``R_well(H) = ½ λ_1² − ‖H‖_F² / (2D)`` (:func:`condreg.r_well` with ``gram=True``); strategies
+    and gradient scale as in :func:`condition_number`.
+
+    Parameters
+    ----------
+    features : torch.Tensor
+        This rank's features ``F_r``, flattened to ``(N_r, D)``; ``N_r`` may differ between ranks
+        (the ``"gather"`` strategy needs equal ``N_r``).
+    group : torch.distributed.ProcessGroup, optional
+        The ranks whose rows form the batch (default: the world).
+    strategy : {"auto", "gram", "gather"}
+        How to get the spectrum of ``H`` (module documentation); ``"auto"``:
+        :func:`choose_strategy`.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, the same on every rank, in the features' dtype.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``strategy`` or NaN/Inf features (on any rank).
+    condreg.RankError
+        For all-zero features.
+    """
     return _value("r_well", features, group=group, strategy=strategy, rtol=None, tie_rtol=None)
 
 
@@ -195,5 +296,36 @@ def r_ill(
     rtol: float | None = None,
     tie_rtol: float | None = None,
 ) -> torch.Tensor:
-    """R_ill(H) of the data-parallel probing Hessian (see :func:`condition_number`)."""
+    """R_ill(H) of the data-parallel probing Hessian ``H = Σ_r F_rᵀF_r``, differentiable.
+
+    ``R_ill(H) = 1 / (‖H‖_F² / (2k) − ½ λ_k²)``, ``k`` the numerical rank (:func:`condreg.r_ill`
+    with ``gram=True``); strategies and gradient scale as in :func:`condition_number`.
+
+    Parameters
+    ----------
+    features : torch.Tensor
+        This rank's features ``F_r``, flattened to ``(N_r, D)``; ``N_r`` may differ between ranks
+        (the ``"gather"`` strategy needs equal ``N_r``).
+    group : torch.distributed.ProcessGroup, optional
+        The ranks whose rows form the batch (default: the world).
+    strategy : {"auto", "gram", "gather"}
+        How to get the spectrum of ``H`` (module documentation); ``"auto"``:
+        :func:`choose_strategy`.
+    rtol : float, optional
+        Rank tolerance on the singular values of ``F`` (default ``max(N_total, D)·eps``).
+    tie_rtol : float, optional
+        Tie tolerance of the subgradient relative to ``σ_1``.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d, the same on every rank, in the features' dtype.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``strategy`` or NaN/Inf features (on any rank).
+    condreg.RankError
+        For all-zero features.
+    """
     return _value("r_ill", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=tie_rtol)

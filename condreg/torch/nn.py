@@ -381,22 +381,9 @@ class Precondition(nn.Module):
 
         Parameters
         ----------
-        features : torch.Tensor
-            ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)`` (tokens as rows, :func:`rows`).
-        inputs : torch.Tensor
-            ``(N, D_in)`` or ``(B, T, D_in)``, the same rows.
-
-        Returns
-        -------
-        torch.Tensor
-            ``features`` (a view), carrying the preconditioning backward.
-
-        Raises
-        ------
-        ValueError
-            For ``features`` and ``inputs`` with different rows.
-        TypeError
-            If either is not a ``torch.Tensor``.
+        features, inputs : torch.Tensor
+            ``F = inputs @ θ`` and ``x``, the same rows; returns ``features``, whose backward is
+            preconditioned (:func:`precondition`).
         """
         return precondition(
             features, inputs, ridge=self.ridge, rtol=self.rtol, local=self.local, group=self.group
