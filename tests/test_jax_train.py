@@ -73,7 +73,9 @@ def test_optax_transformation_called_directly_in_a_sgd_loop(train):
     X_p, y, X_h = _pair(3, N=80, D=6)
     X_p = X_p / np.linalg.norm(X_p, 2)
     X_h = X_h / np.linalg.norm(X_h, 2)
-    tx = train.condition_regularizer(1.0, 1e-3, key="theta")
+    from condreg.jax.optax import condition_regularizer
+
+    tx = condition_regularizer(1.0, 1e-3, key="theta")
     assert isinstance(tx, optax.GradientTransformationExtraArgs)
     params = {"theta": jnp.eye(6), "omega": jnp.zeros(6)}
     state = tx.init(params)

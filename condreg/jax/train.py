@@ -9,10 +9,9 @@
 - :func:`preconditioned_update` — the same update in closed form,
   ``λ_P K_P⁺∇R_well + λ_H K_H⁺∇R_ill`` (Theorem 4.2: ``2θG`` projected onto the row space of the
   batch).
-- :func:`condition_regularizer` — that update as a real ``optax.GradientTransformationExtraArgs``
-  (:func:`condreg.jax.optax.condition_regularizer`; needs ``pip install 'condreg-ml[optax]'``),
-  which
-  composes in ``optax.chain``.
+- :func:`condreg.jax.optax.condition_regularizer` — that update as a real
+  ``optax.GradientTransformationExtraArgs`` (``pip install 'condreg-ml[optax]'``), which composes
+  in ``optax.chain``.
 - :func:`algorithm1_step` — one epoch of :func:`condreg.immunize` (any method) as a jitted pure
   function of ``(theta, omega)``.
 
@@ -41,7 +40,6 @@ __all__ = [
     "regularizer_loss",
     "precondition",
     "preconditioned_update",
-    "condition_regularizer",
     "algorithm1_step",
 ]
 
@@ -251,64 +249,6 @@ def preconditioned_update(
         )
         total = total + lam * g.astype(theta.dtype)
     return total
-
-
-def condition_regularizer(
-    lam_p: float = 1.0,
-    lam_h: float = 1.0,
-    *,
-    key: Any = None,
-    ridge: float | None = None,
-    axis_name: Any = None,
-) -> Any:
-    """Algorithm 1's preconditioned regularizer gradient as an ``optax`` transformation.
-
-    The same as :func:`condreg.jax.optax.condition_regularizer`: a real
-    ``optax.GradientTransformationExtraArgs`` whose ``update(updates, state, params, *, x_p,
-    x_h)`` adds :func:`preconditioned_update` to the supervised gradients; it composes in
-    ``optax.chain`` (e.g. ``optax.chain(condition_regularizer(...), optax.sgd(lr))``).
-
-    Parameters
-    ----------
-    lam_p, lam_h : float
-        Weights of ``R_well`` on the pre-training batch and ``R_ill`` on the harmful batch
-        (``>= 0``; 0 leaves a term out).
-    key : optional
-        Where θ sits in the parameter pytree: ``None`` when the parameters *are* θ, a dict key /
-        sequence index, or a tuple of them for a nested path.
-    ridge : float, optional
-        ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹`` instead.
-    axis_name : hashable, optional
-        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first.
-
-    Returns
-    -------
-    optax.GradientTransformationExtraArgs
-        The transformation.
-
-    Raises
-    ------
-    ImportError
-        Without optax (``pip install 'condreg-ml[optax]'``).
-    ValueError
-        As :func:`condreg.jax.optax.condition_regularizer`.
-
-    Examples
-    --------
-    >>> import optax
-    >>> from condreg.jax.train import condition_regularizer
-    >>> tx = optax.chain(condition_regularizer(1.0, 1e-3, key="theta"), optax.sgd(5e-3))
-    """
-    try:
-        from condreg.jax import optax as condreg_optax
-    except ImportError as exc:  # pragma: no cover - exercised only without optax
-        raise ImportError(
-            "condition_regularizer is an optax transformation and needs optax: "
-            "pip install 'condreg-ml[optax]' (or use preconditioned_update directly)"
-        ) from exc
-    return condreg_optax.condition_regularizer(
-        lam_p, lam_h, key=key, ridge=ridge, axis_name=axis_name
-    )
 
 
 def algorithm1_step(
