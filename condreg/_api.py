@@ -1,44 +1,11 @@
-"""The public condition-number functions.
+"""The public condition-number functions: validate → decompose → value (or gradient).
 
 Each takes a real floating array ``S`` of shape ``(..., m, n)`` from any Array API library; the
 leading axes are a batch. Values have shape ``S.shape[:-2]``, gradients ``S.shape``; namespace,
 dtype and device are the input's. On PyTorch tensors and JAX arrays the value functions are
-differentiable natively (:mod:`condreg.torch`, :mod:`condreg.jax`), with these closed forms as
-their backward.
-
-Common keyword arguments
-------------------------
-rtol : float, optional
-    Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count as nonzero. Default
-    ``max(m, n) * eps(dtype)``. With ``gram=True`` it applies to the singular values of ``F``
-    (rank(FᵀF) = rank(F); equivalently ``rtol**2`` on the eigenvalues of ``H``).
-tie_rtol : float, optional
-    Singular values within ``tie_rtol * sigma_1`` of an extreme one are tied with it (with
-    ``gram=True``: ``|mu_i - mu_e| <= tie_rtol * sigma_1 * (sigma_i + sigma_e)`` on the eigenvalues
-    of H). Default ``32 * sqrt(max(m, n)) * eps`` of the dtype the spectrum was computed in: equal
-    up to rounding (docs/math.md §10.1).
-gram : bool
-    If True, the argument is a feature matrix ``F`` of shape ``(..., N, D)`` and the quantity is
-    that of the Gram matrix ``H = FᵀF`` (``D×D``, the probing Hessian); gradients are with
-    respect to ``F``. The spectral engine picks the cheapest exact path: the eigh of the smaller
-    Gram (``N×N`` when ``N <= D``, ``D×D`` otherwise) where it resolves every singular value the
-    rank rule counts, a QR of ``F`` and the SVD of its small ``R`` otherwise (docs/api.md).
-subgradient : {"min_norm", "any", "raise"}
-    At a tied extreme singular value: ``"min_norm"`` (default) averages the tied rank-one terms,
-    the minimum-norm element of the subdifferential; ``"any"`` uses the one singular pair the
-    decomposition put at the extreme position; ``"raise"`` raises :class:`TiedExtremeError`.
-check_finite : bool
-    Check (eagerly) that the input is finite, that it is not the zero matrix and, for gradients,
-    that R_ill is not at its pole. On a GPU each check costs a host synchronisation;
-    ``check_finite=False`` skips them all; invalid input then gives NaN/inf results (or the
-    backend's own error, e.g. NumPy's ``LinAlgError`` for an SVD of NaNs). Under tracing
-    (``jax.jit``, ``torch.compile``, ``torch.func.vmap``) the checks are skipped automatically
-    without breaking the trace.
-xp : namespace, optional
-    Array API namespace to use instead of the one inferred from ``S``.
-compute_dtype : dtype, optional
-    The dtype to compute in. Default: float32 for float16/bfloat16 input, the input's dtype
-    otherwise. Values and gradients are returned in the input dtype.
+differentiable natively (:mod:`condreg.torch`, :mod:`condreg.jax`) with these closed forms as
+their backward. With ``gram=True`` the engine takes the eigh of the smaller Gram matrix where it
+resolves every counted singular value, and a QR of ``F`` with the SVD of its ``R`` otherwise.
 """
 
 from __future__ import annotations
@@ -89,13 +56,12 @@ def _prepared(S: Array, where: str, check_finite: bool, xp: Any, compute_dtype: 
 def _value(
     quantity: str,
     S: Array,
-    *,
     rtol: float | None,
     tie_rtol: float | None,
     gram: bool,
     check_finite: bool,
     xp: Any,
-    compute_dtype: Any = None,
+    compute_dtype: Any,
 ) -> Array:
     """validate → decompose → value: the one route of every value function (through the
     array's adapter, whose forward is the same three calls, for PyTorch and JAX)."""
@@ -105,36 +71,27 @@ def _value(
             _core.value(quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete)
         )
     else:
-        out = adapter.value(
-            quantity, S, rtol=rtol, tie_rtol=tie_rtol, gram=gram, check=check_finite
-        )
+        kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram}
+        out = adapter.value(quantity, S, check=check_finite, **kw)
     return _validation.as_output(out, out_dtype, xp)
 
 
 def _grad(
     quantity: str,
     S: Array,
-    *,
     rtol: float | None,
     tie_rtol: float | None,
     gram: bool,
     subgradient: str,
     check_finite: bool,
     xp: Any,
-    compute_dtype: Any = None,
+    compute_dtype: Any,
 ) -> Array:
+    """validate → decompose → the closed-form gradient (:func:`condreg._core.gradient`)."""
     where = quantity + "_grad"
     S, xp, concrete, out_dtype, _ = _prepared(S, where, check_finite, xp, compute_dtype)
-    G = _core.gradient(
-        quantity,
-        S,
-        xp,
-        rtol=rtol,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        subgradient=subgradient,
-        concrete=concrete,
-    )
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "subgradient": subgradient}
+    G = _core.gradient(quantity, S, xp, concrete=concrete, **kw)
     return _validation.as_output(G, out_dtype, xp)
 
 
@@ -152,7 +109,7 @@ def condition_number(
 
     ``k`` is the numerical rank, so ``kappa = ‖S‖₂ ‖S⁺‖₂`` and a rank-deficient matrix has a
     finite condition number. With ``gram=True`` it is ``kappa(FᵀF) = kappa(F)**2``; always
-    ``kappa >= 1``. The shared keyword arguments are explained in the module documentation.
+    ``kappa >= 1``.
 
     Parameters
     ----------
@@ -199,16 +156,7 @@ def condition_number(
     >>> float(condreg.condition_number(np.diag([4.0, 2.0]), gram=True))  # κ(FᵀF) = κ(F)²
     4.0
     """
-    return _value(
-        "condition_number",
-        S,
-        rtol=rtol,
-        tie_rtol=None,
-        gram=gram,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    return _value("condition_number", S, rtol, None, gram, check_finite, xp, compute_dtype)
 
 
 def r_well(
@@ -267,16 +215,7 @@ def r_well(
     >>> float(condreg.r_well(np.eye(3)))  # zero iff full rank and κ = 1
     0.0
     """
-    return _value(
-        "r_well",
-        S,
-        rtol=None,
-        tie_rtol=None,
-        gram=gram,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    return _value("r_well", S, None, None, gram, check_finite, xp, compute_dtype)
 
 
 def r_ill(
@@ -345,16 +284,7 @@ def r_ill(
     >>> float(condreg.r_ill(np.eye(3)))  # the pole: all nonzero singular values equal
     inf
     """
-    return _value(
-        "r_ill",
-        S,
-        rtol=rtol,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    return _value("r_ill", S, rtol, tie_rtol, gram, check_finite, xp, compute_dtype)
 
 
 def condition_number_grad(
@@ -384,7 +314,8 @@ def condition_number_grad(
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
-        What to return at a tied extreme singular value (module documentation).
+        At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
+        the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
@@ -424,17 +355,8 @@ def condition_number_grad(
            [ 0.,  0.,  0.],
            [ 0.,  0., -4.]])
     """
-    return _grad(
-        "condition_number",
-        S,
-        rtol=rtol,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        subgradient=subgradient,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    args = (rtol, tie_rtol, gram, subgradient, check_finite, xp, compute_dtype)
+    return _grad("condition_number", S, *args)
 
 
 def r_well_grad(
@@ -461,7 +383,8 @@ def r_well_grad(
         library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
         features ``(B, T, D)`` are B matrices of T rows each.
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
-        What to return at a tied extreme singular value (module documentation).
+        At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
+        the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
@@ -500,17 +423,7 @@ def r_well_grad(
     array([[ 1. ,  0. ],
            [ 0. , -0.5]])
     """
-    return _grad(
-        "r_well",
-        S,
-        rtol=None,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        subgradient=subgradient,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    return _grad("r_well", S, None, tie_rtol, gram, subgradient, check_finite, xp, compute_dtype)
 
 
 def r_ill_grad(
@@ -540,7 +453,8 @@ def r_ill_grad(
         Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
         ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
-        What to return at a tied extreme singular value (module documentation).
+        At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
+        the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
@@ -582,14 +496,4 @@ def r_ill_grad(
     array([[-1. ,  0. ],
            [ 0. ,  0.5]])
     """
-    return _grad(
-        "r_ill",
-        S,
-        rtol=rtol,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        subgradient=subgradient,
-        check_finite=check_finite,
-        xp=xp,
-        compute_dtype=compute_dtype,
-    )
+    return _grad("r_ill", S, rtol, tie_rtol, gram, subgradient, check_finite, xp, compute_dtype)

@@ -77,15 +77,10 @@ def s_bottom(sp: Spectrum, xp: Any) -> Array:
 def _tied(
     sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any, s1: Any = None
 ) -> Array:
-    """Boolean: the value is equal to the extreme one up to the rounding of the decomposition.
-
-    Singular values have absolute error ≈ ``tie_rtol·s_1``: ``|s_i − s_e| <= tie_rtol·s_1``. On
-    ``mu = s²`` (``gram``) that is ``|mu_i − mu_e| <= tie_rtol·s_1·(s_i + s_e)`` — not
-    ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1`` — plus twice the
-    decomposition's own error bound on ``mu`` (``mu_err·mu_1``, the Gram path's). Homogeneous.
-    ``s1``: ``s_1`` when the caller knows it (``1.0`` on a :func:`normalized` spectrum, which
-    saves the multiplications by it); else read from ``sp``.
-    """
+    """Boolean: tied with the extreme value up to rounding, ``|s_i − s_e| <= tie_rtol·s_1``;
+    on ``mu = s²`` ``|mu_i − mu_e| <= tie_rtol·s_1·(s_i + s_e) + 2·mu_err·mu_1`` (not
+    ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1``). ``s1``: ``s_1``
+    when known (``1.0`` on a :func:`normalized` spectrum)."""
     if tie_rtol is None:
         tie_rtol = sp.tie
         if tie_rtol is None:
@@ -127,12 +122,8 @@ def bottom_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
 def _weights(
     ties: Array, index: Array, policy: str, which: str, xp: Any, concrete: Concrete
 ) -> Array:
-    """Weights over the spectrum selecting the extreme singular pair(s).
-
-    ``min_norm``: the average over the tied ones (the minimum-norm subgradient); ``any``: the
-    single index the decomposition put at the extreme position; ``raise``: like ``min_norm`` after
-    checking there is no tie.
-    """
+    """Weights selecting the extreme pair(s): the average over the tied ones (``min_norm``), the
+    one at ``index`` (``any``), or ``min_norm`` after checking there is no tie (``raise``)."""
     if policy == "any":
         positions = xp.arange(ties.shape[-1], device=device(ties))
         return xp.astype(positions == xp.astype(index, positions.dtype), ties.dtype)
@@ -168,12 +159,6 @@ def top_weights(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: C
     return _top_w(sp, top_ties(sp, tie_rtol, xp), policy, xp, concrete)
 
 
-def bottom_weights(
-    sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete
-) -> Array:
-    return _bottom_w(sp, bottom_ties(sp, tie_rtol, xp), policy, xp, concrete)
-
-
 # --------------------------------------------------------------------------------------------
 # Values (homogeneous formulas; the entry points evaluate them on s / s_1)
 # --------------------------------------------------------------------------------------------
@@ -194,13 +179,9 @@ def kappa_value(sp: Spectrum, xp: Any) -> Array:
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
-    """R_well = ½ mu_1² − ‖M‖_F² / (2p) (Eq. 3), computed as
-    mu_1² · ((p − L) + Σ_{i≤L} (1 − r_i)(1 + r_i)) / (2p) with r_i = mu_i / mu_1 ∈ [0, 1] over the
-    L = len(mu) values at hand (L < p = D with ``gram`` and N < D: the other eigenvalues are 0).
-
-    This form has no cancellation (it is exactly 0 when all p values equal mu_1, never negative)
-    and overflows only when the value itself does.
-    """
+    """R_well = ½ mu_1² − ‖M‖_F² / (2p) (Eq. 3) as mu_1² · ((p − L) + Σ (1 − r_i)(1 + r_i)) / (2p),
+    r_i = mu_i / mu_1, over the L values at hand (the other p − L are 0): no cancellation, never
+    negative, overflows only where the value does."""
     top = mu_top(sp)
     r = sp.mu / top
     missing = float(sp.p - sp.mu.shape[-1])
@@ -215,12 +196,8 @@ def _r_ill_den(sp: Spectrum, bottom: Array, ties: Array, xp: Any) -> Array:
 
 
 def r_ill_denominator(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
-    """‖M‖_F²/(2k) − ½ mu_k², computed as Σ_{i≤k, i not tied with k} (mu_i² − mu_k²) / (2k).
-
-    The sum form is exact at the pole (every nonzero value tied with mu_k gives exactly 0) and
-    never negative; the terms of the numerically-zero values (i > k) are below rounding and are
-    left out, as the rank is.
-    """
+    """‖M‖_F²/(2k) − ½ mu_k² as Σ_{i≤k, not tied with k} (mu_i² − mu_k²) / (2k): exactly 0 at the
+    pole, never negative."""
     return _r_ill_den(sp, *_bottom(sp, tie_rtol, xp), xp)
 
 
@@ -232,21 +209,16 @@ def r_ill_from_denominator(den: Array, xp: Any) -> Array:
 
 def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
     """``(unit, s_1)``: the spectrum of ``S / s_1`` (``F`` kept as is) and ``s_1`` (``(..., 1)``).
-
-    Every quantity is homogeneous in ``s``, so it is evaluated on ``unit`` and rescaled by powers of
-    ``s_1`` one factor at a time: where the true result is representable nothing changes; where it
-    over- or underflows the result is ±inf or 0, never 0·inf = NaN (``mu = s²`` itself underflows
-    for ``F = 1e-170·I`` in float64 and overflows for ``1e20·I`` in float32).
-    """
+    Quantities are homogeneous in ``s``: evaluated on ``unit`` and rescaled, a result over- or
+    underflows only where it truly does (never 0·inf = NaN)."""
     s1 = sp.s[..., :1]
     s = sp.s / s1
     return sp._replace(s=s, mu=s * s if sp.gram else s), s1
 
 
 def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
-    """``x · scale**power`` one factor at a time (for values: a few operations on ``(...)``
-    arrays; each step moves monotonically toward the result, so nothing over- or underflows
-    that the result does not)."""
+    """``x · scale**power`` one factor at a time (monotone toward the result: no spurious
+    over- or underflow)."""
     with _quiet(x):  # NumPy: an over- or underflowing value is the documented result
         for _ in range(abs(power)):
             x = x * scale if power > 0 else x / scale
@@ -415,17 +387,10 @@ def gradient_from_spectrum(
     concrete: Concrete,
     weight: Array | None = None,
 ) -> Array:
-    """Closed-form gradient from a spectrum computed with ``vectors=True`` (times ``weight``, of
-    shape ``S.shape[:-2]``, when given: the chain rule's incoming gradient) — the one gradient
-    assembly of the public ``*_grad`` functions and both adapters' backward passes.
-
-    Computed scale-free: each quantity is homogeneous in the singular values (kappa of degree 0,
-    R_well 2, R_ill −2; their gradients of degree −1, 1, −3, and 2·degree + 1 with respect to
-    ``F`` when ``gram``), so the gradient is assembled from the spectrum divided by sigma_1 and
-    then multiplied by the matching power of sigma_1 (:func:`condreg._spectrum.scale_by_power`).
-    Where the true gradient is representable this changes nothing; where it over- or underflows
-    the entries become ±inf or 0 — never 0·inf = NaN.
-    """
+    """Closed-form gradient from a spectrum with vectors (times ``weight`` of shape
+    ``S.shape[:-2]``, the incoming gradient): the one assembly of the ``*_grad`` functions and
+    both adapters' backward. Scale-free: assembled on the spectrum over sigma_1, then times
+    sigma_1 to the gradient's degree (:data:`DEGREE`; ``2·degree + 1`` with ``gram``)."""
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
     if quantity not in QUANTITIES:

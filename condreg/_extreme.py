@@ -1,35 +1,16 @@
-"""Eigenvectors of the extreme clusters only (docs/math.md §10.4): the one home of this inverse
-iteration, used by eager Algorithm 1 (:mod:`condreg.algorithm._step`) and by the engine's
-``"extreme"`` route (:func:`gram_product`, chosen by :func:`condreg._spectrum.plan`).
+"""Eigenvectors of the extreme clusters only (docs/math.md §10.4), for eager Algorithm 1
+(:mod:`condreg.algorithm._step`) and the engine's ``"extreme"`` route (:func:`gram_product`).
 
-Every regularizer step of Algorithm 1 has a derivative with respect to the eigenvalues of the
-form ``d = a·mu + e``, where ``e`` is zero outside the top and/or bottom tie sets (Theorem 4.2:
-``dR_well/dmu = mu_1 w_top − mu/D``, ``dR_ill/dmu = (mu_k w_bottom − mu/k)/den²``,
-``d log κ/dmu = w_top/mu_1 − w_bottom/mu_k``). For a factor ``F`` (``r×D``, left singular vectors
-``W``) the step's product is then
-
-    (W diag(d) Wᵀ) F = a·(F Fᵀ) F + W_S diag(e_S) W_Sᵀ F,
-
-which needs the eigenvalues of ``G = FFᵀ`` (or the singular values of ``F``) and the vectors
-``W_S`` of the tied extreme clusters only — not a full eigendecomposition. This module finds
-those vectors by block inverse iteration from the eigenvalues already computed, and accepts
-them only when an a-posteriori residual proves them as accurate as a dense solver's:
-
-- a cluster of eigenvalues of the symmetric ``G`` (:func:`gram_cluster`): shift-and-invert
-  with one LU factorisation, then Rayleigh–Ritz; accepted when every Ritz pair has residual
-  ``‖G v − θ v‖ <= RESIDUAL·n·eps·mu_1`` (a backward-stable eigh's level) and matches the
-  eigenvalues it was started from;
-- the bottom cluster of the singular values of an upper-triangular ``R`` with ``F = RᵀQᵀ``
-  (:func:`triangular_bottom`: the spectrum the Gram does not resolve, full rank only):
-  block inverse iteration with two triangular solves per step (plus guard vectors when the
-  cluster lies close to the next value) and a two-sided Rayleigh–Ritz (the left vectors from
-  one more solve with ``Rᵀ``), accepted when ``‖Rᵀu − σv‖`` and
-  ``‖Rv − σu‖`` are at a backward-stable SVD's level ``RESIDUAL·n·eps·σ_1``.
-
-Both return ``None`` when the cluster is not separated enough to converge quickly or the
-residual check fails: the caller then computes the full decomposition. The solves use the
-library's LU and triangular solvers where it has them (PyTorch), ``linalg.solve`` otherwise.
-Everything here reads values (Python ``float``/``int``): eager only.
+Every derivative with respect to the eigenvalues has the form ``d = a·mu + e`` with ``e`` zero
+outside the top and bottom tie sets (Theorem 4.2), so for a factor ``F`` with left singular
+vectors ``W`` the gradient's product is ``(W diag(d) Wᵀ) F = a·(F Fᵀ) F + W_S diag(e_S) W_Sᵀ F``:
+it needs the vectors ``W_S`` of the extreme clusters only. They come from block inverse
+iteration started at the eigenvalues already computed — shift-and-invert with one LU on the
+Gram matrix (:func:`gram_cluster`), or two triangular solves per step on the ``R`` of
+``F = RᵀQᵀ`` for the bottom cluster the Gram does not resolve (:func:`triangular_bottom`) — and
+are accepted only when an a-posteriori residual is at a backward-stable dense solver's level
+(``RESIDUAL·n·eps`` times the largest value). Otherwise they return ``None`` and the caller
+takes the full decomposition. Everything here reads values: eager only.
 """
 
 from __future__ import annotations

@@ -1,42 +1,22 @@
 """The spectral engine: the one place where condreg decomposes a matrix.
 
-Every quantity condreg computes is a function of the singular values ``s`` of an argument ``S``
-(or, with ``gram=True``, of the eigenvalues ``mu = s**2`` of the Gram matrix ``H = FᵀF`` of a
-feature batch ``F``). :func:`decompose` returns them as a :class:`Spectrum`, with the singular
-vectors the closed-form gradients need, and decides the numerical rank; :func:`assemble` turns a
-derivative with respect to ``mu`` into the gradient with respect to the argument. The public
-functions (:mod:`condreg._api`), the PyTorch and JAX adapters, Algorithm 1 and the metrics all
-get their spectrum here.
+:func:`decompose` returns the singular values ``s`` of ``S`` (or, ``gram=True``, of a feature
+batch ``F``, with ``mu = s**2`` the eigenvalues of ``H = FᵀF``) as a :class:`Spectrum`, with the
+vectors the closed-form gradients need and the numerical rank; :func:`assemble` turns a
+derivative with respect to ``mu`` into the gradient. Every caller gets its spectrum here.
 
-Routes (:func:`plan`, the one place that chooses; docs/math.md §10.1)
-----------------------------------------------------------------------
-``"svd"``
-    The thin SVD of ``S`` (``gram=False``; with ``gram=True`` only where asked for, e.g. for
-    differentiable higher-order derivatives).
-``"exact"``
-    A QR factorisation of ``F`` (or ``Fᵀ``) and the SVD of its small ``R``: backward stable,
-    every ``s_i`` has absolute error ≈ ``c·eps·s_1``; the small side's vectors only.
-``"auto"``
-    ``eigh`` of the smaller Gram matrix (``FFᵀ`` when ``N <= D``, ``FᵀF`` otherwise; float64 for
-    float32 features where the library has float64), accepted by :func:`accept_gram` — the one
-    accept rule — else ``"exact"``. The eigh of a Gram matrix carries an absolute error of about
-    ``err = eps_g·(n·mu_1 + √m·Σmu)`` on every eigenvalue; it is accepted when every eigenvalue
-    is resolved, ``mu_i >= err / GRAM_ACCURACY·√eps`` (relative error below ``0.1·√eps`` of
-    the result dtype), or certainly outside the rank (``mu_i + err < rtol²·mu_1``).
-``"extreme"``
-    ``"auto"`` with ``eigvalsh`` only: the spectrum keeps the unit Gram matrix ``M / mu_1``, and
-    :func:`assemble` forms the gradient from the eigenvectors of the extreme tie sets alone
-    (:mod:`condreg._extreme`; the full ``eigh`` of ``M`` where they are not certified). Chosen
-    for a single matrix with ``min(N, D) >= EXTREME_MIN`` where the caller can read values
-    cheaply (``extreme=True``: the PyTorch adapter on the CPU).
-
-The accept decision is one data-dependent branch (:func:`choose`): eagerly a Python ``if``,
-under ``jax.jit`` a ``lax.cond``; where values cannot be read (``torch.compile``,
-``torch.func.vmap``, checks off on a non-NumPy array) ``"exact"`` is taken.
-
-Ties and rank are decided at the scale of the rounding error of the values actually computed:
-singular values within ``tie_rtol·s_1`` of an extreme one are tied with it — on ``mu = s²``
-``|mu_i − mu_e| ≤ tie_rtol·s_1·(s_i + s_e)`` — widened by the Gram path's error bound ``2·err``.
+Routes, chosen by :func:`plan` alone (docs/math.md §10.1): ``"svd"`` (thin SVD of ``S``);
+``"exact"`` (QR of ``F`` or ``Fᵀ`` and the SVD of its small ``R``: backward stable);
+``"auto"`` (eigh of the smaller Gram matrix, float64 for float32 features where available,
+accepted by :func:`accept_gram` — every eigenvalue resolved to ``GRAM_ACCURACY·√eps`` against
+its error bound ``eps_g·(n·mu_1 + √m·Σmu)``, or certainly outside the rank — else ``"exact"``);
+``"extreme"`` (``"auto"`` with ``eigvalsh`` only, keeping the unit Gram matrix so that
+:func:`assemble` needs the extreme tie sets' vectors alone, :mod:`condreg._extreme`; for one
+matrix with ``min(N, D) >= EXTREME_MIN`` where values are cheap to read). The accept decision is
+one branch (:func:`choose`): a Python ``if`` eagerly, ``lax.cond`` under ``jax.jit``, ``"exact"``
+where values cannot be read. Ties and rank are decided at the rounding scale of the values
+computed: ``|s_i − s_e| ≤ tie_rtol·s_1`` (on ``mu``: ``tie_rtol·s_1·(s_i + s_e)``, widened by
+the Gram path's error bound).
 """
 
 from __future__ import annotations
@@ -67,21 +47,12 @@ EXTREME_MIN = 128
 
 
 class Spectrum(NamedTuple):
-    """The decomposition every value and gradient is computed from.
-
-    ``s`` are the singular values of the argument (``S``, or ``F`` when ``gram``), descending;
-    ``mu`` is the spectrum of the matrix the quantity is about: ``s`` itself, or ``s**2`` (the
-    nonzero eigenvalues of ``H = FᵀF``) when ``gram``. ``mask`` marks the numerical rank and
-    ``k`` counts it (in the floating dtype). ``p`` is the R_well normaliser: ``min(m, n)``, or
-    ``D`` when ``gram``.
-
-    ``U`` (``m×r``) and ``Vh`` (``r×n``) are the singular vectors (``None`` when not computed).
-    With ``gram`` one of them may be ``None`` and ``F`` hold the argument: the gradient is then
-    ``2 (U diag(g) Uᵀ) F`` or ``2 F (Vh.T diag(g) Vh)``. ``mu_err`` is the decomposition's
-    error bound on ``mu`` relative to ``mu_1`` (0 for an SVD); ties are widened by it. ``tie``
-    is the default tie tolerance (on ``s``, relative to ``s_1``). ``M``: the unit Gram matrix
-    ``M / mu_1`` of the ``"extreme"`` route (no vectors then).
-    """
+    """The decomposition: ``s`` (descending) of the argument, ``mu`` = ``s`` or ``s**2``
+    (``gram``), ``mask``/``k`` the numerical rank (``k`` floating), ``p`` the R_well normaliser
+    (``min(m, n)``, ``D`` with ``gram``). ``U``/``Vh``: singular vectors or ``None``; with
+    ``gram`` one may be ``None`` and ``F`` holds the argument. ``mu_err``: error bound on ``mu``
+    relative to ``mu_1`` (0 for an SVD); ``tie``: the default tie tolerance; ``M``: the unit
+    Gram matrix of the ``"extreme"`` route."""
 
     U: Array | None
     s: Array

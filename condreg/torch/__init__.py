@@ -1,56 +1,25 @@
 """PyTorch adapter: condreg's closed-form rules as the derivative of one autograd Function.
 
 ``condreg.condition_number``, ``condreg.r_well`` and ``condreg.r_ill`` dispatch here for
-``torch.Tensor`` input, so they differentiate natively — ``.backward()``,
-``torch.autograd.grad``, ``torch.func.grad``/``vjp``/``jacrev``/``vmap``, forward mode
-(``torch.func.jvp``/``jacfwd``/``hessian``, ``torch.autograd.forward_ad``; not inside
-``torch.compile``, whose tracer does not support a custom ``jvp``) and ``torch.compile``
-(``fullgraph=True`` included, with backward; eager, aot_eager and inductor backends) — on every
-device, for a single matrix or a batch ``(..., m, n)``, in float32/float64 and (computed in
-float32, :mod:`condreg._api`) float16/bfloat16, also under ``torch.autocast``.
+``torch.Tensor`` input, so they differentiate natively — ``.backward()``, ``torch.autograd.grad``,
+``torch.func`` (``grad``, ``vjp``, ``jacrev``, ``vmap``; forward mode ``jvp``/``jacfwd``/
+``hessian`` outside ``torch.compile``) and ``torch.compile`` (``fullgraph=True``, with backward;
+eager, aot_eager and inductor backends) — on every device, for a matrix or a batch ``(..., m, n)``,
+in float32/float64 and (computed in float32) float16/bfloat16, also under ``torch.autocast``.
 
-One route
----------
-The forward is the engine's three steps with ``xp = torch`` — validated input →
-:func:`condreg._spectrum.decompose` → :func:`condreg._core.value_from_spectrum` — and, when a
-gradient may be asked for (grad mode on and ``S.requires_grad``), keeps the spectrum (the
-singular values, the vectors the closed form needs, the error bound and tie tolerance). The
-backward is :func:`condreg._core.gradient_from_spectrum`, the one gradient assembly the JAX
-adapter and the ``*_grad`` functions use: ``grad_value · U diag(d) Vᵀ`` (with ``gram=True`` one
-GEMM with ``F``), the minimum-norm subgradient at tied extremes, never differentiating through
-singular vectors. Without a gradient the forward computes values only. Autocast is off inside
-both (the engine computes in the dtype it was given). On the CPU, with checks on and not
-compiling, a single matrix with ``min(N, D) >= EXTREME_MIN`` takes the engine's ``"extreme"``
-route (:func:`condreg._spectrum.plan`).
+The forward is the engine's one route with ``xp = torch`` (validated input →
+``_spectrum.decompose`` → ``_core.value_from_spectrum``) and keeps the spectrum when a gradient
+may be asked for; the backward is the engine's one gradient assembly, ``grad · U diag(d) Vᵀ``
+(with ``gram=True`` one GEMM with ``F``), the minimum-norm subgradient at tied extremes. Autocast
+is off inside both. Forward mode uses a twin Function (dynamo cannot trace one that defines
+``jvp``). Higher order (``create_graph=True``, ``torch.func.hessian``) recomputes ``G(S)`` from a
+differentiable thin SVD: exact at generic points; at ties the second derivative does not exist.
 
-The forward-mode rule (``jvp``) returns ``Σ G * Ṡ`` over the last two axes — the same linear map,
-so forward and reverse mode agree, also at ties. It lives on a twin Function because dynamo
-cannot trace a Function that defines ``jvp``: under ``torch.compile`` the one without it runs.
-
-Second order
-------------
-When the backward itself is differentiated (``create_graph=True``, ``torch.func.hessian``,
-``torch.func.grad`` of ``torch.func.grad``, ``gradgradcheck``; every ``torch.func`` transform
-runs the backward with grad mode on) and in forward mode, the closed form ``G(S)`` is recomputed
-with differentiable torch operations from ``S`` (thin SVD), so PyTorch's own SVD derivative
-differentiates it: exact at generic points (distinct nonzero singular values, fixed rank). At
-ties the second derivative does not exist and what double backward returns there is meaningless
-(huge, basis-dependent, ``inf`` or ``NaN``); the first derivative stays the minimum-norm
-subgradient.
-
-Checks and host synchronisation
--------------------------------
-Forward and backward read no tensor value except for the documented checks (finite input, not
-the zero matrix, in the backward of ``r_ill`` not at its pole) and the engine's one accept
-decision (Gram or exact). ``check_finite=False`` turns all of them off (the engine then takes
-its exact path, without reading values); invalid input gives ``NaN``/``inf``. Under
-``torch.compile`` and inside ``torch.func.vmap`` values cannot be read: the checks are skipped
-without a graph break and the exact path is taken. ``torch.func.vmap`` uses a custom rule that
-calls the batched engine directly, so the checks do run there on the whole batch. Eagerly:
-``ValueError`` for NaN/Inf input, :class:`condreg.RankError` for a zero matrix,
-:class:`condreg.PoleError` from the backward of ``r_ill`` at its pole.
-
-Training adapters (a regularizer loss module, the preconditioning "dummy layer") live in
+Values are read only for the documented checks (finite input, not the zero matrix, not at
+R_ill's pole in its backward) and the engine's accept decision (Gram or exact):
+``ValueError``, :class:`condreg.RankError`, :class:`condreg.PoleError`. ``check_finite=False``,
+``torch.compile`` and ``torch.func.vmap`` read nothing (the exact path is taken; invalid input
+gives NaN/inf), except that ``vmap``'s rule checks the whole batch. Training adapters live in
 :mod:`condreg.torch.nn`.
 """
 
@@ -73,10 +42,8 @@ __all__ = ["concrete", "value"]
 
 
 def concrete(x: torch.Tensor) -> bool | None:
-    """Read a 0-d boolean tensor (one host synchronisation on a GPU), or return ``None`` when its
-    value cannot be read: under ``torch.compile`` (dynamo, fake or meta tensors) and inside
-    ``torch.func.vmap`` (batched tensors). The value reader the public functions pass to the
-    engine for tensors.
+    """Read a 0-d boolean tensor (one host synchronisation on a GPU), or ``None`` when it cannot
+    be read (under ``torch.compile`` or inside ``torch.func.vmap``).
 
     Parameters
     ----------
@@ -102,21 +69,18 @@ def concrete(x: torch.Tensor) -> bool | None:
 
 
 def _reader(check: bool) -> _core.Concrete:
-    # Look ``concrete`` up at call time (not bound at import), so tests can watch it.
     return concrete if check else _core.never
 
 
 def _no_autocast(S: torch.Tensor):
-    """Autocast off: the engine computes in the dtype it was given (a Gram matrix formed in
-    bfloat16 would swamp the spectrum, and the backward's GEMM must match ``F``'s dtype)."""
+    """Autocast off: the engine computes in the dtype it was given."""
     if torch.is_autocast_enabled(S.device.type):
         return torch.autocast(S.device.type, enabled=False)
     return contextlib.nullcontext()
 
 
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
-    """The closed-form (sub)gradient ``G(S)`` recomputed with differentiable torch operations on
-    ``S`` (thin SVD): used for higher order (``create_graph``) and forward mode."""
+    """``G(S)`` from a differentiable thin SVD (higher order and forward mode)."""
     quantity, rtol, tie_rtol, gram, check = config
     return _core.gradient(
         quantity,
@@ -132,17 +96,14 @@ def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
 
 
 def _extreme_ok(S: torch.Tensor, check: bool) -> bool:
-    """The engine may take its ``"extreme"`` route (it reads values): on the CPU, checks on, not
-    traced (its size rule is the engine's, :func:`condreg._spectrum.plan`)."""
+    """The ``"extreme"`` route may be taken: CPU, checks on, not traced."""
     return check and S.device.type == "cpu" and not _spectrum.traced(S)
 
 
 def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
-    """``(value, A, B, s, tols)``: the value and, with ``vectors``, the spectrum the backward
-    needs: ``A``, ``B`` = ``U``, ``Vh`` (``gram=False``), the small side's vectors and an empty
-    ``B`` (``gram``), or an empty ``A`` and the unit Gram matrix ``B`` (``"extreme"`` route);
-    ``s``; ``tols`` = ``[mu_err, tie]`` of shape ``(..., 2)``. Fresh empty tensors without
-    ``vectors`` (every output a distinct tensor: what ``torch.compile`` needs)."""
+    """``(value, A, B, s, tols)``: with ``vectors`` the kept spectrum (``U, Vh``; the small
+    side's vectors and empty; or empty and the unit Gram), ``tols = [mu_err, tie]``; else fresh
+    empty tensors (distinct outputs, as ``torch.compile`` needs)."""
     xp = array_namespace(S)
     tie = _core.check_tie_rtol(tie_rtol)
     with _no_autocast(S):
@@ -189,9 +150,8 @@ def _spectrum_of(S, A, B, s, tols, config) -> _spectrum.Spectrum:
 
 
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
-    """The gradient with respect to ``S`` from the kept spectrum (the engine's one assembly),
-    or, for higher order (grad mode on in the backward) and without a kept spectrum, the
-    differentiable recomputation."""
+    """The gradient from the kept spectrum, or (higher order, nothing kept) from
+    :func:`_closed_form`."""
     S, A, B, s, tols = ctx.saved_tensors
     quantity, rtol, tie_rtol, gram, check = ctx.config
     if torch.is_grad_enabled() or not ctx.vectors:
@@ -230,12 +190,10 @@ class _SpectralValue(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
-        # The engine is batched over leading axes: move the vmapped axis to the front.
         bdim = in_dims[0]
         if bdim is not None:
             S = S.movedim(bdim, 0)
-        # The top-level finite check saw a batched tensor and could not read it; the batch is
-        # concrete here, so the documented ValueError comes before any decomposition.
+        # the top-level check could not read the batched tensor; this one can
         if check and _reader(check)(torch.all(torch.isfinite(S))) is False:
             raise _validation.nonfinite_error(quantity)
         outs = _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)
@@ -244,8 +202,7 @@ class _SpectralValue(torch.autograd.Function):
 
 
 class _SpectralValueWithJvp(_SpectralValue):
-    """:class:`_SpectralValue` plus forward mode: jvp ``Σ G(S) * Ṡ`` (not under
-    ``torch.compile``, whose tracer cannot trace a Function that defines ``jvp``)."""
+    """:class:`_SpectralValue` plus forward mode: jvp ``Σ G(S) * Ṡ`` (not under compile)."""
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
@@ -272,10 +229,8 @@ def value(
     gram: bool,
     check: bool,
 ) -> torch.Tensor:
-    """Differentiable value of ``quantity`` for a validated tensor ``S`` (the public functions
-    :func:`condreg.r_ill` etc. call this for tensors, after validation and the compute-dtype
-    cast). The spectrum is kept for the backward when a gradient may be asked for (grad mode on
-    and ``S.requires_grad``).
+    """Differentiable value of ``quantity`` for a validated tensor ``S`` (what
+    :func:`condreg.r_ill` etc. call for tensors).
 
     Parameters
     ----------
