@@ -1,14 +1,8 @@
-"""Algorithm 1's view of the spectral engine: the probing-Hessian spectrum and its formulas.
-
-Algorithm 1 needs, every epoch and for each task, the nonzero eigenvalues of ``H(θ) = θᵀKθ``
-(``K = AᵀA`` for a factor ``A``) and the eigenvectors that enter the closed-form gradients. They
-come from the spectral engine (:mod:`condreg._spectrum`) applied to ``F = Aθ`` with ``gram=True``;
-this module holds the record Algorithm 1 keeps (:class:`HessianSpectrum`) and the core's value
-and derivative formulas on it.
-
-Rank rule (the "one κ per run" convention): ``rtol`` applies to the singular values of the factor
-``F = Aθ`` (``σ_i = √μ_i``): rank ``k = #{σ_i > rtol·σ₁}``, default ``rtol = max(N, D)·eps`` —
-exactly :func:`condreg.condition_number` ``(A @ theta, rtol=rtol, gram=True)``.
+"""Algorithm 1's view of the spectral engine: the probing-Hessian spectrum ``H(θ) = θᵀKθ`` of a
+factor ``A`` (``K = AᵀA``), from :func:`condreg._spectrum.decompose` of ``F = Aθ`` with
+``gram=True``, and the core's value and derivative formulas on it. Rank rule: ``σ_i(F) >
+rtol·σ₁(F)``, default ``max(N, D)·eps`` — exactly :func:`condreg.condition_number`
+``(A @ theta, rtol=rtol, gram=True)``.
 """
 
 from __future__ import annotations

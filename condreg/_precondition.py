@@ -1,28 +1,12 @@
 """The left preconditioner ``K⁻¹`` of Algorithm 1 (the paper's "dummy layer"): one home, one rule.
 
-Algorithm 1 multiplies each regularizer gradient by ``K⁻¹`` on the **left**, ``K = XᵀX``
-(docs/math.md §5). ``K`` is singular whenever ``X`` has constant features, collinear columns or
-fewer rows than columns, so condreg uses one of two well-defined replacements, both built from
-the thin SVD ``X = U diag(s) Vᵀ``:
-
-- *pseudo-inverse* (``ridge=None``, the default): ``K⁺K = V_r V_rᵀ``, the projection onto the row
-  space of ``X`` — the ε → 0 limit of the ridge inverse;
-- *ridge* (``ridge=ε > 0``): ``(K + ε·λ_max(K)·I)⁻¹K = V diag(s²/(s² + ε·s₁²)) Vᵀ``.
-
-Both act on ``∇_θ f = 2KθG`` (Theorem 4.2), so the preconditioned gradient is
-``V diag(f) Vᵀ·2θG`` with ``f`` the filter above. **The rank rule** (the same as
-:func:`condreg.condition_number` and :func:`condreg.metrics.rir`): a singular value counts when
-``s_i > rtol·s₁``, default ``rtol = max(N, D)·eps(dtype)``; ``f_i = 0`` for the others.
-
-The paper's "dummy layer" applies the same operator from the other side: an identity on the
-features ``F = xθ`` whose backward maps ``ḡ ↦ (xxᵀ + εI)⁻¹ḡ`` on the sample axis, so that the
-parameter gradient ``xᵀ(xxᵀ + εI)⁻¹ḡ = (xᵀx + εI)⁻¹xᵀḡ`` is left-preconditioned;
-:func:`sample_preconditioner` gives that map with the same rank rule (``U diag(1/(s² + ε·s₁²))
-Uᵀ``, 0 beyond the rank), for the framework adapters.
-
-Everything here is pure Array API code without host synchronisation (it traces under ``jax.jit``);
-:class:`LeftPreconditioner` keeps the filter as an array over all ``min(N, D)`` singular values
-(no data-dependent shapes).
+Algorithm 1 multiplies each regularizer gradient by ``K⁻¹`` on the left, ``K = XᵀX`` (docs/math.md
+§5). ``K`` is often singular, so condreg uses, from the thin SVD ``X = U diag(s) Vᵀ``, either the
+pseudo-inverse (``ridge=None``: ``K⁺K = V_r V_rᵀ``) or the ridge inverse (``ridge=ε``:
+``V diag(s²/(s² + ε·s₁²)) Vᵀ``), acting on ``∇_θ f = 2KθG`` as ``V diag(f) Vᵀ·2θG``. Rank rule as
+everywhere: ``s_i > rtol·s₁``, default ``rtol = max(N, D)·eps``. The "dummy layer" applies the
+same operator on the sample axis (:func:`sample_preconditioner`: ``U diag(1/(s² + ε·s₁²)) Uᵀ``).
+Pure Array API code, no host synchronisation, no data-dependent shapes.
 """
 
 from __future__ import annotations
