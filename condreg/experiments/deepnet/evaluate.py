@@ -45,12 +45,12 @@ def rir_by_group_size(
     n_p, n_h = F_I["p"].shape[0], F_I["h"].shape[0]
     rows_p, rows_h = torch.arange(n_p), torch.arange(n_p, n_p + n_h)
     all_I, all_0 = torch.cat([F_I["p"], F_I["h"]]), torch.cat([F_0["p"], F_0["h"]])
+    f_I, f_0 = (lambda ix: all_I[ix]), (lambda ix: all_0[ix])
     out = {}
     for size in sizes:
         with warnings.catch_warnings():
             if same:  # identity: f_I returns f_0's features by construction (RIR_θ0 = 1)
                 warnings.filterwarnings("ignore", message="rir_theta0: f_I and f_0 return")
-            f_I, f_0 = (lambda ix: all_I[ix]), (lambda ix: all_0[ix])
             kw = dict(groups=int(groups), group_size=int(size), seed=seed)
             res = rir_theta0(f_I, f_0, rows_p, rows_h, **kw)
         out[int(size)] = {"i": res.i, "ii": res.ii, "rir_theta0": res.rir, "ratios": res.ratios}

@@ -49,10 +49,8 @@ class Settings:
     immunize_steps: int = 80
     lr: float = 0.01  # SGD + momentum for immunization, as the paper
     momentum: float = 0.9
-    #: the sweep: each term alone moves the weights by this relative amount per step at θ_0
-    reg_steps: tuple[float, ...] = (0.003, 0.01, 0.03)
-    #: the sweep picks the largest step whose D_P validation accuracy is within this of θ_0's
-    acc_tolerance: float = 0.02
+    reg_steps: tuple[float, ...] = (0.003, 0.01, 0.03)  # swept relative step of each term
+    acc_tolerance: float = 0.02  # sweep: largest step within this of θ_0's D_P val accuracy
     clip: bool = True  # cap every term's update at its first-step size (all methods alike)
     sweep_seed: int = 0  # the seed the sweep runs on; its chosen steps serve every seed
     ridge: float | None = None  # None: pseudo-inverse K⁺; > 0: (K + ridge·mean(λ)·I)⁻¹
@@ -60,14 +58,12 @@ class Settings:
     imma_inner_lr: float | None = None  # None: 1 / λ_max of the batch probing Hessian
     probe_steps: int = 200
     probe_every: int = 5
-    #: "steps to target": this fraction of the identity's final GD probe accuracy
-    probe_target: float = 0.9
+    probe_target: float = 0.9  # "steps to target": this fraction of the identity's accuracy
     probe_converge_iters: int = 100  # L-BFGS iterations of the converged probe
     attack_steps: int = 150  # iterations of each condreg.attacks attacker
     rir_groups: int = 20
     rir_group_size: int = 100
-    #: Eq. 17's group-size sensitivity
-    rir_group_sizes: tuple[int, ...] = (25, 50, 100, 200)
+    rir_group_sizes: tuple[int, ...] = (25, 50, 100, 200)  # Eq. 17's group-size sensitivity
     device: str = "cpu"
     dtype: str = "float32"
     weights: pathlib.Path | None = None
@@ -84,11 +80,8 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         """The settings as plain JSON values (paths as strings, tuples as lists)."""
-        out = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = str(v) if isinstance(v, pathlib.Path) else v
-        return out
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
 
 
 #: ``--quick``: a small, fast version (about a minute on 2 cores).

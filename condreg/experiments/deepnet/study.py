@@ -115,13 +115,11 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
     return record, chosen_models
 
 
-def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings, progress: bool):
+def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings):
     n = prep.n_h if task == "h" else prep.n_p
     data = (F[f"{task}_tr"], prep.Y[f"{task}_tr"], F[f"{task}_te"], prep.Y[f"{task}_te"])
-    kw = dict(steps=s.probe_steps, every=s.probe_every, desc=f"probe D_{task.upper()}")
-    curve = ev.linear_probe_curve(*data, n_classes=n, progress=progress, **kw)
-    conv = ev.converged_probe_accuracy(*data, n_classes=n, iters=s.probe_converge_iters)
-    return curve, conv
+    curve = ev.linear_probe_curve(*data, n_classes=n, steps=s.probe_steps, every=s.probe_every)
+    return curve, ev.converged_probe_accuracy(*data, n_classes=n, iters=s.probe_converge_iters)
 
 
 def _kappa(F) -> float:
@@ -131,16 +129,15 @@ def _kappa(F) -> float:
 def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | None) -> dict:
     """Every reported number of one method on one seed (``imm`` None: the identity)."""
     F = prep.F0 if imm is None else _features(imm.block, prep.S, prep.device)
-    acc_after = _accuracy(
-        prep.parts.head if imm is None else imm.head, F, prep.Y, "p_te", prep.device
-    )
+    head = prep.parts.head if imm is None else imm.head
+    acc_after = _accuracy(head, F, prep.Y, "p_te", prep.device)
     sizes = sorted({*s.rir_group_sizes, s.rir_group_size})
     F_I, F_0 = {"p": F["p_tr"], "h": F["h_tr"]}, {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]}
     kw = dict(groups=s.rir_groups, sizes=sizes, seed=prep.seed, same=imm is None)
     by_size = ev.rir_by_group_size(F_I, F_0, **kw)
     main = by_size[s.rir_group_size]
-    probe_h, conv_h = _probe(prep, F, "h", s, progress=False)
-    probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
+    probe_h, conv_h = _probe(prep, F, "h", s)
+    probe_p, conv_p = _probe(prep, F, "p", s)
     target = probe_h["test_acc"][-1] * s.probe_target if target_acc is None else target_acc
     return {
         **{k: main[k] for k in ("rir_theta0", "i", "ii")},
@@ -201,7 +198,7 @@ def run_seed(
             target = res["probe_target"]
         res.update(reg_step=step, seconds=time.perf_counter() - t1)
         methods[method] = res
-    targets = models.precond_targets(_immunized_part(prep))
+    targets = models.precond_targets(getattr(prep.parts.block, "theta", prep.parts.block))
     record = {
         "arch": arch,
         "seed": seed,
@@ -216,8 +213,3 @@ def run_seed(
         "seconds": time.perf_counter() - t0,
     }
     return record, sweep_record
-
-
-def _immunized_part(prep: Prepared):
-    block = prep.parts.block
-    return block.theta if hasattr(block, "theta") else block

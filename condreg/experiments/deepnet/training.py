@@ -10,7 +10,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F_
 
@@ -270,4 +269,4 @@ def _history_row(t, sup, F_p, F_h, terms) -> dict[str, float]:
 
 def param_count(targets: Sequence[Target]) -> int:
     """Number of entries of the immunized (preconditioned) weights."""
-    return int(sum(np.prod(t.param.shape) for t in targets))
+    return sum(t.param.numel() for t in targets)
