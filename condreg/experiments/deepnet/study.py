@@ -67,7 +67,7 @@ def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: b
     }
     Y = {k: torch.as_tensor(y) for k, (_, y) in arrays.items()}
     F0 = _features(parts.block, S, device)
-    acc, acc_val = (_accuracy(parts.head, F0, Y, k, device) for k in ("p_te", "p_val"))
+    acc, acc_val = (_accuracy(parts.head, F0[k], Y[k], device) for k in ("p_te", "p_val"))
     return Prepared(arch, seed, parts, S, Y, F0, P.n_classes, H.n_classes, acc, acc_val, device)
 
 
@@ -75,9 +75,9 @@ def _features(block, S: dict[str, torch.Tensor], device) -> dict[str, torch.Tens
     return {k: ev.features(block, v, device=device) for k, v in S.items()}
 
 
-def _accuracy(head, F, Y, key: str, device) -> float:
+def _accuracy(head, F: torch.Tensor, y: torch.Tensor, device) -> float:
     with torch.no_grad():
-        return ev.accuracy(head(F[key].to(device)), Y[key])
+        return ev.accuracy(head(F.to(device)), y)
 
 
 def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progress: bool):
@@ -104,8 +104,8 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
             except METHOD_FAILURES as exc:
                 fails[str(step)] = f"{type(exc).__name__}: {exc}"
                 continue
-            F = {"p_val": ev.features(imm.block, prep.S["p_val"], device=prep.device)}
-            accs[str(step)] = _accuracy(imm.head, F, prep.Y, "p_val", prep.device)
+            F = ev.features(imm.block, prep.S["p_val"], device=prep.device)
+            accs[str(step)] = _accuracy(imm.head, F, prep.Y["p_val"], prep.device)
             models_[step] = imm
         ok = [st for st in models_ if accs[str(st)] >= prep.acc_before_val - s.acc_tolerance]
         best = max(ok) if ok else (min(models_) if models_ else None)
@@ -130,7 +130,7 @@ def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | 
     """Every reported number of one method on one seed (``imm`` None: the identity)."""
     F = prep.F0 if imm is None else _features(imm.block, prep.S, prep.device)
     head = prep.parts.head if imm is None else imm.head
-    acc_after = _accuracy(head, F, prep.Y, "p_te", prep.device)
+    acc_after = _accuracy(head, F["p_te"], prep.Y["p_te"], prep.device)
     sizes = sorted({*s.rir_group_sizes, s.rir_group_size})
     F_I, F_0 = {"p": F["p_tr"], "h": F["h_tr"]}, {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]}
     kw = dict(groups=s.rir_groups, sizes=sizes, seed=prep.seed, same=imm is None)
