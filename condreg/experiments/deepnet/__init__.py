@@ -1,13 +1,5 @@
-"""Deep-net immunization (the paper's Table 3 / Fig. 3) at a scale a CPU can run:
-``condreg reproduce deepnet`` (docs/deepnet.md).
-
-Two small networks (a residual CNN and a one-layer transformer) are pre-trained on MNIST digits
-0–4 (D_P) and their own block weights immunized against digits 5–9 (D_H), each regularizer
-gradient left-preconditioned per layer by the Gram matrix of that layer's input;
-``target="theta"`` trains only an appended D×D layer. Large torchvision / timm models run the
-same protocol on image folders. Submodules: :mod:`.settings`, :mod:`.data`, :mod:`.models`,
-:mod:`.training`, :mod:`.evaluate`, :mod:`.study`, :mod:`.report`; importing this package
-imports no torch.
+"""Deep-net immunization (the paper's Table 3 / Fig. 3) at CPU scale: ``condreg reproduce
+deepnet`` (docs/deepnet.md). Importing this package imports no torch.
 """
 
 from __future__ import annotations
@@ -35,9 +27,7 @@ HELP = "Table 3 / Fig. 3 at CPU scale (small networks on MNIST; needs PyTorch)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare the options of ``condreg reproduce deepnet`` (fields of :class:`Settings`).
-
-    Imports no torch: ``condreg reproduce deepnet --help`` works without it."""
+    """Declare the options of ``condreg reproduce deepnet`` (no torch needed)."""
     add, path = parser.add_argument, pathlib.Path
     add(
         "--arch",
@@ -76,9 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Units:
-    """Every (arch, seed) unit of a run, reused from ``store`` or computed (images read once);
-    progress as tqdm bars on a terminal, else one line per unit on stderr.
-    """
+    """Every (arch, seed) unit of a run, reused from ``store`` or computed (images read once)."""
 
     def __init__(self, s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
         self.s, self.store, self.seeds = s, store, seeds
@@ -86,10 +74,6 @@ class _Units:
         self.order = [s.sweep_seed] + [x for x in seeds if x != s.sweep_seed]
         self.total, self.done = len(s.arch) * len(self.order), 0
         self.images: Any = None
-
-    def _say(self, text: str) -> None:
-        if not self.bars:
-            print(f"deepnet: {text}", file=sys.stderr, flush=True)
 
     def _unit(self, arch: str, seed: int, steps: dict[str, float] | None) -> dict[str, Any]:
         from condreg.experiments.deepnet import data, study
@@ -103,13 +87,15 @@ class _Units:
             done, how = {"record": rec, "sweep": sw}, "done"
             self.store.save(key, done)
         self.done += 1
-        seconds = time.perf_counter() - t0
-        self._say(f"{arch} seed {seed} {how} in {seconds:.0f} s ({self.done}/{self.total})")
+        if not self.bars:
+            seconds = time.perf_counter() - t0
+            text = f"{arch} seed {seed} {how} in {seconds:.0f} s ({self.done}/{self.total})"
+            print(f"deepnet: {text}", file=sys.stderr, flush=True)
         return done
 
     def arch(self, arch: str) -> tuple[list[dict], dict]:
-        """Every seed of ``arch``, the sweep seed first (it chooses every method's step; it is
-        reported only if it is one of the seeds). Returns ``(records, sweep_record)``."""
+        """``(records, sweep_record)`` of ``arch``; the sweep seed runs first (it chooses the
+        steps) and is reported only if it is one of the seeds."""
         records, sweep_record, steps = {}, None, None
         units = _report.progress(self.order, enabled=self.bars, desc=f"deepnet {arch} seeds")
         for seed in units:
@@ -130,13 +116,11 @@ def run(
     resume: bool = False,
     **options: Any,
 ) -> dict:
-    """Run the deep-net study and write results.json, table.md, probe_curves.png and
-    kappa_history.png into ``out_dir`` (one record per (arch, seed) under ``out_dir/units/``).
+    """Run the study; write results.json, table.md and the plots into ``out_dir``.
 
-    ``options`` are fields of :class:`Settings` (``quick`` applies :data:`QUICK` first).
-    ``seeds``: seeds 0..seeds−1 (default :data:`SEEDS`). ``resume=True`` keeps every (arch, seed)
-    already in ``out_dir/units/``. Raises :class:`condreg.experiments.UsageError` for a bad
-    option before any work.
+    ``options`` are fields of :class:`Settings` (``quick`` applies :data:`QUICK` first);
+    ``seeds``: 0..seeds−1 (default :data:`SEEDS`); ``resume`` keeps ``out_dir/units/``. Raises
+    :class:`condreg.experiments.UsageError` for a bad option before any work.
     """
     t_start = time.perf_counter()
     s = resolve(quick, options)

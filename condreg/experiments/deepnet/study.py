@@ -1,5 +1,5 @@
-"""The protocol of one architecture and seed: data, pre-training, the step sweep, immunization
-of every method, evaluation. Results are plain JSON-able dicts (kept per seed for ``resume``)."""
+"""One architecture and seed: pre-training, the step sweep, immunization of every method and
+evaluation, as plain JSON-able dicts."""
 
 from __future__ import annotations
 
@@ -17,15 +17,14 @@ from condreg.experiments.deepnet.settings import SMALL_ARCHS, Settings
 
 __all__ = ["Prepared", "prepare", "run_seed", "sweep"]
 
-#: The errors that make one method's immunization fail (recorded; the other methods go on):
-#: a degenerate spectrum (condreg's RankError / PoleError) or diverging weights.
+#: The errors that make one method fail (recorded; the other methods go on).
 METHOD_FAILURES = (condreg.RankError, condreg.PoleError, FloatingPointError)
 
 
 @dataclasses.dataclass
 class Prepared:
-    """One arch and seed after pre-training: the parts, cached stem outputs ``S`` and labels
-    ``Y`` (keys ``p_tr``, ``p_val``, ``p_te``, ``h_tr``, ``h_te``), the pre-trained features."""
+    """One arch and seed after pre-training: cached stem outputs ``S``, labels ``Y`` and the
+    pre-trained features ``F0`` (keys ``p_tr``, ``p_val``, ``p_te``, ``h_tr``, ``h_te``)."""
 
     arch: str
     seed: int
@@ -42,8 +41,7 @@ class Prepared:
 
 def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: bool) -> Prepared:
     """Split the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs."""
-    device = torch.device(s.device)
-    dtype = getattr(torch, s.dtype)
+    device, dtype = torch.device(s.device), getattr(torch, s.dtype)
     torch.manual_seed(seed)
     small = arch in SMALL_ARCHS
     P, H = images.tasks(seed)
@@ -68,11 +66,18 @@ def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: b
         for k, (X, _) in arrays.items()
     }
     Y = {k: torch.as_tensor(y) for k, (_, y) in arrays.items()}
-    F0 = {k: ev.features(parts.block, S[k], device=device) for k in S}
-    with torch.no_grad():
-        acc = ev.accuracy(parts.head(F0["p_te"].to(device)), Y["p_te"])
-        acc_val = ev.accuracy(parts.head(F0["p_val"].to(device)), Y["p_val"])
+    F0 = _features(parts.block, S, device)
+    acc, acc_val = (_accuracy(parts.head, F0[k], Y[k], device) for k in ("p_te", "p_val"))
     return Prepared(arch, seed, parts, S, Y, F0, P.n_classes, H.n_classes, acc, acc_val, device)
+
+
+def _features(block, S: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {k: ev.features(block, v, device=device) for k, v in S.items()}
+
+
+def _accuracy(head, F: torch.Tensor, y: torch.Tensor, device) -> float:
+    with torch.no_grad():
+        return ev.accuracy(head(F.to(device)), y)
 
 
 def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progress: bool):
@@ -81,12 +86,6 @@ def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progres
     d = (prep.S["p_tr"], prep.Y["p_tr"], prep.S["h_tr"], prep.Y["h_tr"])
     kw = dict(s=s, reg_step=reg_step, seed=prep.seed, device=prep.device, progress=progress)
     return training.immunize(method, prep.parts, d, **kw)
-
-
-def _val_accuracy(prep: Prepared, imm) -> float:
-    F = ev.features(imm.block, prep.S["p_val"], device=prep.device)
-    with torch.no_grad():
-        return ev.accuracy(imm.head(F.to(prep.device)), prep.Y["p_val"])
 
 
 def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -105,7 +104,8 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
             except METHOD_FAILURES as exc:
                 fails[str(step)] = f"{type(exc).__name__}: {exc}"
                 continue
-            accs[str(step)] = _val_accuracy(prep, imm)
+            F = ev.features(imm.block, prep.S["p_val"], device=prep.device)
+            accs[str(step)] = _accuracy(imm.head, F, prep.Y["p_val"], prep.device)
             models_[step] = imm
         ok = [st for st in models_ if accs[str(st)] >= prep.acc_before_val - s.acc_tolerance]
         best = max(ok) if ok else (min(models_) if models_ else None)
@@ -115,13 +115,11 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
     return record, chosen_models
 
 
-def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings, progress: bool):
+def _probe(prep: Prepared, F: dict[str, torch.Tensor], task: str, s: Settings):
     n = prep.n_h if task == "h" else prep.n_p
     data = (F[f"{task}_tr"], prep.Y[f"{task}_tr"], F[f"{task}_te"], prep.Y[f"{task}_te"])
-    kw = dict(steps=s.probe_steps, every=s.probe_every, desc=f"probe D_{task.upper()}")
-    curve = ev.linear_probe_curve(*data, n_classes=n, progress=progress, **kw)
-    conv = ev.converged_probe_accuracy(*data, n_classes=n, iters=s.probe_converge_iters)
-    return curve, conv
+    curve = ev.linear_probe_curve(*data, n_classes=n, steps=s.probe_steps, every=s.probe_every)
+    return curve, ev.converged_probe_accuracy(*data, n_classes=n, iters=s.probe_converge_iters)
 
 
 def _kappa(F) -> float:
@@ -130,20 +128,16 @@ def _kappa(F) -> float:
 
 def evaluate(prep: Prepared, method: str, imm, s: Settings, target_acc: float | None) -> dict:
     """Every reported number of one method on one seed (``imm`` None: the identity)."""
-    block = prep.parts.block if imm is None else imm.block
+    F = prep.F0 if imm is None else _features(imm.block, prep.S, prep.device)
     head = prep.parts.head if imm is None else imm.head
-    F = prep.F0
-    if imm is not None:
-        F = {k: ev.features(block, prep.S[k], device=prep.device) for k in prep.S}
-    with torch.no_grad():
-        acc_after = ev.accuracy(head(F["p_te"].to(prep.device)), prep.Y["p_te"])
+    acc_after = _accuracy(head, F["p_te"], prep.Y["p_te"], prep.device)
     sizes = sorted({*s.rir_group_sizes, s.rir_group_size})
     F_I, F_0 = {"p": F["p_tr"], "h": F["h_tr"]}, {"p": prep.F0["p_tr"], "h": prep.F0["h_tr"]}
     kw = dict(groups=s.rir_groups, sizes=sizes, seed=prep.seed, same=imm is None)
     by_size = ev.rir_by_group_size(F_I, F_0, **kw)
     main = by_size[s.rir_group_size]
-    probe_h, conv_h = _probe(prep, F, "h", s, progress=False)
-    probe_p, conv_p = _probe(prep, F, "p", s, progress=False)
+    probe_h, conv_h = _probe(prep, F, "h", s)
+    probe_p, conv_p = _probe(prep, F, "p", s)
     target = probe_h["test_acc"][-1] * s.probe_target if target_acc is None else target_acc
     return {
         **{k: main[k] for k in ("rir_theta0", "i", "ii")},
@@ -204,7 +198,7 @@ def run_seed(
             target = res["probe_target"]
         res.update(reg_step=step, seconds=time.perf_counter() - t1)
         methods[method] = res
-    targets = models.precond_targets(_immunized_part(prep))
+    targets = models.precond_targets(getattr(prep.parts.block, "theta", prep.parts.block))
     record = {
         "arch": arch,
         "seed": seed,
@@ -219,8 +213,3 @@ def run_seed(
         "seconds": time.perf_counter() - t0,
     }
     return record, sweep_record
-
-
-def _immunized_part(prep: Prepared):
-    block = prep.parts.block
-    return block.theta if hasattr(block, "theta") else block

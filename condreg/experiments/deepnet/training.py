@@ -1,11 +1,5 @@
-"""Pre-training on D_P and immunization of the block's own weights (Algorithm 1 for deep nets).
-
-One step, every method alike (SGD with momentum): the supervised gradient of block and head as
-is; each regularizer term's gradient with respect to the immunized weights separately, for Ours
-and R_ill only left-preconditioned per layer, ``G ↦ G K⁺`` with ``K = layer_gram(layer, x)`` of
-that term's batch (:func:`condreg.torch.nn.left_precondition`). λ's are balanced on the first
-batch so that each term alone moves the weights by ``reg_step·‖W‖`` per step, and with ``clip``
-no later step of a term is larger (docs/deepnet.md).
+"""Pre-training on D_P and immunization of the block's own weights (Algorithm 1 for deep nets;
+the step, the per-layer preconditioning and the λ balancing: docs/deepnet.md).
 """
 
 from __future__ import annotations
@@ -16,7 +10,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F_
 
@@ -44,9 +37,7 @@ def batched_apply(module, X, *, device, batch: int = 512, dtype=None) -> torch.T
 def pretrain(
     parts: Parts, X, y, *, full: bool, epochs: int, lr: float, seed: int, device, progress
 ) -> None:
-    """``full`` (the small models): stem + block + head with Adam on D_P (batch 64). Otherwise
-    the supplied weights are kept and only a new head (if D_P's classes differ) is trained on
-    the frozen features."""
+    """Train stem + block + head (``full``) or else only a new head with Adam on D_P."""
     torch.manual_seed(seed)
     if full:
         net = torch.nn.Sequential(parts.stem, parts.block, parts.head).to(device)
@@ -75,25 +66,21 @@ Terms = list[tuple[str, torch.Tensor]]
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One immunization method: its regularizer terms and whether they are preconditioned.
-
-    ``terms(F_p, F_h, y_h, ctx)`` returns ``[(batch, value)]``, ``batch`` "p" (the D_P batch: λ_P,
-    ``K_P``) or "h" (the D_H batch: λ_H, ``K_H``).
-    """
+    """One immunization method: ``terms(F_p, F_h, y_h, ctx)`` returns ``[(batch, value)]``
+    (``batch`` "p" or "h": the batch whose λ and ``K`` the term gets)."""
 
     terms: Callable[..., Terms]
     preconditioned: bool
 
 
 def _unit(F: torch.Tensor) -> torch.Tensor:
-    """Features divided by their (detached) Frobenius norm: R_well / R_ill of ``H / tr(H)``."""
+    """``F / ‖F‖_F`` (norm detached)."""
     return F / torch.linalg.vector_norm(F.detach())
 
 
 def _imma_attack_loss(y_h, F_h, n_classes: int, inner_steps: int, inner_lr):
-    """IMMA's inner problem on features: a fresh linear probe trained for ``inner_steps`` GD
-    steps on the D_H batch (differentiably); returns the adapted probe's cross-entropy."""
-    A = torch.cat([F_h, torch.ones(F_h.shape[0], 1, dtype=F_h.dtype, device=F_h.device)], 1)
+    """Cross-entropy of a fresh linear probe after ``inner_steps`` differentiable GD steps."""
+    A = F_.pad(F_h, (0, 1), value=1.0)
     if inner_lr is None:
         with torch.no_grad():
             lam_max = float(torch.linalg.matrix_norm(A.detach(), ord=2)) ** 2 / A.shape[0]
@@ -139,7 +126,7 @@ METHOD_REGISTRY: dict[str, Method] = {
 
 @contextlib.contextmanager
 def _record_inputs(targets: Sequence[Target], store: dict[int, torch.Tensor]):
-    """Forward pre-hooks that keep each immunized module's (first) input, detached."""
+    """Keep each immunized module's (first) input, detached, in ``store``."""
 
     def hook(module, args):
         store[id(module)] = args[0].detach()
@@ -156,8 +143,7 @@ def _record_inputs(targets: Sequence[Target], store: dict[int, torch.Tensor]):
 def _precondition(targets, grads, inputs, ridge) -> list[torch.Tensor]:
     out = []
     for t, g in zip(targets, grads, strict=True):
-        x = inputs[id(t.module)]
-        K = layer_gram(t.shape, x)
+        K = layer_gram(t.shape, inputs[id(t.module)])
         r = None if ridge is None else ridge * float(K.diagonal(dim1=-2, dim2=-1).mean())
         out.append(left_precondition(t.shape, g, K, r))
     return out
@@ -192,19 +178,13 @@ class Immunized:
 def _copies(parts: Parts, device, dtype):
     block = copy.deepcopy(parts.block).to(device, dtype).eval()  # BN / dropout frozen
     head = copy.deepcopy(parts.head).to(device, dtype)
-    targets = precond_targets(block)
-    frozen = {id(p) for p in _frozen_params(block)}
+    frozen_part = getattr(block, "frozen", None)  # the appended-θ variant
+    frozen = {id(p) for p in frozen_part.parameters()} if frozen_part is not None else set()
     for p in block.parameters():
         p.requires_grad_(id(p) not in frozen)
-    targets = [t for t in targets if t.param.requires_grad]
     for p in head.parameters():
         p.requires_grad_(True)
-    return block, head, targets
-
-
-def _frozen_params(block) -> list[torch.nn.Parameter]:
-    frozen = getattr(block, "frozen", None)  # the appended-θ variant
-    return list(frozen.parameters()) if frozen is not None else []
+    return block, head, [t for t in precond_targets(block) if t.param.requires_grad]
 
 
 def immunize(
@@ -220,34 +200,28 @@ def immunize(
 ) -> Immunized:
     """Immunize copies of ``parts.block`` / ``parts.head`` with one method.
 
-    ``data = (S_P, y_P, S_H, y_H)``: cached stem outputs and labels; ``s``: the study's
-    :class:`~condreg.experiments.deepnet.settings.Settings`. Raises :class:`condreg.RankError` /
-    :class:`condreg.PoleError` from a degenerate batch and ``FloatingPointError`` on divergence.
-    """
+    ``data = (S_P, y_P, S_H, y_H)``: cached stem outputs and labels; ``s``: the study's settings.
+    Raises ``condreg.RankError`` / ``PoleError`` (degenerate batch), ``FloatingPointError``."""
     method = METHOD_REGISTRY[method_name]
     S_P, y_P, S_H, y_H = data
     torch.manual_seed(seed)
-    dtype = S_P.dtype
-    block, head, targets = _copies(parts, device, dtype)
+    block, head, targets = _copies(parts, device, S_P.dtype)
     params = [p for p in (*block.parameters(), *head.parameters()) if p.requires_grad]
     opt = torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
     gen = torch.Generator().manual_seed(seed + 1)
     extra = dict(n_h=int(y_H.max()) + 1, inner_steps=s.imma_inner_steps, inner_lr=s.imma_inner_lr)
 
     def step_terms():
-        bs = s.batch_size
-        ip = torch.randint(S_P.shape[0], (min(bs, S_P.shape[0]),), generator=gen)
-        ih = torch.randint(S_H.shape[0], (min(bs, S_H.shape[0]),), generator=gen)
-        inputs: dict[str, dict[int, torch.Tensor]] = {"p": {}, "h": {}}
-        with _record_inputs(targets, inputs["p"]):
-            F_p = block(S_P[ip].to(device))
-        with _record_inputs(targets, inputs["h"]):
-            F_h = block(S_H[ih].to(device))
-        if not (bool(torch.isfinite(F_p).all()) and bool(torch.isfinite(F_h).all())):
-            raise FloatingPointError(f"immunization [{method_name}]: the features overflowed")
-        sup = F_.cross_entropy(head(F_p), y_P[ip].to(device))
-        terms = method.terms(F_p, F_h, y_H[ih].to(device), extra)
-        return F_p, F_h, sup, terms, inputs
+        ix, F, inputs = {}, {}, {"p": {}, "h": {}}
+        for key, S in (("p", S_P), ("h", S_H)):
+            ix[key] = torch.randint(S.shape[0], (min(s.batch_size, S.shape[0]),), generator=gen)
+            with _record_inputs(targets, inputs[key]):
+                F[key] = block(S[ix[key]].to(device))
+            if not bool(torch.isfinite(F[key]).all()):
+                raise FloatingPointError(f"immunization [{method_name}]: the features overflowed")
+        sup = F_.cross_entropy(head(F["p"]), y_P[ix["p"]].to(device))
+        terms = method.terms(F["p"], F["h"], y_H[ix["h"]].to(device), extra)
+        return F["p"], F["h"], sup, terms, inputs
 
     weights = [t.param for t in targets]
     lam: dict[str, float] = {}
@@ -295,4 +269,4 @@ def _history_row(t, sup, F_p, F_h, terms) -> dict[str, float]:
 
 def param_count(targets: Sequence[Target]) -> int:
     """Number of entries of the immunized (preconditioned) weights."""
-    return int(sum(np.prod(t.param.shape) for t in targets))
+    return sum(t.param.numel() for t in targets)
