@@ -1,13 +1,9 @@
 """PyTorch training adapters for Algorithm 1 on real models (docs/immunization.md, docs/deepnet.md).
 
-:class:`ConditionRegularizer` is ``λ_P R_well(F_Pᵀ F_P) + λ_H R_ill(F_Hᵀ F_H)`` of feature batches
-as a loss term. :class:`Precondition` / :func:`precondition` is the paper's "dummy layer" on the
-output ``F = xθ`` of the immunized map: its backward ``ḡ ↦ (x xᵀ + ε I)⁻¹ ḡ`` makes the parameter
-gradient ``(K + ε I)⁻¹ ∇_θ``, ``K = xᵀx`` on the **left** (docs/math.md §9.2).
-:func:`layer_gram` / :func:`left_precondition` do the same for the weight gradients of a
-network's own ``nn.Linear`` and ``nn.Conv2d`` layers. Under an initialised ``torch.distributed``
-process group they use the **global** batch (``local=True``: each process's own rows;
-docs/scaling.md).
+:class:`ConditionRegularizer` is the regularizer as a loss term; :class:`Precondition` /
+:func:`precondition` the paper's "dummy layer" that left-preconditions the immunized map's update
+(docs/math.md §9.2); :func:`layer_gram` / :func:`left_precondition` the same for a network's own
+layers. Under a ``torch.distributed`` process group they use the global batch (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -23,14 +19,8 @@ import condreg
 from condreg import _precondition
 from condreg.torch import _data_parallel as dp
 
-__all__ = [
-    "ConditionRegularizer",
-    "Precondition",
-    "layer_gram",
-    "left_precondition",
-    "precondition",
-    "rows",
-]
+__all__ = ["ConditionRegularizer", "Precondition", "precondition", "rows"]
+__all__ += ["layer_gram", "left_precondition"]
 
 
 def rows(F: torch.Tensor, name: str = "features") -> torch.Tensor:

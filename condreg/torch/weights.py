@@ -17,12 +17,8 @@ from torch import nn
 
 import condreg
 
-__all__ = [
-    "DEFAULT_MODULES",
-    "weight_condition_numbers",
-    "weight_conditioning_loss",
-    "weight_matrices",
-]
+__all__ = ["DEFAULT_MODULES", "weight_matrices"]
+__all__ += ["weight_conditioning_loss", "weight_condition_numbers"]
 
 #: Module types whose ``weight`` is conditioned by default.
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
