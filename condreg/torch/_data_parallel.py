@@ -1,38 +1,7 @@
-"""The global batch of a data-parallel step for condreg's PyTorch training adapters.
-
-Under an initialised ``torch.distributed`` process group (plain DDP, Lightning's ``"ddp"``
-strategies, the Hugging Face ``Trainer`` under ``torchrun`` / ``accelerate launch``) the adapters
-of :mod:`condreg.torch.nn` compute on the rows of every rank together:
-
-- the regularizer's values through :mod:`condreg.torch.distributed` (a ``D×D`` Gram all-reduce or
-  a feature all-gather, chosen there), :func:`global_quantity`: ranks with fewer rows (token
-  features after their padding is dropped) add zero rows up to the largest rank's count (zero rows
-  change no Gram ``FᵀF``; the default rank tolerance is that of the true ``N_total``), so the
-  gather also works for uneven rows — one more all-gather of ``W`` row counts;
-- the feature normalisation from the global Frobenius norm (one all-reduced number);
-- the dummy layer's sample-axis preconditioner from the global ``K = Σ_r x_rᵀx_r`` (below).
-
-Preconditioner, per backward (``N_r`` rows of ``x`` (``D_in`` columns) and of the incoming
-gradient ``ḡ`` (``D`` columns) on rank ``r``, ``W`` ranks): the row counts are all-gathered
-(``W`` numbers); then
-
-``"gram"`` (``N_total ≥ D_in``)
-    one all-reduce of ``[K | M]``, ``K = Σ x_rᵀx_r``, ``M = Σ x_rᵀḡ_r`` (``D_in·(D_in + D)``
-    numbers, float64); with ``K = V diag(λ) Vᵀ`` every rank returns
-    ``x_r V diag(1/(λ(λ + ε))) Vᵀ M`` — the rows of ``U diag(1/(s² + ε)) Uᵀ ḡ`` of the stacked
-    batch (``x = U S Vᵀ``, ``λ = s²``). An eigendecomposition of ``K`` is accurate to
-    ``eps·κ(K)``, so this route is taken only when ``λ_min ≥ √eps·λ_max`` (float64) and the rank
-    rule drops no direction; otherwise (rank-deficient or ill-conditioned inputs) the gather route
-    decides — the same decision on every rank, as ``K`` is the same.
-``"gather"``
-    one all-gather of ``[x_r | ḡ_r]`` (``W·max_r N_r·(D_in + D)`` numbers, rows padded to the
-    largest rank's); every rank applies the single-process preconditioner to the stacked batch and
-    keeps its own rows.
-
-Both give each rank the rows the single process would compute on the stacked batch, so the
-parameter gradient summed over ranks (DDP averages it, times the ``W`` of the regularizer's
-gradient, :mod:`condreg.torch.distributed`) is the single-process one.
-"""
+"""The global batch of a data-parallel step for :mod:`condreg.torch.nn` (docs/scaling.md): the
+regularizer's values (uneven rows padded with zero rows), the normalisation's norm and the dummy
+layer's preconditioner (an all-reduce of ``[K | M]``, ``K = Σ x_rᵀx_r``, ``M = Σ x_rᵀḡ_r``, when
+``K`` is well resolved, else an all-gather of ``[x_r | ḡ_r]``) over every rank's rows."""
 
 from __future__ import annotations
 
@@ -44,7 +13,6 @@ from array_api_compat import array_namespace
 
 from condreg import _precondition
 from condreg.torch import distributed as cdist
-from condreg.torch.distributed import choose_strategy
 
 __all__ = ["process_group", "global_norm", "global_quantity", "global_sample_precondition"]
 
@@ -78,7 +46,7 @@ def global_quantity(
     quantity: str, F: torch.Tensor, group: dist.ProcessGroup, rtol: float | None = None
 ) -> torch.Tensor:
     """``condreg.torch.distributed.<quantity>`` of the rows ``F`` (``N_r×D``) of every rank,
-    uneven row counts included (see the module documentation)."""
+    uneven row counts included."""
     counts = _row_counts(F.shape[0], F.device, group)
     top, n_total = max(counts), sum(counts)
     if F.shape[0] < top:
@@ -94,8 +62,8 @@ def global_quantity(
 def _gram_route(
     x: torch.Tensor, g: torch.Tensor, ridge: float, tol: float, group: dist.ProcessGroup
 ) -> torch.Tensor | None:
-    """``x_r V diag(1/(λ(λ+ε))) Vᵀ M`` from the all-reduced ``[K | M]``, or ``None`` where an
-    eigendecomposition of ``K`` does not resolve its spectrum (decided alike on every rank)."""
+    """``x_r V diag(1/(λ(λ+ε))) Vᵀ M`` from the all-reduced ``[K | M]``, or ``None`` where the
+    eigh of ``K`` does not resolve its spectrum (``λ_min < max(√eps, tol²)·λ_max``)."""
     d = x.shape[1]
     KM = torch.cat([x.mT @ x, x.mT @ g], dim=1)
     dist.all_reduce(KM, group=group)
@@ -120,30 +88,22 @@ def _gather_route(
     parts = [torch.empty_like(pad) for _ in counts]
     dist.all_gather(parts, pad, group=group)
     stacked = torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)], dim=0)
-    d = x.shape[1]
-    xs, gs = stacked[:, :d], stacked[:, d:]
+    xs, gs = stacked.split([x.shape[1], g.shape[1]], dim=1)
     pre = _precondition.sample_preconditioner(xs, ridge=ridge, rtol=rtol)
     start = sum(counts[:rank])
     return pre.apply(gs)[start : start + counts[rank]]
 
 
 def global_sample_precondition(
-    x: torch.Tensor,
-    g: torch.Tensor,
-    *,
-    ridge: float,
-    rtol: float | None,
-    group: dist.ProcessGroup,
+    x: torch.Tensor, g: torch.Tensor, *, ridge: float, rtol: float | None, group: dist.ProcessGroup
 ) -> torch.Tensor:
     """This rank's rows of ``(x xᵀ + ε I)⁻¹ ḡ`` for the batch stacked over ``group``
-    (``x``: ``N_r×D_in``, ``g``: ``N_r×D``; the dtype of ``x`` is that of the single-process
-    computation, whose rank rule applies; see the module documentation)."""
+    (``x``: ``N_r×D_in`` in the single-process dtype, ``g``: ``N_r×D``)."""
     counts = _row_counts(x.shape[0], x.device, group)
     n_total, d = sum(counts), x.shape[1]
-    if choose_strategy(n_total, d) == "gram":
+    if cdist.choose_strategy(n_total, d) == "gram":
         tol = _precondition.resolve_rtol(rtol, (n_total, d), x.dtype, array_namespace(x))
-        x64, g64 = x.to(torch.float64), g.to(torch.float64)
-        out = _gram_route(x64, g64, float(ridge), tol, group)
+        out = _gram_route(x.to(torch.float64), g.to(torch.float64), float(ridge), tol, group)
         if out is not None:
             return out.to(x.dtype)
     return _gather_route(x, g.to(x.dtype), counts, float(ridge), rtol, group)

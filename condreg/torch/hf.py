@@ -1,37 +1,9 @@
 """Algorithm 1 in the Hugging Face ``Trainer``: immunize one ``nn.Linear`` of any model.
 
-Needs ``pip install 'condreg-ml[hf]'`` (``transformers``, ``accelerate``).
-:class:`ImmunizationTrainer` is a ``transformers.Trainer`` whose loss is
-
-    model(**inputs).loss + λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)
-
-where ``F`` are the outputs of the immunized linear map (named by ``immunized``, e.g.
-``"bert.pooler.dense"``), captured with a forward hook on the pre-training batch and on a
-harmful batch drawn from ``harmful_dataset``; the map's inputs ``z`` feed
-:class:`condreg.torch.nn.Precondition`, so the update of the map's weight is Algorithm 1's
-``K⁻¹``-left-preconditioned one (the supervised gradient is not preconditioned). Token features
-``(batch, tokens, d)`` become ``(batch·tokens, d)`` rows, as everywhere in condreg
-(:func:`condreg.torch.nn.rows`: the probing Hessian sums ``f fᵀ`` over every token); with an
-``attention_mask`` in the batch, padding tokens are left out. The model itself is unchanged (no
-wrapper, no new parameters)::
-
-    from condreg.torch.hf import ImmunizationTrainer
-
-    trainer = ImmunizationTrainer(
-        model=model, args=training_args, train_dataset=pretrain, harmful_dataset=harmful,
-        immunized="bert.pooler.dense", lam_p=1.0, lam_h=1.0,
-    )
-    trainer.train()
-
-The harmful batches are drawn with the trainer's collator and batch size
-(``per_device_train_batch_size``), reshuffled every pass (seeded by ``args.seed``); their labels,
-if any, are dropped.
-
-On several processes (``torchrun``, ``accelerate launch``: an initialised ``torch.distributed``)
-each process draws its own share of every harmful pass (a ``DistributedSampler``), and the
-regularizer and the preconditioner's ``K`` are those of the **global** batch, every process's rows
-together (:mod:`condreg.torch.distributed`, docs/scaling.md), so 2 processes with 32 examples each
-train as one process on the 64. ``local=True`` keeps each process's own rows.
+Needs ``pip install 'condreg-ml[hf]'``. :class:`ImmunizationTrainer`'s loss is
+``model(**inputs).loss + λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)``, ``F`` the immunized map's
+outputs on the training batch and on a harmful batch, captured by a forward hook and
+preconditioned with the map's inputs (docs/immunization.md; several processes: docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -54,18 +26,16 @@ __all__ = ["ImmunizationTrainer"]
 class ImmunizationTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` adding condreg's preconditioned regularizer to the model's loss.
 
-    The model must return a ``loss`` when given ``labels`` (any ``*ForSequenceClassification``
-    model does). ``self.last_terms`` holds the detached ``(task, reg)`` of the last step. The
-    ``Trainer``'s own arguments are passed through.
+    The model must return a loss given ``labels``; ``self.last_terms`` is the last step's
+    ``(task, reg)``.
 
     Parameters
     ----------
     harmful_dataset : torch.utils.data.Dataset
-        Examples of the harmful task (model inputs; labels are ignored).
+        The harmful task's model inputs (labels are dropped), drawn with the trainer's collator.
     immunized : str or torch.nn.Module
-        The ``nn.Linear`` (or any module whose first positional input ``z`` and output ``F``
-        satisfy ``F = zθ``) whose features are regularized: a module of the model or its name in
-        ``model.named_modules()``.
+        The ``nn.Linear`` (any module with ``F = zθ`` of its first input ``z``) whose features
+        are regularized, or its name in ``model.named_modules()``.
     lam_p, lam_h : float
         Weights of R_well (pre-training features) and R_ill (harmful features), ``>= 0``.
     ridge : float
@@ -73,16 +43,14 @@ class ImmunizationTrainer(transformers.Trainer):
     normalize : bool
         Scale-free terms (see :class:`condreg.torch.nn.ConditionRegularizer`).
     local : bool
-        ``True``: on several processes each regularizes and preconditions with its own rows
-        (default: the global batch).
+        ``True``: on several processes each uses its own rows (default: the global batch).
     *args, **kwargs
         Passed to ``transformers.Trainer`` (``model``, ``args``, ``train_dataset``, …).
 
     Raises
     ------
     ValueError
-        If ``immunized`` names no module of the model; in training, if the model returns no loss
-        (the batch has no ``labels``).
+        If ``immunized`` names no module of the model; in training, if the model returns no loss.
     TypeError
         If ``immunized`` is neither a module nor a name, or a batch is not a mapping.
     RuntimeError
@@ -90,12 +58,9 @@ class ImmunizationTrainer(transformers.Trainer):
 
     Examples
     --------
-    >>> trainer = ImmunizationTrainer(                                  # doctest: +SKIP
-    ...     model=model, args=transformers.TrainingArguments("out", max_steps=10),
-    ...     train_dataset=pretrain, harmful_dataset=harmful,
-    ...     immunized="bert.pooler.dense", lam_p=1.0, lam_h=1.0,
-    ... )
-    >>> trainer.train()                                                 # doctest: +SKIP
+    >>> trainer = ImmunizationTrainer(model=model, args=args, train_dataset=data,  # doctest: +SKIP
+    ...     harmful_dataset=harmful, immunized="bert.pooler.dense")
+    >>> trainer.train()  # doctest: +SKIP
     """
 
     def __init__(
@@ -133,6 +98,7 @@ class ImmunizationTrainer(transformers.Trainer):
 
     def _harmful_batches(self) -> Iterator[Any]:
         data, seed = self.harmful_dataset, int(self.args.seed)
+        kw = {"batch_size": self.args.per_device_train_batch_size, "collate_fn": self.data_collator}
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         for epoch in itertools.count():
             if world > 1:  # each process its share of every pass, as the training data
@@ -140,12 +106,7 @@ class ImmunizationTrainer(transformers.Trainer):
                 sampler.set_epoch(epoch)
             else:
                 sampler = RandomSampler(data, generator=torch.Generator().manual_seed(seed + epoch))
-            yield from DataLoader(
-                data,
-                batch_size=self.args.per_device_train_batch_size,
-                sampler=sampler,
-                collate_fn=self.data_collator,
-            )
+            yield from DataLoader(data, sampler=sampler, **kw)
 
     def _next_harmful(self) -> dict[str, torch.Tensor]:
         if self._harmful is None:
@@ -184,8 +145,7 @@ class ImmunizationTrainer(transformers.Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """The model's loss plus the preconditioned regularizer of this batch's features and a
-        harmful batch's (the model's own loss in evaluation).
+        """The model's loss plus the regularizer of this batch's and a harmful batch's features.
 
         Parameters
         ----------
@@ -196,7 +156,7 @@ class ImmunizationTrainer(transformers.Trainer):
         return_outputs : bool
             Also return the model's outputs on ``inputs``.
         num_items_in_batch : optional
-            Passed by ``transformers.Trainer``; used only in evaluation.
+            Passed by ``transformers.Trainer``; used only in evaluation (the model's own loss).
 
         Returns
         -------
@@ -206,7 +166,7 @@ class ImmunizationTrainer(transformers.Trainer):
         Raises
         ------
         TypeError
-            If a training batch (or a harmful batch) is not a mapping.
+            If a training or harmful batch is not a mapping.
         ValueError
             If the model returns no loss (the batch has no ``labels``).
         RuntimeError

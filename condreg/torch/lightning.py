@@ -1,36 +1,7 @@
 """Algorithm 1 in PyTorch Lightning: a ``LightningModule`` that immunizes one linear map.
 
-Needs ``pip install 'condreg-ml[lightning]'``. :class:`ImmunizationModule` wraps three parts of a
-model — ``backbone`` (anything, possibly frozen or ``nn.Identity()``), ``immunized`` (the
-``nn.Linear`` whose output features ``F = zθ``, ``θ = weight.T``, are regularized) and ``head``
-(the pre-training task's head) — and trains them with
-
-    loss = task(head(F_P), y_P) + λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)
-
-where the regularizer sees the features through :class:`condreg.torch.nn.Precondition`, so one
-backward pass gives Algorithm 1's ``K⁻¹``-left-preconditioned update of ``θ``
-(:mod:`condreg.torch.nn` explains why the dummy layer sits on the features). The supervised
-gradient is not preconditioned. A batch is a mapping ``{"pretrain": (x_P, y_P), "harmful":
-(x_H, ...)}``, e.g. from ``lightning.pytorch.utilities.CombinedLoader``::
-
-    import lightning as L
-    from lightning.pytorch.utilities import CombinedLoader
-    from condreg.torch.lightning import ImmunizationModule
-
-    module = ImmunizationModule(backbone, torch.nn.Linear(d, d, bias=False), head)
-    loader = CombinedLoader({"pretrain": loader_p, "harmful": loader_h}, "max_size_cycle")
-    L.Trainer(max_epochs=10).fit(module, loader)
-
-Optionally ``lam_weights > 0`` adds :func:`condreg.torch.weights.weight_conditioning_loss` of
-the backbone and head (Nenov et al.'s well-conditioned weights) with ``weights_kwargs``.
-Logged per step: ``task``, ``reg`` (and ``weights``), and, with ``log_kappa=True``, κ of this
-batch's ``H_P`` and ``H_H``.
-
-Under data parallelism (``strategy="ddp"``, ``"ddp_spawn"``, any strategy that initialises
-``torch.distributed``) the regularizer, the preconditioner's ``K`` and the logged κ's are those of
-the **global** batch, the rows of every process together (:mod:`condreg.torch.distributed`;
-docs/scaling.md says what is communicated), so ``devices=2`` with 32 rows each trains as one
-device on the 64 rows. ``local=True`` keeps each process's own rows.
+Needs ``pip install 'condreg-ml[lightning]'``; docs/immunization.md shows it with a
+``CombinedLoader``, docs/scaling.md under data parallelism (the global batch).
 """
 
 from __future__ import annotations
@@ -45,12 +16,16 @@ from torch import nn
 import condreg
 from condreg.torch._data_parallel import global_quantity, process_group
 from condreg.torch.nn import ConditionRegularizer, Precondition, rows
+from condreg.torch.weights import weight_conditioning_loss
 
 __all__ = ["ImmunizationModule"]
 
 
 class ImmunizationModule(L.LightningModule):
-    """A LightningModule running Algorithm 1's update on ``immunized`` (see the module docs).
+    """Algorithm 1 on ``immunized``: ``task(head(F_P), y_P) + λ_P R_well(F_PᵀF_P) +
+    λ_H R_ill(F_HᵀF_H)``, the regularizer's ``F`` through :class:`~condreg.torch.nn.Precondition`.
+
+    Logs ``task``, ``reg`` (and ``weights``, ``kappa_hp``, ``kappa_hh``) per step.
 
     Parameters
     ----------
@@ -72,27 +47,22 @@ class ImmunizationModule(L.LightningModule):
     weights_kwargs : mapping, optional
         Keyword arguments of :func:`condreg.torch.weights.weight_conditioning_loss`.
     log_kappa : bool
-        Also log ``kappa_hp`` and ``kappa_hh`` of the batch (one small SVD each per step).
+        Also log ``kappa_hp`` and ``kappa_hh`` of the batch.
     local : bool
-        ``True``: under data parallelism each process regularizes and preconditions with its own
-        rows (default: the global batch).
+        ``True``: under data parallelism each process uses its own rows (default: global batch).
 
     Raises
     ------
     ValueError
-        For ``lr <= 0``, negative weights or ridge; in :meth:`training_step`, for a batch that is
-        not ``{"pretrain": (x_p, y_p), "harmful": x_h or (x_h, ...)}``.
+        For ``lr <= 0``, negative weights or ridge; in :meth:`training_step`, a malformed batch.
 
     Examples
     --------
     >>> import torch
     >>> from condreg.torch.lightning import ImmunizationModule
-    >>> module = ImmunizationModule(
-    ...     torch.nn.Identity(), torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 2)
-    ... )
-    >>> batch = {"pretrain": (torch.randn(16, 8), torch.randint(0, 2, (16,))),
-    ...          "harmful": (torch.randn(16, 8),)}
-    >>> loss = module.training_step(batch, 0)
+    >>> lin, x, y = torch.nn.Linear, torch.randn(16, 8), torch.randint(0, 2, (16,))
+    >>> module = ImmunizationModule(torch.nn.Identity(), lin(8, 8, bias=False), lin(8, 2))
+    >>> loss = module.training_step({"pretrain": (x, y), "harmful": (torch.randn(16, 8),)}, 0)
     """
 
     def __init__(
@@ -123,10 +93,8 @@ class ImmunizationModule(L.LightningModule):
         self.pre = Precondition(ridge, local=local)
         self.local = bool(local)
         self.task_loss = task_loss or nn.functional.cross_entropy
-        self.lr, self.momentum = float(lr), float(momentum)
-        self.lam_weights = float(lam_weights)
-        self.weights_kwargs = dict(weights_kwargs or {})
-        self.log_kappa = bool(log_kappa)
+        self.lr, self.momentum, self.lam_weights = float(lr), float(momentum), float(lam_weights)
+        self.weights_kwargs, self.log_kappa = dict(weights_kwargs or {}), bool(log_kappa)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The logits ``head(immunized(backbone(x)))``.
@@ -154,8 +122,7 @@ class ImmunizationModule(L.LightningModule):
         Returns
         -------
         torch.Tensor
-            ``(N, D)``; token features ``(B, T, D)`` as ``(B·T, D)``
-            (:func:`condreg.torch.nn.rows`).
+            ``(N, D)``; token features ``(B, T, D)`` as ``(B·T, D)``.
 
         Raises
         ------
@@ -195,18 +162,13 @@ class ImmunizationModule(L.LightningModule):
         return {"kappa_hp": kp, "kappa_hh": kh}
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """Task loss plus the preconditioned regularizer of one combined batch.
-
-        ``task_loss(head(F_P), y_P) + λ_P R_well(F_P) + λ_H R_ill(F_H)`` (plus
-        ``lam_weights·`` the weight-conditioning penalty); the regularizer's gradient through
-        ``immunized`` is preconditioned by :class:`~condreg.torch.nn.Precondition`. The terms are
-        logged.
+        """The loss of one combined batch (the class's formula, plus ``lam_weights·`` the weight
+        penalty); the terms are logged.
 
         Parameters
         ----------
         batch : mapping
-            ``{"pretrain": (x_p, y_p), "harmful": x_h or (x_h, ...)}`` (e.g. a
-            ``CombinedLoader`` of two loaders).
+            ``{"pretrain": (x_p, y_p), "harmful": x_h or (x_h, ...)}``.
         batch_idx : int
             The batch's index (unused; Lightning passes it).
 
@@ -228,12 +190,8 @@ class ImmunizationModule(L.LightningModule):
         loss = task + reg
         logs = {"task": task.detach(), "reg": reg.detach()}
         if self.lam_weights:
-            from condreg.torch.weights import weight_conditioning_loss
-
-            w = weight_conditioning_loss(
-                nn.ModuleDict({"backbone": self.backbone, "head": self.head}),
-                **self.weights_kwargs,
-            )
+            parts = nn.ModuleDict({"backbone": self.backbone, "head": self.head})
+            w = weight_conditioning_loss(parts, **self.weights_kwargs)
             loss = loss + self.lam_weights * w
             logs["weights"] = w.detach()
         if self.log_kappa:

@@ -1,30 +1,9 @@
 """Keep the weight matrices of any PyTorch network well-conditioned (Nenov et al.'s use of R_well).
 
 :func:`weight_conditioning_loss` sums a conditioning penalty over chosen weight matrices of a
-module, as a differentiable 0-d tensor to add to the training loss::
+module, a differentiable 0-d tensor to add to the training loss (docs/immunization.md)::
 
     loss = task_loss + 1e-2 * weight_conditioning_loss(model)          # every Linear/Conv weight
-
-Which parameters: by default the ``weight`` of every ``nn.Linear`` and ``nn.Conv1d/2d/3d``
-(and their transposed and lazy variants). ``module_filter(name, module) -> bool`` chooses other
-modules (every direct parameter with ``ndim >= 2`` of a chosen module is a candidate);
-``name_filter`` (a callable on the full parameter name, e.g. ``"encoder.0.weight"``, or a regular
-expression searched in it) narrows the choice. Each parameter ``W`` is reshaped to
-``(W.shape[0], -1)``: ``(out, in·k·k)`` for a convolution (``(in, out/groups·k·k)`` for a
-transposed one).
-
-Penalties (per matrix, then summed, or averaged with ``reduction="mean"``):
-
-- ``"r_well"`` (default): ``R_well(W) = ½σ_1² − ‖W‖_F²/(2p)``, ``p = min`` of the two sizes
-  (docs/math.md §3; non-negative, zero iff ``W`` has full rank and κ = 1);
-- ``"condition_number"``: ``κ(W) = σ_1/σ_k`` over the nonzero singular values;
-- ``"log_condition_number"``: ``log κ(W)``.
-
-``normalize=True`` (default) uses ``W/‖W‖_F`` (the norm detached) for ``"r_well"``, so the
-penalty is independent of the scale of each weight (κ is scale-free anyway); the direction of
-its gradient is unchanged. The derivatives are condreg's closed forms (minimum-norm subgradients
-at tied extremes), never autodiff through an SVD. A zero weight raises :class:`condreg.RankError`
-(eagerly), like every condreg function.
 """
 
 from __future__ import annotations
@@ -38,12 +17,8 @@ from torch import nn
 
 import condreg
 
-__all__ = [
-    "DEFAULT_MODULES",
-    "weight_condition_numbers",
-    "weight_conditioning_loss",
-    "weight_matrices",
-]
+__all__ = ["DEFAULT_MODULES", "weight_matrices"]
+__all__ += ["weight_conditioning_loss", "weight_condition_numbers"]
 
 #: Module types whose ``weight`` is conditioned by default.
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
@@ -61,10 +36,6 @@ _PENALTIES = ("r_well", "condition_number", "log_condition_number")
 Penalty = Literal["r_well", "condition_number", "log_condition_number"]
 ModuleFilter = Callable[[str, nn.Module], bool]
 NameFilter = Callable[[str], bool] | str
-
-
-def _default_module_filter(name: str, module: nn.Module) -> bool:
-    return isinstance(module, DEFAULT_MODULES)
 
 
 def _name_predicate(name_filter: NameFilter | None) -> Callable[[str], bool]:
@@ -86,11 +57,8 @@ def weight_matrices(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, W.reshape(W.shape[0], -1))`` for every selected parameter (differentiable views).
 
-    Selection: each module ``m`` named ``prefix`` with ``module_filter(prefix, m)`` true
-    (default: the Linear/Conv types of :data:`DEFAULT_MODULES`, whose candidate is ``weight``
-    only), each of its *direct* parameters ``W`` with ``W.ndim >= 2`` (for the default filter:
-    ``weight``) whose full name ``prefix.param`` passes ``name_filter``. Shared parameters are
-    visited once.
+    Selected: each *direct* parameter with ``ndim >= 2`` (default: only ``weight``) of the modules
+    that ``module_filter`` chooses, whose full name passes ``name_filter``; shared ones once.
 
     Parameters
     ----------
@@ -110,26 +78,26 @@ def weight_matrices(
     --------
     >>> import torch
     >>> from condreg.torch.weights import weight_matrices
-    >>> conv, lazy = torch.nn.Conv2d(3, 4, 3), torch.nn.LazyLinear(2)  # lazy: not yet a matrix
-    >>> net = torch.nn.Sequential(conv, torch.nn.Flatten(), lazy)
-    >>> [(n, tuple(W.shape)) for n, W in weight_matrices(net)]
+    >>> nn = torch.nn
+    >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    >>> [(n, tuple(W.shape)) for n, W in weight_matrices(net)]  # LazyLinear: not yet a matrix
     [('0.weight', (4, 27))]
     """
-    mfilter = module_filter or _default_module_filter
+    mfilter = module_filter or (lambda name, module: isinstance(module, DEFAULT_MODULES))
     npred = _name_predicate(name_filter)
     seen: set[int] = set()
     for prefix, module in model.named_modules():
         if not mfilter(prefix, module):
             continue
         for pname, p in module.named_parameters(recurse=False):
-            if module_filter is None and pname != "weight":
-                continue
-            if p is None or p.ndim < 2 or id(p) in seen:
-                continue
-            if isinstance(p, nn.parameter.UninitializedParameter):
-                continue
             full = f"{prefix}.{pname}" if prefix else pname
-            if not npred(full):
+            if (
+                (module_filter is None and pname != "weight")
+                or isinstance(p, nn.parameter.UninitializedParameter)
+                or p.ndim < 2
+                or id(p) in seen
+                or not npred(full)
+            ):
                 continue
             seen.add(id(p))
             yield full, p.reshape(p.shape[0], -1)
@@ -141,11 +109,8 @@ def _penalty(W: torch.Tensor, penalty: str, normalize: bool) -> torch.Tensor:
             nrm = torch.linalg.vector_norm(W.detach())
             W = W / torch.where(nrm > 0, nrm, torch.ones_like(nrm))
         return condreg.r_well(W)
-    if penalty == "condition_number":
-        return condreg.condition_number(W)
-    if penalty == "log_condition_number":
-        return torch.log(condreg.condition_number(W))
-    raise ValueError(f"penalty must be one of {_PENALTIES}, got {penalty!r}")
+    kappa = condreg.condition_number(W)
+    return kappa if penalty == "condition_number" else torch.log(kappa)
 
 
 def weight_conditioning_loss(
@@ -164,7 +129,8 @@ def weight_conditioning_loss(
     model : torch.nn.Module
         The network.
     penalty : {"r_well", "condition_number", "log_condition_number"}
-        The per-matrix penalty (see the module documentation).
+        Per matrix: ``R_well(W) = ½σ_1² − ‖W‖_F²/(2p)`` (``p`` the smaller size), ``κ(W)`` over the
+        nonzero singular values, or ``log κ(W)``.
     module_filter, name_filter : optional
         The selection of :func:`weight_matrices`.
     normalize : bool
@@ -180,8 +146,7 @@ def weight_conditioning_loss(
     Raises
     ------
     ValueError
-        When no parameter is selected (a filter that matches nothing is almost always a
-        mistake) or for an unknown ``penalty``/``reduction``.
+        When no parameter is selected or for an unknown ``penalty``/``reduction``.
     condreg.RankError
         For a zero weight.
 
@@ -190,8 +155,7 @@ def weight_conditioning_loss(
     >>> import torch
     >>> from condreg.torch.weights import weight_conditioning_loss
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    >>> loss = 1e-2 * weight_conditioning_loss(net)   # add to the task loss
-    >>> loss.backward()
+    >>> (1e-2 * weight_conditioning_loss(net)).backward()   # add it to the task loss
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
@@ -238,10 +202,11 @@ def weight_condition_numbers(
 
     Examples
     --------
-    >>> import torch
-    >>> from condreg.torch.weights import weight_condition_numbers
-    >>> weight_condition_numbers(torch.nn.Linear(3, 3))  # doctest: +SKIP
-    {'weight': 2.7...}
+    >>> import torch, condreg.torch.weights
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> _ = torch.nn.init.eye_(lin.weight)
+    >>> condreg.torch.weights.weight_condition_numbers(lin)
+    {'weight': 1.0}
     """
     return {
         name: float(condreg.condition_number(W.detach()))
