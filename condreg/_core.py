@@ -50,10 +50,6 @@ QUANTITIES = ("condition_number", "r_well", "r_ill")
 POLES = ("raise", "zero")
 
 
-def _full(xp: Any, like: Array, value: float) -> Array:
-    return xp.full_like(like, value)
-
-
 # --------------------------------------------------------------------------------------------
 # The extreme values and their tie weights
 # --------------------------------------------------------------------------------------------
@@ -74,43 +70,32 @@ def s_bottom(sp: Spectrum, xp: Any) -> Array:
     return xp.min(xp.where(sp.mask, sp.s, math.inf), axis=-1, keepdims=True)
 
 
-def _tied(
-    sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any, s1: Any = None
-) -> Array:
+def _tied(sp: Spectrum, s_ext: Array, mu_ext: Array, tie_rtol: float, xp: Any) -> Array:
     """Boolean: tied with the extreme value up to rounding, ``|s_i − s_e| <= tie_rtol·s_1``;
     on ``mu = s²`` ``|mu_i − mu_e| <= tie_rtol·s_1·(s_i + s_e) + 2·mu_err·mu_1`` (not
-    ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1``). ``s1``: ``s_1``
-    when known (``1.0`` on a :func:`normalized` spectrum)."""
+    ``tie_rtol·mu_1``, which would tie every value below ``√tie_rtol·s_1``)."""
     if tie_rtol is None:
         tie_rtol = sp.tie
         if tie_rtol is None:
             raise ValueError("tie_rtol is None and the spectrum carries no default tie tolerance")
-    if s1 is None:
-        s1 = sp.s[..., :1]
+    s1 = sp.s[..., :1]
     if sp.gram:
-        if isinstance(s1, float) and s1 == 1.0:
-            tol = tie_rtol * (sp.s + s_ext) + 2.0 * sp.mu_err  # s_1 = 1: the same values
-        else:
-            tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
+        tol = tie_rtol * s1 * (sp.s + s_ext) + 2.0 * sp.mu_err * (s1 * s1)
         return xp.abs(sp.mu - mu_ext) <= tol
     return xp.abs(sp.s - s_ext) <= tie_rtol * s1
 
 
-def _top(sp: Spectrum, tie_rtol: float, xp: Any, s1: Any = None) -> Array:
-    tied = _tied(sp, sp.s[..., :1], mu_top(sp), tie_rtol, xp, s1)
+def top_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
+    """0/1 indicator (floating) of values tied with the largest one."""
+    tied = _tied(sp, sp.s[..., :1], mu_top(sp), tie_rtol, xp)
     return xp.astype(tied & sp.mask, sp.mu.dtype)
 
 
-def top_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
-    """0/1 indicator (floating) of values tied with the largest one."""
-    return _top(sp, tie_rtol, xp)
-
-
-def _bottom(sp: Spectrum, tie_rtol: float, xp: Any, s1: Any = None) -> tuple[Array, Array]:
+def _bottom(sp: Spectrum, tie_rtol: float, xp: Any) -> tuple[Array, Array]:
     """``(mu_k, ties)``: the smallest value inside the rank and the 0/1 indicator of the values
     tied with it (computed together: both need ``s_k``)."""
     mu_b = mu_bottom(sp, xp)
-    tied = _tied(sp, s_bottom(sp, xp), mu_b, tie_rtol, xp, s1)
+    tied = _tied(sp, s_bottom(sp, xp), mu_b, tie_rtol, xp)
     return mu_b, xp.astype(tied & sp.mask, sp.mu.dtype)
 
 
@@ -145,18 +130,14 @@ def _weights(
     return ties / count
 
 
-def _top_w(sp: Spectrum, ties: Array, policy: str, xp: Any, concrete: Concrete) -> Array:
-    index = None if policy != "any" else xp.zeros_like(sp.k)[..., None]
-    return _weights(ties, index, policy, "largest", xp, concrete)
-
-
 def _bottom_w(sp: Spectrum, ties: Array, policy: str, xp: Any, concrete: Concrete) -> Array:
     index = None if policy != "any" else (sp.k - 1)[..., None]
     return _weights(ties, index, policy, "smallest nonzero", xp, concrete)
 
 
 def top_weights(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
-    return _top_w(sp, top_ties(sp, tie_rtol, xp), policy, xp, concrete)
+    index = None if policy != "any" else xp.zeros_like(sp.k)[..., None]
+    return _weights(top_ties(sp, tie_rtol, xp), index, policy, "largest", xp, concrete)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,14 +149,9 @@ def _safe_k(sp: Spectrum, xp: Any) -> Array:
     return xp.where(sp.k < 1.0, 1.0, sp.k)[..., None]
 
 
-def _kappa(sp: Spectrum, bottom: Array, xp: Any) -> Array:
-    kappa = (mu_top(sp) / bottom)[..., 0]
-    return xp.where(sp.k > 0, kappa, math.nan)
-
-
 def kappa_value(sp: Spectrum, xp: Any) -> Array:
     """kappa = mu_1 / mu_k over the nonzero values (Eq. 1); NaN for rank 0 (unchecked input)."""
-    return _kappa(sp, mu_bottom(sp, xp), xp)
+    return xp.where(sp.k > 0, (mu_top(sp) / mu_bottom(sp, xp))[..., 0], math.nan)
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
