@@ -1,9 +1,6 @@
 """The ``condreg`` command line: ``condreg reproduce NAME [options]`` (docs/reproduction.md).
 
-The parser is built from the experiments' own ``HELP`` and ``add_arguments``
-(:data:`condreg.experiments.EXPERIMENTS`); this module adds ``--out``, ``--seeds``,
-``--no-progress`` and ``--threads`` and calls ``run``. Bad arguments or unusable data: one line
-on stderr, exit status 2, and no output folder left behind.
+Bad arguments or unusable data: one line on stderr, exit status 2, no output folder left behind.
 """
 
 from __future__ import annotations
@@ -67,8 +64,7 @@ def _add_experiment(exps, name: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``condreg`` parser: one sub-command per experiment of
-    :data:`condreg.experiments.EXPERIMENTS`, declared by the experiment's own module."""
+    """The ``condreg`` parser: one sub-command per :data:`condreg.experiments.EXPERIMENTS`."""
     from condreg import __version__
 
     parser = _Parser(
@@ -136,11 +132,7 @@ def _terminate(signum, frame):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``condreg`` console script; returns the exit status.
-
-    Bad options and unusable data print one line and return 2, and the output folder is removed if
-    this run created it and left it empty. Anything else is a bug and propagates.
-    """
+    """Entry point of the ``condreg`` console script; returns the exit status (2: bad input)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     name = args.experiment

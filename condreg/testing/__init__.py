@@ -1,16 +1,7 @@
-"""Test helpers shipped with condreg (usable by downstream code to test its own use of condreg).
+"""Test helpers shipped with condreg: array comparison, matrices with a prescribed spectrum and
+finite-difference gradient checks (docs/testing.md).
 
-Nothing here imports a framework at module level: everything works with NumPy alone and accepts
-arrays of any Array API library (NumPy, array-api-strict, PyTorch — including tensors that require
-grad or live on a GPU —, JAX, CuPy ...).
-
-- :func:`assert_close` — compare arrays with namespace, dtype and shape checks and a dtype-aware
-  default tolerance (after SciPy's ``xp_assert_close``).
-- :func:`to_numpy` — a NumPy copy of any supported array.
-- :func:`random_orthonormal`, :func:`matrix_with_spectrum` — matrices with a prescribed singular
-  spectrum, exact ties and exact zeros included, in any namespace and dtype.
-- :func:`numerical_gradient`, :func:`check_gradient`, :func:`rank_preserving_direction` — central
-  finite differences in float64, entrywise or along chosen directions.
+NumPy only at import; every function accepts arrays of any Array API library.
 """
 
 from __future__ import annotations
@@ -23,34 +14,15 @@ import numpy as np
 
 Array = Any
 
-__all__ = [
-    "SpectralFactors",
-    "assert_close",
-    "check_gradient",
-    "default_tolerance",
-    "matrix_with_spectrum",
-    "numerical_gradient",
-    "random_orthonormal",
-    "rank_preserving_direction",
-    "to_numpy",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# Conversion and comparison
-# --------------------------------------------------------------------------------------------
-
-
-def _module(x: Any) -> str:
-    return type(x).__module__.split(".")[0]
+__all__ = ["SpectralFactors", "assert_close", "check_gradient", "default_tolerance", "to_numpy"]
+__all__ += ["matrix_with_spectrum", "numerical_gradient", "random_orthonormal"]
+__all__ += ["rank_preserving_direction"]
 
 
 def to_numpy(x: Array) -> np.ndarray:
     """A NumPy copy of ``x`` (any Array API array, a Python scalar or a nested sequence).
 
-    PyTorch tensors are detached and moved to the CPU first (``requires_grad`` and CUDA tensors are
-    fine); CuPy arrays are copied to the host; JAX arrays are transferred to the host; other
-    arrays go through ``numpy.asarray`` and, failing that, DLPack.
+    Tensors that require grad or live on a GPU are detached and copied to the host.
 
     Parameters
     ----------
@@ -70,9 +42,10 @@ def to_numpy(x: Array) -> np.ndarray:
     """
     if isinstance(x, np.ndarray):
         return x.copy()
-    if _module(x) == "torch":
+    library = type(x).__module__.split(".")[0]
+    if library == "torch":
         return x.detach().cpu().numpy().copy()
-    if _module(x) == "cupy":
+    if library == "cupy":
         return x.get()
     try:
         return np.array(x, copy=True)
@@ -86,21 +59,11 @@ def to_numpy(x: Array) -> np.ndarray:
         return np.from_dlpack(x).copy()
 
 
-def _namespace(x: Array) -> Any:
-    from array_api_compat import array_namespace
-
-    return array_namespace(x)
-
-
-def _is_float_dtype(dtype: Any) -> bool:
-    return np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating)
-
-
 def default_tolerance(dtype: Any) -> float:
     """Default relative tolerance of :func:`assert_close` for a NumPy ``dtype``.
 
-    ``4·sqrt(eps(dtype))`` for floating dtypes (float64: ``6.0e-8``, float32: ``1.4e-3``,
-    float16: ``0.12``), as SciPy's ``xp_assert_close``; ``0`` (exact comparison) otherwise.
+    ``4·sqrt(eps(dtype))`` for floating dtypes (float64: ``6.0e-8``, float32: ``1.4e-3``), as
+    SciPy's ``xp_assert_close``; ``0`` (exact comparison) otherwise.
 
     Parameters
     ----------
@@ -120,7 +83,7 @@ def default_tolerance(dtype: Any) -> float:
     0.0
     """
     dtype = np.dtype(dtype)
-    if _is_float_dtype(dtype):
+    if np.issubdtype(dtype, np.inexact):  # floating or complex
         return 4.0 * math.sqrt(float(np.finfo(dtype).eps))
     return 0.0
 
@@ -139,24 +102,20 @@ def assert_close(
 ) -> None:
     """Assert that ``actual`` and ``desired`` are the same kind of array and numerically close.
 
-    Values pass when ``|actual − desired| ≤ atol + rtol·|desired|`` elementwise
-    (``numpy.testing.assert_allclose`` on NumPy copies), NaNs equal to NaNs and infinities equal to
-    infinities of the same sign. The namespace, dtype, device and shape are checked first; a Python
-    scalar or sequence ``desired`` is compared by value only.
+    Values pass when ``|actual − desired| ≤ atol + rtol·|desired|`` elementwise, NaN equal to NaN.
+    The namespace, dtype, device and shape are checked first; a Python scalar or sequence
+    ``desired`` is compared by value only.
 
     Parameters
     ----------
     actual, desired : array_like
         The arrays to compare.
     rtol : float, optional
-        Relative tolerance; default :func:`default_tolerance` of ``actual``'s dtype (float64: 6e-8,
-        float32: 1.4e-3).
+        Relative tolerance; default :func:`default_tolerance` of ``actual``'s dtype.
     atol : float, optional
-        Absolute tolerance; default 0 (pass one for values that may be near zero, e.g. gradient
-        entries).
+        Absolute tolerance; default 0.
     check_namespace, check_dtype, check_shape, check_device : bool
-        Require the same Array API namespace, dtype, shape and device
-        (``array_api_compat.device``).
+        Require the same Array API namespace, dtype, shape and device.
     err_msg : str
         Prepended to the failure message.
 
@@ -172,11 +131,11 @@ def assert_close(
     >>> assert_close(np.asarray([1.0, np.nan]), np.asarray([1.0 + 1e-12, np.nan]))
     """
     prefix = f"{err_msg}: " if err_msg else ""
-    scalar_desired = isinstance(desired, (int, float, bool, np.generic)) or (
-        isinstance(desired, (list, tuple))
-    )
+    scalar_desired = isinstance(desired, (int, float, bool, np.generic, list, tuple))
     if check_namespace and not scalar_desired:
-        xa, xd = _namespace(actual), _namespace(desired)
+        from array_api_compat import array_namespace
+
+        xa, xd = array_namespace(actual), array_namespace(desired)
         if xa is not xd:
             raise AssertionError(
                 f"{prefix}namespaces differ: {getattr(xa, '__name__', xa)} "
@@ -190,27 +149,16 @@ def assert_close(
         da, dd = device(actual), device(desired)
         if da != dd:
             raise AssertionError(f"{prefix}devices differ: {da} vs {dd}")
-    a = to_numpy(actual)
-    d = to_numpy(desired)
+    a, d = to_numpy(actual), to_numpy(desired)
     if check_shape and not scalar_desired and a.shape != d.shape:
         raise AssertionError(f"{prefix}shapes differ: {a.shape} vs {d.shape}")
-    if rtol is None:
-        rtol = default_tolerance(a.dtype)
-    if atol is None:
-        atol = 0.0
+    rtol = default_tolerance(a.dtype) if rtol is None else rtol
+    atol = 0.0 if atol is None else atol
     np.testing.assert_allclose(a, d, rtol=rtol, atol=atol, equal_nan=True, err_msg=err_msg)
 
 
-# --------------------------------------------------------------------------------------------
-# Matrices with a prescribed spectrum
-# --------------------------------------------------------------------------------------------
-
-
 def random_orthonormal(n: int, r: int, *, seed: Any = None) -> np.ndarray:
-    """A random ``n×r`` matrix with orthonormal columns, float64.
-
-    The Q factor of the QR decomposition of an ``n×r`` standard Gaussian matrix, with the signs of
-    the columns fixed so that ``diag(R) > 0`` (which makes Q Haar-distributed).
+    """A random (Haar-distributed) ``n×r`` matrix with orthonormal columns, float64.
 
     Parameters
     ----------
@@ -253,10 +201,8 @@ def random_orthonormal(n: int, r: int, *, seed: Any = None) -> np.ndarray:
 class SpectralFactors(NamedTuple):
     """Float64 NumPy factors of a matrix built by :func:`matrix_with_spectrum`.
 
-    ``S = U @ (s[..., :, None] * Vt)`` with ``U`` of shape ``(..., m, p)``, ``s`` ``(..., p)``
-    (the given values, zero-padded to ``p = min(m, n)``, in the given order) and ``Vt`` of shape
-    ``(..., p, n)``; ``V = Vt.mT``. The columns of ``U``/``V`` beyond the nonzero values are still
-    orthonormal (a basis of the complement).
+    ``S = U @ (s[..., :, None] * Vt)``: ``U`` ``(..., m, p)``, ``s`` ``(..., p)`` (the given values
+    zero-padded to ``p = min(m, n)``), ``Vt`` ``(..., p, n)``; ``V = Vt.mT``.
     """
 
     U: np.ndarray
@@ -284,20 +230,15 @@ def matrix_with_spectrum(
     device: Any = None,
     return_factors: bool = False,
 ) -> Any:
-    """``S = U diag(s) Vᵀ`` with random orthonormal ``U`` (``m×p``), ``V`` (``n×p``).
+    """``S = U diag(s) Vᵀ`` with random orthonormal ``U`` (``m×p``), ``V`` (``n×p``), p = min(m, n).
 
-    ``p = min(m, n)``.
-
-    The matrix is formed in float64 NumPy, then converted with ``xp.asarray(S, dtype=dtype,
-    device=device)``. Exactly tied values give exactly tied singular values of the float64 matrix
-    (up to the rounding of the product); zeros give a rank-deficient matrix.
+    Formed in float64 NumPy, then converted with ``xp.asarray(S, dtype=dtype, device=device)``.
 
     Parameters
     ----------
     singular_values : sequence of float or numpy.ndarray
-        At most ``p`` finite values ``≥ 0`` (zero-padded to ``p``), any order, repeats and zeros
-        allowed; a 2-D array of shape ``(B, r)`` builds a batch of shape ``(B, m, n)``
-        (independent factors per matrix).
+        At most ``p`` finite values ``≥ 0``, ties and zeros allowed; a 2-D ``(B, r)`` array builds a
+        batch ``(B, m, n)``.
     m, n : int
         The matrix shape.
     seed : optional
@@ -309,8 +250,7 @@ def matrix_with_spectrum(
     device : optional
         The result's device (``None``: the library's default).
     return_factors : bool
-        Also return the float64 :class:`SpectralFactors` (to build directions with
-        :func:`rank_preserving_direction`, or rotate a tied subspace).
+        Also return the float64 :class:`SpectralFactors`.
 
     Returns
     -------
@@ -320,8 +260,7 @@ def matrix_with_spectrum(
     Raises
     ------
     ValueError
-        For values that are negative or not finite, more than ``p`` of them, or an array that is
-        not 1-D or 2-D.
+        For negative or non-finite values, more than ``p`` of them, or an array not 1-D or 2-D.
 
     Examples
     --------
@@ -350,24 +289,14 @@ def matrix_with_spectrum(
         V = np.stack([random_orthonormal(n, p, seed=rng) for _ in range(values.shape[0])])
     Vt = np.swapaxes(V, -1, -2)
     S = U @ (s[..., :, None] * Vt)
-    out = S
     if xp is not None and xp is not np:
-        kwargs = {}
-        if dtype is not None:
-            kwargs["dtype"] = dtype
-        if device is not None:
-            kwargs["device"] = device
-        out = xp.asarray(S, **kwargs)
-    elif dtype is not None or device is not None:
+        kwargs = {"dtype": dtype, "device": device}
+        out = xp.asarray(S, **{k: v for k, v in kwargs.items() if v is not None})
+    else:
         out = np.asarray(S, dtype=dtype)
     if return_factors:
         return out, SpectralFactors(U, s, Vt)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Finite differences
-# --------------------------------------------------------------------------------------------
 
 
 def _scalar(y: Any) -> float:
@@ -387,19 +316,16 @@ def numerical_gradient(
 ) -> np.ndarray:
     """Entrywise central-difference gradient of a scalar function, in float64 NumPy.
 
-    ``G[idx] = (f(S + h e_idx) − f(S − h e_idx)) / (2h)`` for every index ``idx`` of ``S``. Costs
-    ``2·S.size`` evaluations; only valid where ``f`` is differentiable.
+    ``G[idx] = (f(S + h e_idx) − f(S − h e_idx)) / (2h)`` for every index ``idx`` of ``S``.
 
     Parameters
     ----------
     f : callable
-        Called with float64 NumPy arrays of ``S``'s shape; returns a scalar (e.g. a sum over a
-        batch).
+        Called with float64 NumPy arrays of ``S``'s shape; returns a scalar.
     S : array_like
         The point (any shape), converted to float64 NumPy.
     h : float, optional
-        The step; default ``eps**(1/3)·max(1, max|S|)`` (about ``6e-6`` at unit scale), which
-        balances the O(h²) truncation error against rounding.
+        The step; default ``eps**(1/3)·max(1, max|S|)``.
 
     Returns
     -------
@@ -419,8 +345,7 @@ def numerical_gradient(
     array([ 2., -4.])
     """
     S = to_numpy(S).astype(np.float64)
-    if h is None:
-        h = _default_step(S, 3.0)
+    h = _default_step(S, 3.0) if h is None else h
     G = np.zeros_like(S)
     for idx in np.ndindex(S.shape):
         E = np.zeros_like(S)
@@ -432,9 +357,7 @@ def numerical_gradient(
 def rank_preserving_direction(U: Any, V: Any, rng: Any = None) -> np.ndarray:
     """A random unit-Frobenius-norm direction ``E = U A Vᵀ`` that keeps the rank of ``S``.
 
-    With ``S = U diag(s) Vᵀ`` (``s > 0``) and ``A`` a ``k×k`` standard Gaussian,
-    ``S + tE = U (diag(s) + tA) Vᵀ`` has rank ``k`` for all small ``t``, so finite differences of
-    functions of the nonzero spectrum (κ, R_ill) stay on the smooth rank-``k`` manifold.
+    With ``S = U diag(s) Vᵀ`` (``s > 0``), ``S + tE`` has rank ``k`` for all small ``t``.
 
     Parameters
     ----------
@@ -458,10 +381,8 @@ def rank_preserving_direction(U: Any, V: Any, rng: Any = None) -> np.ndarray:
     >>> E.shape
     (3, 3)
     """
-    U = to_numpy(U).astype(np.float64)
-    V = to_numpy(V).astype(np.float64)
-    rng = np.random.default_rng(rng)
-    A = rng.standard_normal(U.shape[:-2] + (U.shape[-1], V.shape[-1]))
+    U, V = to_numpy(U).astype(np.float64), to_numpy(V).astype(np.float64)
+    A = np.random.default_rng(rng).standard_normal(U.shape[:-2] + (U.shape[-1], V.shape[-1]))
     E = U @ A @ np.swapaxes(V, -1, -2)
     return E / np.linalg.norm(E)
 
@@ -480,15 +401,9 @@ def check_gradient(
 ) -> None:
     """Check ``grad``, the gradient of the scalar ``f`` at ``S``, against finite differences.
 
-    For each direction ``E``, the directional derivative ``⟨grad, E⟩ = Σ grad·E`` is compared with
-    the fourth-order central difference, computed in float64 NumPy::
-
-        fd = (−f(S+2hE) + 8 f(S+hE) − 8 f(S−hE) + f(S−2hE)) / (12 h)
-
-    and passes when ``|⟨grad, E⟩ − fd| ≤ atol + rtol·max(|fd|, ‖grad‖_F ‖E‖_F)`` (the second term
-    makes the test scale-aware when ``⟨grad, E⟩`` happens to be small). At points where ``f`` is
-    not differentiable (tied extreme singular values, a change of rank) use directions along which
-    it is, e.g. :func:`rank_preserving_direction`.
+    For each direction ``E``, ``⟨grad, E⟩`` is compared with the fourth-order central difference
+    ``fd = (−f(S+2hE) + 8 f(S+hE) − 8 f(S−hE) + f(S−2hE)) / (12 h)`` (float64 NumPy) and passes
+    when ``|⟨grad, E⟩ − fd| ≤ atol + rtol·max(|fd|, ‖grad‖_F ‖E‖_F)``.
 
     Parameters
     ----------
@@ -499,15 +414,13 @@ def check_gradient(
     S : array_like
         The point.
     directions : sequence of array_like, optional
-        The directions ``E`` (``S``'s shape); default ``n_directions`` random Gaussian ones of unit
-        Frobenius norm.
+        The directions ``E`` (``S``'s shape); default ``n_directions`` random unit ones.
     n_directions : int
         Number of random directions (without ``directions``).
     seed : optional
         Seed of the random directions.
     h : float, optional
-        The step; default ``eps**(1/5)·max(1, max|S|)`` (about ``7e-4`` at unit scale), truncation
-        error O(h⁴).
+        The step; default ``eps**(1/5)·max(1, max|S|)``.
     rtol, atol : float
         The tolerances of the test above.
 
@@ -531,12 +444,9 @@ def check_gradient(
         raise AssertionError(f"gradient shape {G.shape} differs from the input's {S.shape}")
     if directions is None:
         rng = np.random.default_rng(seed)
-        directions = []
-        for _ in range(n_directions):
-            E = rng.standard_normal(S.shape)
-            directions.append(E / np.linalg.norm(E))
-    if h is None:
-        h = _default_step(S, 5.0)
+        directions = [rng.standard_normal(S.shape) for _ in range(n_directions)]
+        directions = [E / np.linalg.norm(E) for E in directions]
+    h = _default_step(S, 5.0) if h is None else h
     failures = []
     for i, E in enumerate(directions):
         E = to_numpy(E).astype(np.float64)

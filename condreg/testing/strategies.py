@@ -1,28 +1,7 @@
-"""Hypothesis strategies for matrices with a controlled singular spectrum.
+"""Hypothesis strategies for matrices ``U diag(s) Vᵀ`` whose spectrum the test knows exactly.
 
-Built on :func:`condreg.testing.matrix_with_spectrum`: every drawn matrix is
-``U diag(s) Vᵀ`` with Haar-random orthonormal factors and a spectrum ``s`` that the strategy
-chose, so a property test knows the exact κ, rank and ties of its input without computing an SVD.
-Only this module imports ``hypothesis`` (``import condreg.testing`` does not); install it
-yourself or with ``pip install 'condreg-ml[test]'``.
-
-- :func:`spectra` — descending singular values ``σ_1 = … = σ_t > middle > σ_k = … (b times)``
-  with prescribed rank ``k``, condition number ``κ = σ_1/σ_k``, smallest nonzero value ``σ_k``
-  and exact tie counts ``t`` (top) and ``b`` (bottom).
-- :func:`spectral_cases` — a :class:`SpectralCase`: the matrix (any Array API namespace, dtype,
-  device, batch shape) together with its spectrum, rank, ties and seed.
-- :func:`matrices` — the matrices alone.
-
-Every size argument accepts a fixed value, an inclusive ``(low, high)`` range, or a hypothesis
-strategy. Example (Theorem A.1: ``log κ <= p·R_well/σ_k²``)::
-
-    from hypothesis import given
-    import condreg
-    from condreg.testing.strategies import spectral_cases
-
-    @given(spectral_cases(rank=(2, 6), kappa=(1.0, 1e3)))
-    def test_log_kappa_bound(case):
-        ...
+Only this module imports ``hypothesis`` (``pip install 'condreg-ml[test]'``). Every size argument
+accepts a fixed value, an inclusive ``(low, high)`` range, or a hypothesis strategy.
 """
 
 from __future__ import annotations
@@ -81,16 +60,22 @@ def _positive_min(name: str, value: float, minimum: float) -> float:
     return value
 
 
+def _spectrum_args(kappa: Any, sigma_min: Any, top_ties: Any, bottom_ties: Any, gap: Any) -> tuple:
+    """The checked strategies of :func:`_spectrum`'s arguments, and ``gap`` as a float."""
+    if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
+    return (
+        _floats(kappa, "kappa", 1.0),
+        _floats(sigma_min, "sigma_min", 0.0),
+        _ints(top_ties, "top_ties", 1),
+        _ints(bottom_ties, "bottom_ties", 1),
+        float(gap),
+    )
+
+
 @st.composite
-def _spectrum(
-    draw,
-    k: int,
-    kappa: SearchStrategy,
-    sigma_min: SearchStrategy,
-    top_ties: SearchStrategy,
-    bottom_ties: SearchStrategy,
-    gap: float,
-) -> tuple[np.ndarray, int, int]:
+def _spectrum(draw, k, kappa, sigma_min, top_ties, bottom_ties, gap) -> tuple[np.ndarray, int, int]:
+    """``(values, t, b)``: a descending spectrum of rank ``k`` and its exact tie counts."""
     sk = _positive_min("sigma_min", float(draw(sigma_min)), 0.0)
     if sk <= 0:
         raise ValueError("sigma_min must be > 0 (zeros come from rows/cols > rank)")
@@ -108,13 +93,8 @@ def _spectrum(
     s1 = sk * kap
     if n_mid:
         lo, hi = sk * (1.0 + gap), s1 / (1.0 + gap)
-        u = draw(
-            st.lists(
-                st.floats(0.0, 1.0, exclude_min=True, exclude_max=True),
-                min_size=n_mid,
-                max_size=n_mid,
-            )
-        )
+        unit = st.floats(0.0, 1.0, exclude_min=True, exclude_max=True)
+        u = draw(st.lists(unit, min_size=n_mid, max_size=n_mid))
         mid = lo * (hi / lo) ** np.asarray(u, dtype=np.float64)
         # strictly inside (σ_k, σ_1), so the tie counts are exact
         mid = np.clip(mid, np.nextafter(sk, np.inf), np.nextafter(s1, 0.0))
@@ -136,12 +116,9 @@ def spectra(
 ) -> SearchStrategy[np.ndarray]:
     """Descending nonzero singular values (float64 NumPy, length ``rank``) with a given spectrum.
 
-    The spectrum is ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0``: exactly
-    ``t`` values equal to ``σ_1`` and exactly ``b`` equal to ``σ_k`` (bit-identical floats), the
-    middle values log-uniform in the open interval between. Tie counts are clipped to what ``k``
-    allows (``t ≤ k − 1``, ``b ≤ k − t``). κ = 1 (drawn exactly 1.0, and ``gap == 0``) or ``k = 1``
-    gives ``k`` equal values (``t = b = k``; R_ill's pole). Every argument but ``gap`` is a fixed
-    value, an inclusive ``(low, high)`` range or a hypothesis strategy.
+    ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0``: exactly ``t`` and ``b``
+    bit-identical ties (clipped to ``t ≤ k − 1``, ``b ≤ k − t``), the middle values log-uniform
+    between. κ = 1 (with ``gap == 0``) or ``k = 1`` gives ``k`` equal values (``t = b = k``).
 
     Parameters
     ----------
@@ -154,8 +131,7 @@ def spectra(
     top_ties, bottom_ties : int, (int, int) or SearchStrategy
         ``t`` and ``b``, ``≥ 1``.
     gap : float
-        ``≥ 0``: the middle values keep a relative distance ``≥ gap`` from both ends; κ is raised
-        to at least ``(1 + gap)²`` (``1 + gap`` without middle values) so that the gap fits.
+        ``≥ 0``: the middle values' least relative distance from both ends (κ raised to fit it).
 
     Returns
     -------
@@ -172,29 +148,17 @@ def spectra(
     >>> from condreg.testing.strategies import spectra
     >>> strategy = spectra(rank=3, kappa=10.0, sigma_min=1.0)
     """
-    if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
-        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
-    ranks = _ints(rank, "rank", 1)
-    args = (
-        _floats(kappa, "kappa", 1.0),
-        _floats(sigma_min, "sigma_min", 0.0),
-        _ints(top_ties, "top_ties", 1),
-        _ints(bottom_ties, "bottom_ties", 1),
-        float(gap),
-    )
-    return ranks.flatmap(lambda k: _spectrum(k, *args)).map(lambda r: r[0])
+    args = _spectrum_args(kappa, sigma_min, top_ties, bottom_ties, gap)
+    return _ints(rank, "rank", 1).flatmap(lambda k: _spectrum(k, *args)).map(lambda r: r[0])
 
 
 class SpectralCase(NamedTuple):
     """A drawn matrix with everything the strategy knows about it.
 
-    ``matrix``: ``batch_shape + (m, n)`` in the requested namespace/dtype/device.
-    ``singular_values``: float64 NumPy, ``batch_shape + (min(m, n),)``, descending, zero-padded
-    (the spectrum of the float64 matrix before any dtype conversion, up to rounding).
-    ``rank``: ``k`` (the same for every matrix of a batch); ``top_ties``/``bottom_ties``: the
-    exact tie counts ``t``, ``b`` (ints; int arrays of ``batch_shape`` for a batch, since a
-    member that drew κ = 1 has ``t = b = k``); ``seed``: the seed given to
-    :func:`condreg.testing.matrix_with_spectrum` (rebuild the float64 matrix with it).
+    ``matrix``: ``batch_shape + (m, n)``; ``singular_values``: float64, ``batch_shape +
+    (min(m, n),)``, descending, zero-padded; ``rank``: ``k``; ``top_ties``/``bottom_ties``: the
+    exact tie counts (int arrays of ``batch_shape`` for a batch); ``seed``: the seed given to
+    :func:`condreg.testing.matrix_with_spectrum`.
     """
 
     matrix: Any
@@ -209,21 +173,21 @@ class SpectralCase(NamedTuple):
     @property
     def kappa(self) -> np.ndarray | float:
         """``σ_1/σ_k`` (a float, or a float64 array of ``batch_shape``)."""
-        s = self.singular_values
-        out = s[..., 0] / s[..., self.rank - 1]
-        return float(out) if out.ndim == 0 else out
+        return _item(self.singular_values[..., 0] / self.singular_values[..., self.rank - 1])
 
     @property
     def sigma_min(self) -> np.ndarray | float:
         """The smallest nonzero singular value ``σ_k``."""
-        out = self.singular_values[..., self.rank - 1]
-        return float(out) if out.ndim == 0 else out
+        return _item(self.singular_values[..., self.rank - 1])
 
     @property
     def sigma_max(self) -> np.ndarray | float:
         """The largest singular value ``σ_1``."""
-        out = self.singular_values[..., 0]
-        return float(out) if out.ndim == 0 else out
+        return _item(self.singular_values[..., 0])
+
+
+def _item(out: np.ndarray) -> np.ndarray | float:
+    return float(out) if out.ndim == 0 else out
 
 
 def _shape(spec: Any) -> SearchStrategy:
@@ -237,18 +201,7 @@ def _shape(spec: Any) -> SearchStrategy:
 
 
 @st.composite
-def _case(
-    draw,
-    rank,
-    rows,
-    cols,
-    spectrum_args,
-    gap,
-    batch_shape,
-    xp,
-    dtype,
-    device,
-) -> SpectralCase:
+def _case(draw, rank, rows, cols, spectrum_args, batch_shape, xp, dtype, device) -> SpectralCase:
     if rows is None or cols is None:
         k = int(draw(rank))
         m = k + int(draw(st.integers(0, 2))) if rows is None else int(draw(rows))
@@ -261,7 +214,7 @@ def _case(
         raise ValueError(f"rows and cols must be >= 1, got {m}, {n}")
     shape = tuple(int(d) for d in draw(_shape(batch_shape)))
     count = int(np.prod(shape)) if shape else 1
-    kappa, sigma_min, top_ties, bottom_ties = spectrum_args
+    kappa, sigma_min, top_ties, bottom_ties, gap = spectrum_args
     # one tie pattern per case; each matrix of a batch draws its own κ, σ_k and middle values
     t, b = int(draw(top_ties)), int(draw(bottom_ties))
     rows_of_values, ties = [], []
@@ -274,18 +227,13 @@ def _case(
     values = np.zeros((count, p))
     values[:, :k] = np.stack(rows_of_values)
     dt = draw(dtype) if isinstance(dtype, SearchStrategy) else dtype
-    arg = values[0] if not shape else values
-    S = matrix_with_spectrum(arg, m, n, seed=seed)
+    S = matrix_with_spectrum(values[0] if not shape else values, m, n, seed=seed)
     S = np.reshape(S, shape + (m, n))
     if xp is None or xp is np:
-        out = S if dt is None else np.asarray(S, dtype=dt)
+        out = np.asarray(S, dtype=dt)
     else:
-        kwargs = {}
-        if dt is not None:
-            kwargs["dtype"] = dt
-        if device is not None:
-            kwargs["device"] = device
-        out = xp.asarray(S, **kwargs)
+        kwargs = {"dtype": dt, "device": device}
+        out = xp.asarray(S, **{key: v for key, v in kwargs.items() if v is not None})
     if shape:
         tie_arr = np.asarray(ties, dtype=np.int64).reshape(shape + (2,))
         t_out, b_out = tie_arr[..., 0], tie_arr[..., 1]
@@ -311,28 +259,23 @@ def spectral_cases(
 ) -> SearchStrategy[SpectralCase]:
     """:class:`SpectralCase` draws: a matrix ``U diag(s) Vᵀ`` with the spectrum of :func:`spectra`.
 
-    Shape ``batch_shape + (m, n)``. A batch shares ``m``, ``n``, ``k`` and the tie pattern; every
-    matrix draws its own κ, ``σ_k``, middle values and random factors (a member that draws κ = 1
-    exactly is all tied). The float64 NumPy matrix is converted with ``xp.asarray(S, dtype=dtype,
-    device=device)``; exact ties are exact in the float64 spectrum (converting to float32 rounds
-    them).
+    A batch shares ``m``, ``n``, ``k`` and the tie pattern; every matrix draws its own κ, ``σ_k``,
+    middle values and factors. The float64 matrix is converted with ``xp.asarray(S, dtype=dtype,
+    device=device)``.
 
     Parameters
     ----------
     rank, kappa, sigma_min, top_ties, bottom_ties, gap
         The spectrum, as in :func:`spectra`.
     rows, cols : int, (int, int) or SearchStrategy, optional
-        ``m`` and ``n``; default ``k + 0…2`` each, so ``min(m, n) − k ∈ {0, 1, 2}`` exact zero
-        singular values make the matrix rank-deficient about a third of the time; given
-        explicitly, the rank is clipped to ``min(m, n)``.
+        ``m`` and ``n``; default ``k + 0…2`` each (rank-deficient about a third of the time);
+        given explicitly, the rank is clipped to ``min(m, n)``.
     batch_shape : tuple of int or SearchStrategy
         ``()`` (default) for one matrix.
     xp : module, optional
-        Any Array API namespace (``numpy`` by default, ``array_api_strict``, ``torch``,
-        ``jax.numpy``, ``cupy`` …).
+        Any Array API namespace (default NumPy).
     dtype : optional
-        A dtype of ``xp`` or a strategy of them (e.g. ``st.sampled_from([xp.float32,
-        xp.float64])``); ``None`` keeps float64 where the library allows it.
+        A dtype of ``xp`` or a strategy of them; ``None`` keeps float64 where the library allows it.
     device : optional
         A device of ``xp`` (``None``: the library's default).
 
@@ -351,20 +294,12 @@ def spectral_cases(
     >>> from condreg.testing.strategies import spectral_cases
     >>> strategy = spectral_cases(rank=(2, 4), kappa=(1.0, 100.0), batch_shape=(3,))
     """
-    if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
-        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
-    spectrum_args = (
-        _floats(kappa, "kappa", 1.0),
-        _floats(sigma_min, "sigma_min", 0.0),
-        _ints(top_ties, "top_ties", 1),
-        _ints(bottom_ties, "bottom_ties", 1),
-    )
+    spectrum_args = _spectrum_args(kappa, sigma_min, top_ties, bottom_ties, gap)
     return _case(
         _ints(rank, "rank", 1),
         None if rows is None else _ints(rows, "rows", 1),
         None if cols is None else _ints(cols, "cols", 1),
         spectrum_args,
-        float(gap),
         _shape(batch_shape),
         xp,
         dtype,
