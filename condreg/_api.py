@@ -114,35 +114,28 @@ def condition_number(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
-        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
-        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+        Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape[:-2]
-        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
-        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
-        :mod:`condreg.jax`).
+        The value in the input's namespace, dtype and device (differentiable on PyTorch, JAX).
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -176,32 +169,26 @@ def r_well(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape[:-2]
-        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
-        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
-        :mod:`condreg.jax`).
+        The value in the input's namespace, dtype and device (differentiable on PyTorch, JAX).
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -240,37 +227,30 @@ def r_ill(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
-        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
-        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+        Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape[:-2]
-        The value, in the input's namespace, dtype and device (a 0-d array for one matrix, shape
-        ``(B,)`` for a batch). Differentiable on PyTorch and JAX (:mod:`condreg.torch`,
-        :mod:`condreg.jax`).
+        The value in the input's namespace, dtype and device (differentiable on PyTorch, JAX).
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -307,39 +287,33 @@ def condition_number_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
-        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
-        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+        Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
         At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
         the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape
-        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
-        device.
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace and dtype.
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -379,36 +353,31 @@ def r_well_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
         At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
         the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape
-        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
-        device.
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace and dtype.
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -446,39 +415,33 @@ def r_ill_grad(
     Parameters
     ----------
     S : array, shape (..., m, n)
-        A real matrix (``gram=True``: a feature batch ``F``, ``(..., N, D)``) of any Array API
-        library. ``(B, N, D)`` is a batch of B matrices (B values); with ``gram=True``, token
-        features ``(B, T, D)`` are B matrices of T rows each.
+        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+        ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
-        Rank tolerance: singular values ``sigma_i > rtol * sigma_1`` count (default
-        ``max(m, n) * eps``; with ``gram=True`` on the singular values of ``F``).
+        Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
         At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
         the pair the decomposition put first (``"any"``), or raise :class:`TiedExtremeError`.
     tie_rtol : float, optional
         Tie tolerance relative to ``sigma_1`` (default ``32 * sqrt(max(m, n)) * eps``).
     gram : bool, default False
-        The argument is a feature batch ``F`` and the quantity is that of ``H = FᵀF``; the
-        gradient is with respect to ``F``.
+        The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check that the input is finite and not zero (and, for gradients, not at R_ill's pole);
-        skipped automatically under tracing.
+        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
-        The dtype to compute in (default: float32 for float16/bfloat16 input, the input's
-        dtype otherwise); the result comes back in the input's dtype.
+        Dtype to compute in (default float32 for float16/bfloat16); results in the input's.
 
     Returns
     -------
     array, shape S.shape
-        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace, dtype and
-        device.
+        The (sub)gradient with respect to ``S`` (or ``F``), in the input's namespace and dtype.
 
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a ``compute_dtype`` of another kind/library.
+        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
