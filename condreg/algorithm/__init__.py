@@ -30,9 +30,7 @@ from condreg.algorithm._result import (
 )
 from condreg.algorithm._setup import DataSetup, setup_data
 from condreg.algorithm._step import RECORD_FIELDS, evaluate, step
-
-#: The supervised tasks.
-TASKS = ("regression", "classification")
+from condreg.algorithm._validate import TASKS
 
 __all__ = [
     "immunize", "ImmunizationResult", "ImmunizationWarning", "preconditioned_gradient", "prepare",

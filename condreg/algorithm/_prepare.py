@@ -193,7 +193,7 @@ imma_steps, imma_lr, rtol, warn, xp, setup
     ):
         raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
     opts = v.options(
-        method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
+        method=method, task=task, methods=REGISTRY, lr=lr, max_step=max_step,
         lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
     )  # fmt: skip
     seed = v.integer(seed, "seed", 0, TypeError)

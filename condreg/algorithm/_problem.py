@@ -75,10 +75,8 @@ class Problem:
 
         Parameters
         ----------
-        theta : array
-            The extractor, ``D×D``.
-        omega_raw : array
-            The head in raw units, ``(D,)`` (as ``ImmunizationResult.omega``).
+        theta, omega_raw : array
+            The extractor (``D×D``) and the head in raw units (as ``ImmunizationResult.omega``).
 
         Returns
         -------

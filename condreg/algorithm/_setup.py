@@ -39,21 +39,6 @@ class DataSetup:
         spectrum, else ``"exact"``.
     built : tuple
         ``(shape, dtype)`` of ``X_p`` and of ``X_h`` when the setup was built.
-
-    Examples
-    --------
-    >>> import numpy as np, condreg
-    >>> from condreg.algorithm import setup_data
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> y_p = rng.standard_normal(40)
-    >>> setup = setup_data(X_p, X_h)
-    >>> setup.paths
-    ('auto', 'auto')
-    >>> a = condreg.immunize(X_p, y_p, X_h, epochs=3, setup=setup, warn=False)
-    >>> b = condreg.immunize(X_p, y_p, X_h, epochs=3, warn=False)
-    >>> bool((a.theta == b.theta).all())
-    True
     """
 
     X_p: Array
@@ -149,11 +134,14 @@ def setup_data(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from condreg.algorithm import setup_data
+    >>> import numpy as np, condreg
     >>> rng = np.random.default_rng(0)
-    >>> setup_data(rng.standard_normal((40, 6)), rng.standard_normal((30, 6))).paths
-    ('auto', 'auto')
+    >>> X_p, X_h, y_p = rng.standard_normal((40, 6)), rng.standard_normal((30, 6)), np.ones(40)
+    >>> setup = condreg.algorithm.setup_data(X_p, X_h)
+    >>> a = condreg.immunize(X_p, y_p, X_h, epochs=3, setup=setup, warn=False)
+    >>> b = condreg.immunize(X_p, y_p, X_h, epochs=3, warn=False)
+    >>> bool((a.theta == b.theta).all()), setup.paths
+    (True, ('auto', 'auto'))
     """
     opts = v.setup_options(rtol=rtol, ridge=ridge)
     xp = v.namespace({"X_p": X_p, "X_h": X_h}, xp)

@@ -15,6 +15,9 @@ from condreg.algorithm._result import ImmunizationWarning
 
 Array = Any
 
+#: The supervised tasks.
+TASKS = ("regression", "classification")
+
 
 def _kind(a: Any) -> str:
     return type(a).__module__.split(".")[0] + "." + type(a).__name__
@@ -152,18 +155,15 @@ def integer(value: Any, name: str, low: int, error: type[Exception] = ValueError
 
 
 def options(
-    *, method, task, methods, lr, epochs, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
+    *, method, task, methods, lr, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
 ) -> dict[str, Any]:
     """Checked scalar options (``ValueError``/``TypeError`` naming the argument)."""
     if not isinstance(method, str) or method not in methods:
         raise ValueError(f"immunize: method must be one of {tuple(methods)}, got {method!r}")
-    if task not in ("regression", "classification"):
-        raise ValueError(
-            f"immunize: task must be one of ('regression', 'classification'), got {task!r}"
-        )
+    if task not in TASKS:
+        raise ValueError(f"immunize: task must be one of {TASKS}, got {task!r}")
     out: dict[str, Any] = {
         "lr": positive(lr, "lr"),
-        "epochs": integer(epochs, "epochs", 0),
         "max_step": positive(max_step, "max_step"),
         "imma_steps": integer(imma_steps, "imma_steps", 1),
     }
