@@ -1,9 +1,6 @@
 """Algorithm 1's factored iterate: steps kept as factors (:class:`Delta`), the loop's iterate
-``θ = Θ + V_P·Y_P + V_H·Y_H`` with its features carried from epoch to epoch (:class:`Tracked`),
-and the steps on a task's basis from the extreme clusters' vectors (:func:`basis_step`).
-
-An epoch then pays no ``r×D×D`` product for the features ``F = Aθ`` and no ``D×r×D`` one for θ
-(docs/immunization.md, "How the preconditioned step is computed")."""
+with its features carried from epoch to epoch (:class:`Tracked`), and steps on a task's basis
+from the extreme clusters' vectors (:func:`basis_step`)."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ Array = Any
 
 
 def initial_features(task: TaskData, theta: Array) -> Array:
-    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy: ``A·I = A`` exactly),
-    so that the setup's spectrum at ``θ = I`` is reused
-    (:func:`condreg.algorithm._step.spectrum`)."""
+    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy), so that the setup's
+    spectrum at ``θ = I`` is reused."""
     A = task.A
     same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
     if same and is_numpy_array(theta) and is_numpy_array(A):
@@ -44,19 +40,15 @@ def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
 
 
 def rel_size(step: Any, theta: Array, xp: Any) -> Array:
-    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of an un-preconditioned step (an array or a
-    :class:`Delta`)."""
+    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of a step (an array or a :class:`Delta`)."""
     D = theta.shape[-1]
     sq = step.frobenius_sq(theta, xp) if isinstance(step, Delta) else xp.sum(step * step)
     return xp.sqrt(sq) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
 
 
 class Delta:
-    """A step ``θ_t − θ_{t+1}`` kept factored, so that the features ``Aθ`` of both tasks follow
-    it without a ``r×D×D`` product: ``Σ V_x N_x`` over the tasks' bases (``basis``: pairs of the
-    task and ``N_x``, ``r_x×D``) plus ``Σ L_i R_i`` (``outer``: ``D×c`` and ``c×D`` factors)
-    plus a dense ``D×D`` part (``dense``, or None). What :func:`condreg.algorithm.step`
-    subtracts is :meth:`materialize`; a method's ``update`` may return either."""
+    """A step ``θ_t − θ_{t+1}`` kept factored: ``Σ V_x N_x`` on the tasks' bases (``basis``:
+    pairs ``(task, N_x)``), plus ``Σ L_i R_i`` (``outer``), plus a dense part (or None)."""
 
     __slots__ = ("basis", "outer", "dense")
 
@@ -91,8 +83,7 @@ class Delta:
         return out
 
     def frobenius_sq(self, ref: Array, xp: Any) -> Array:
-        """``‖Δ‖_F²`` (0-d, of ``ref``'s dtype): from the ``c×c`` Grams of the factors when Δ
-        is all outer products (clipped at 0: that sum may round below it)."""
+        """``‖Δ‖_F²`` (0-d); from the factors' Grams when Δ is all outer products."""
         if self.basis or self.dense is not None:
             M = self.materialize(0, self.dense)  # not empty: D is not needed
             return xp.sum(M * M)
@@ -104,9 +95,7 @@ class Delta:
         return xp.where(sq > 0, sq, xp.zeros_like(sq))
 
     def features(self, task: TaskData, other: TaskData, cross: Array) -> Array:
-        """``A Δ`` for ``A`` the factor of ``task``: ``diag(sc)N`` on its own basis,
-        ``diag(sc)(V_taskᵀV_other)N`` on the other's (``cross``), ``(AL)R`` on the outer
-        products, ``AΔ_dense`` on the dense part (a ``r×D×D`` product, if any)."""
+        """``AΔ`` for ``A`` the factor of ``task`` (``cross = V_taskᵀV_other``)."""
         sc = task.sc[:, None]
         out = None if self.dense is None else task.A @ self.dense
         for owner, N in self.basis:
@@ -131,27 +120,19 @@ def basis_step(
     a: Any = None,
     sides: tuple[str, ...] | None = None,
 ) -> Delta:
-    """``V_x diag(left) (F G)`` with ``G = V diag(d) Vᵀ`` the gradient's right factor, as a
-    :class:`Delta` on the task's basis ``V_x``.
+    """``V_x diag(left)(FG)``, ``G = V diag(d) Vᵀ``, as a :class:`Delta` on the task's basis.
 
-    ``FG = (W diag(d) Wᵀ) F`` from the left vectors (``FV = W diag(s)``; no division by ``s``,
-    so tiny singular values cost no accuracy), or ``F (V diag(d) Vᵀ)`` when the engine returned
-    the right ones. ``left = task.pinv``: the preconditioned ``K̃⁺K̃θG`` (= ``θG`` for
-    invertible ``K``); ``left = task.sc``: the plain ``K̃θG``. Two ``r×D``-sized products.
-
-    With ``a`` and ``sides`` the caller states that ``d = a·mu`` except on the tie sets named in
-    ``sides`` (``"top"``, ``"bottom"``); with vectors on demand (``hs.ext``, eager) the product
-    is then ``a·(FFᵀ)F + W_S diag(d_S − a·mu_S) W_Sᵀ F`` — the extreme clusters' vectors only;
-    for ``a = 0`` (Opt κ: ``d`` lives on the tie sets) outer products of rank ``|S|``, so the
-    step costs no ``D×r×D`` product at all."""
-    F = hs.sp.F  # the engine keeps F = Aθ with the vectors
-    ext = hs.ext
-    if ext is not None and sides is not None:
-        if isinstance(a, (int, float)) and a == 0:
-            return _low_rank(task, hs, d, left, sides)
-        return Delta([(task, _structured(hs, d, left, a, sides))])
+    ``left = task.pinv``: the preconditioned step; ``task.sc``: the plain ``K̃θG``. With ``a``
+    and ``sides``, ``d = a·mu`` off the tie sets ``sides``: only the extreme clusters' vectors
+    are needed (eager), and for ``a = 0`` the step is low-rank outer products."""
+    F, ext = hs.sp.F, hs.ext  # the engine keeps F = Aθ with the vectors
     if ext is not None:
-        return Delta([(task, _all_vectors(hs, d, left))])
+        ranges = None if sides is None else [ext.bounds(side, hs.tie_rtol) for side in sides]
+        if ranges is None or (len(ranges) == 2 and ranges[0][1] > ranges[1][0]):
+            return Delta([(task, _all_vectors(hs, d, left))])  # no (or overlapping) tie sets
+        if isinstance(a, (int, float)) and a == 0:
+            return _low_rank(task, hs, d, left, ranges)
+        return Delta([(task, _structured(hs, d, left, a, ranges))])
     if hs.W is not None:
         FG = ((hs.W * d[None, :]) @ hs.W.T) @ F
     else:
@@ -160,62 +141,39 @@ def basis_step(
 
 
 def _all_vectors(hs: Any, d: Array, left: Array) -> Array:
-    """``diag(left)(W diag(d) Wᵀ)F`` from all of ``W`` (vectors on demand: the full
-    decomposition)."""
+    """``diag(left)(W diag(d) Wᵀ)F`` from all of ``W``."""
     W = hs.ext.full()
     return (left[:, None] * ((W * d[None, :]) @ W.T)) @ hs.sp.F
 
 
-def _tie_ranges(hs: Any, sides: tuple[str, ...]) -> list[tuple[int, int]] | None:
-    """The index ranges of the tie sets ``sides``; None when the two overlap."""
-    ranges = [hs.ext.bounds(side, hs.tie_rtol) for side in sides]
-    if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:
-        return None
-    return ranges
-
-
-def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, sides: tuple[str, ...]) -> Delta:
-    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets ``sides``: outer
-    products ``(V_x diag(left) W_S diag(d_S))(W_Sᵀ F)`` (``D×|S|`` and ``|S|×D``)."""
-    ext, F = hs.ext, hs.sp.F
-    ranges = _tie_ranges(hs, sides)
-    if ranges is None:  # the tie sets overlap: every value is in one of them
-        return Delta([(task, _all_vectors(hs, d, left))])
+def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, ranges: list) -> Delta:
+    """``V_x diag(left)(W diag(d) Wᵀ)F`` for ``d`` zero off the tie sets, as outer products."""
     outer = []
     for lo, hi in ranges:
         if hi > lo:
-            W = ext.cluster(lo, hi)
-            outer.append((task.basis @ ((left[:, None] * W) * d[lo:hi][None, :]), W.T @ F))
+            W = hs.ext.cluster(lo, hi)
+            outer.append((task.basis @ ((left[:, None] * W) * d[lo:hi][None, :]), W.T @ hs.sp.F))
     return Delta(outer=outer)
 
 
-def _structured(hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]) -> Array:
-    """``diag(left)·(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets ``sides`` (``a ≠ 0``):
-    one ``r×r`` matrix ``a·FFᵀ + W_S diag(e_S) W_Sᵀ`` times ``F`` (one ``r×r×D`` product)."""
-    ext, F = hs.ext, hs.sp.F
-    ranges = _tie_ranges(hs, sides)
-    if ranges is None:  # the two tie sets overlap
-        return _all_vectors(hs, d, left)
+def _structured(hs: Any, d: Array, left: Array, a: Any, ranges: list) -> Array:
+    """``diag(left)(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets: ``(a·FFᵀ + W_S diag(e_S)
+    W_Sᵀ)F``."""
+    ext = hs.ext
     clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
     terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
     M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
-    return (left[:, None] * M) @ F
+    return (left[:, None] * M) @ hs.sp.F
 
 
-#: The loop sums θ and recomputes ``F = Aθ`` every this many epochs: the carried features'
-#: rounding errors then never pile up (float32: ~1e-6 relative over 25 epochs, 2e-5 over 1000
-#: without), at ~4 GEMMs per refresh.
+#: The loop sums θ and recomputes ``F = Aθ`` every this many epochs (rounding never piles up).
 REFRESH_EVERY = 25
 
 
 class Tracked(NamedTuple):
-    """The loop's iterate, factored: ``θ = theta + V_P·Y_P + V_H·Y_H`` (the basis parts of the
-    regularizer steps kept apart, so no ``D×r×D`` product is paid per epoch), the head
-    ``omega``, and the features ``F_P = A_Pθ``, ``F_H = A_Hθ``, updated with every step
-    (:meth:`Delta.features`) instead of recomputed (``None`` after the public
-    :func:`step`). ``P``, ``H``: the tasks the parts refer to. ``Y_P``/``Y_H`` are None until a
-    step has a part on that basis. ``age``: epochs since θ was last summed and ``F``
-    recomputed (:data:`REFRESH_EVERY`)."""
+    """The loop's iterate ``θ = theta + V_P·Y_P + V_H·Y_H`` (``Y`` None until used), the head,
+    the features ``F_P = A_Pθ``, ``F_H = A_Hθ`` moved with each step (None after :func:`step`),
+    the tasks ``P``, ``H`` of the bases, and ``age``: epochs since θ was last summed."""
 
     theta: Array
     omega: Array
@@ -261,7 +219,7 @@ class Tracked(NamedTuple):
         return out
 
     def on(self, problem: Problem) -> bool:
-        """Whether the parts refer to ``problem``'s tasks (the same factors, entry for entry)."""
+        """Whether the parts refer to ``problem``'s tasks (the same factors)."""
         xp = problem.xp
         return all(
             mine is theirs or (mine.A.shape == theirs.A.shape and bool(xp.all(mine.A == theirs.A)))
@@ -277,10 +235,8 @@ def cross_basis(problem: Problem) -> Array:
 def advance_parts(
     problem: Problem, tr: Tracked, delta: Delta, omega: Array, cross: Array
 ) -> Tracked:
-    """``tr − Δ`` kept factored: the outer and dense parts into ``theta``, the basis parts into
-    ``Y_P``/``Y_H``, and both features moved by ``AΔ`` — or, every :data:`REFRESH_EVERY`
-    epochs, θ summed and ``F = Aθ`` recomputed (deterministic in the epoch count, which
-    ``resume=`` carries: a resumed run stays bit-identical)."""
+    """``tr − Δ`` kept factored, features moved by ``AΔ``; every :data:`REFRESH_EVERY` epochs θ
+    is summed and ``F = Aθ`` recomputed (deterministic: ``resume=`` stays bit-identical)."""
     P, H = problem.P, problem.H
     theta = tr.theta
     for L, R in delta.outer:

@@ -22,14 +22,9 @@ def preconditioned_gradient(
 ) -> Array:
     """``K⁻¹∇_θ f(H(θ))`` with ``K⁻¹`` on the **left**: ``H(θ) = θᵀKθ``, ``K = XᵀX``.
 
-    Theorem 4.2 gives ``∇_θ f = 2KθG`` with ``G = ∇_H f``, so the result is ``2θG`` when ``K`` is
-    invertible; in general ``K⁺K·2θG`` (projection onto the row space of ``X``, pseudo-inverse,
-    default) or ``(K + ε·λ_max(K)·I)⁻¹K·2θG`` with ``ridge=ε`` (:mod:`condreg._precondition`,
-    the one home of this preconditioner). ``G`` is the minimum-norm (sub)gradient from the SVD
-    of ``F = Xθ``. A step ``θ' = θ − η·preconditioned_gradient(θ, X, f)`` gives
-    ``H(θ') = (I − 2ηG) H (I − 2ηG)``: the same eigenvectors (Theorem 4.3). Pure Array API code
-    without value checks (at R_ill's pole the result is not finite): it traces under
-    ``jax.jit``.
+    ``= 2θG`` (``G = ∇_H f``) for invertible ``K``; in general ``K⁺K·2θG`` or, with ``ridge=ε``,
+    ``(K + ε·λ_max(K)·I)⁻¹K·2θG``. The step keeps the eigenvectors of ``H`` (Theorem 4.3). Pure
+    Array API code without value checks: it traces under ``jax.jit``.
 
     Parameters
     ----------
@@ -42,8 +37,7 @@ def preconditioned_gradient(
     ridge : float > 0, optional
         ``None``: the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
     rtol : float, optional
-        Rank tolerance on the singular values of ``F`` and of ``X``; default
-        ``max(N, D)·eps``.
+        Rank tolerance on the singular values of ``Xθ`` and ``X``; default ``max(N, D)·eps``.
     xp : namespace, optional
         Array API namespace to use instead of the arrays'.
 
@@ -82,9 +76,7 @@ def preconditioned_gradient(
         F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
     )
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
-    # Scale-free, as the core's gradients: d f/d mu on the spectrum of F/s_1 (degree
-    # DEGREE[quantity] in mu, i.e. twice that in s), the step rescaled by s_1 one factor at a
-    # time, so that an over- or underflowing result is ±inf or 0, never NaN.
+    # scale-free, as the core's gradients: an over- or underflowing result is ±inf or 0, not NaN
     unit, s1 = _core.normalized(sp, xp)
     d = _core.DMU[quantity](unit, tie, "min_norm", xp, _core.never)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from condreg.algorithm import _validate as v
 from condreg.algorithm._factored import Tracked, cross_basis, is_identity
 from condreg.algorithm._prepare import prepare, run_options
 from condreg.algorithm._problem import Problem, State
@@ -22,12 +23,12 @@ from condreg.algorithm._result import (
 )
 from condreg.algorithm._setup import DataSetup
 from condreg.algorithm._step import advance, evaluate, is_linalg_error
+from condreg.metrics import rir_spectra
 
 Array = Any
 
 
-#: A loss above this multiple of the zero head's loss (or of the starting loss, if larger) is a
-#: divergence: relative MSE 10 for regression, 10·log 2 for the logistic loss.
+#: A loss above this multiple of the zero head's loss (or the starting loss, if larger) diverged.
 LOSS_BLOWUP = 10.0
 
 
@@ -73,21 +74,14 @@ class _History:
             self.rows[key].append(row[key])
 
     def finish(self, first: Any, last: Any) -> None:
-        """Rows 0 and ``-1`` report :func:`condreg.metrics.rir` at ``θ_0`` and at the returned θ
-        (the same κ rule as the loop, from one SVD per matrix): the reported figures."""
+        """Rows 0 and ``-1`` report :func:`condreg.metrics.rir` at ``θ_0`` and the returned θ."""
         for index, metrics in ((0, first), (-1, last)):
-            fixed = {
-                "kappa_hp": metrics.kappa_hp, "kappa_hh": metrics.kappa_hh,
-                "kappa_kp": metrics.kappa_kp, "kappa_kh": metrics.kappa_kh,
-                "i": metrics.i, "ii": metrics.ii, "rir": metrics.rir,
-            }  # fmt: skip
-            for key, value in fixed.items():
-                self.rows[key][index] = float(value)
+            for key in ("kappa_hp", "kappa_hh", "kappa_kp", "kappa_kh", "i", "ii", "rir"):
+                self.rows[key][index] = float(getattr(metrics, key))
 
 
 class Outcome(NamedTuple):
-    """What :func:`run` returns: the last healthy iterate, the history, why the run ended, the
-    epoch of the iterate and the references of its health checks ``(loss, ranks)``."""
+    """What :func:`run` returns (``references``: ``(loss, ranks)`` of the health checks)."""
 
     kept: Tracked
     history: _History
@@ -103,19 +97,9 @@ def run(
     report: Callable[[dict[str, float]], bool],
     references: tuple[float, tuple[float, float] | None] | None = None,
 ) -> Outcome:
-    """Iterate :func:`condreg.algorithm.step` for ``epochs`` epochs, keeping the last healthy
-    state.
-
-    The iterate is kept factored (:class:`condreg.algorithm._step.Tracked`: the features
-    ``Aθ`` of both tasks follow each step, θ's basis parts are summed apart), so an epoch pays
-    no ``r×D×D`` product for the features nor ``D×r×D`` one for θ; the result is the same as
-    iterating ``step`` up to rounding. Returns an :class:`Outcome`, its state a :class:`Tracked`
-    (``.state()``: θ dense). A state is healthy when its κ's, loss and R_well are finite, R_ill
-    is not NaN, the loss is at most :data:`LOSS_BLOWUP` times the reference loss and both ranks
-    are the reference ranks; a decomposition error (the backend's LinAlgError) counts as
-    unhealthy. The references are those of ``θ_0``, or ``references`` = ``(loss, ranks)`` of the
-    run this one continues (``resume=``: the same checks as one longer run). One host
-    synchronisation per epoch."""
+    """Iterate :func:`condreg.algorithm.step` on the factored iterate, keeping the last healthy
+    state (:func:`_health`, against the references of ``θ_0`` or of the resumed run); a
+    decomposition error counts as unhealthy. One host synchronisation per epoch."""
     history = _History(problem)
     state = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     cross = cross_basis(problem)
@@ -224,17 +208,11 @@ def immunize(
 ) -> ImmunizationResult:
     """Immunize a linear feature extractor θ against linear probing on ``X_h`` (Algorithm 1).
 
-    Pre-trains ``f_θ(x) = xᵀθ`` and a head ω on ``(X_p, y_p)`` so that linear probing on the
-    harmful inputs ``X_h`` is ill-conditioned while the pre-training task stays
-    well-conditioned. One epoch of ``method="condreg"`` is
-
-    ``ω ← ω − η∇_ωL``,
-    ``θ ← θ − η∇_θL − ηλ_P K_P⁻¹∇_θR_well(H_P) − ηλ_H K_H⁻¹∇_θR_ill(H_H)``
-
-    with ``H(θ) = θᵀKθ``, ``K = XᵀX`` and ``K⁻¹`` on the left; success is measured by the
-    relative immunization ratio ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]``. Every default
-    is explained in ``docs/immunization.md``. Options left ``None`` take the resumed run's value
-    with ``resume=``, else the default written below.
+    One epoch of ``method="condreg"``: ``ω ← ω − η∇_ωL``,
+    ``θ ← θ − η∇_θL − ηλ_P K_P⁻¹∇_θR_well(H_P) − ηλ_H K_H⁻¹∇_θR_ill(H_H)``, ``H(θ) = θᵀKθ``,
+    ``K = XᵀX``, ``K⁻¹`` on the left. Success: ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]``.
+    Options left ``None`` take the resumed run's value, else the default below (all explained
+    in ``docs/immunization.md``).
 
     Parameters
     ----------
@@ -245,13 +223,11 @@ def immunize(
     X_h : array, shape (N_h, D)
         The harmful inputs.
     method : str, default "condreg"
-        An entry of :data:`condreg.algorithm.REGISTRY`: ``"condreg"``, ``"r_ill_only"``,
-        ``"opt_kappa"`` or ``"imma"``.
+        ``"condreg"``, ``"r_ill_only"``, ``"opt_kappa"`` or ``"imma"`` (:data:`REGISTRY`).
     task : str, default "regression"
-        ``"regression"`` (squared error) or ``"classification"`` (binary logistic loss of the
-        head on ``D_P``).
+        ``"regression"`` (squared error) or ``"classification"`` (binary logistic loss).
     lam_p, lam_h : float >= 0, optional
-        Regularizer weights; default: balanced at ``θ_0`` (each update of relative size
+        Regularizer weights; default: balanced at ``θ_0`` (updates of relative size
         ``max_step``). Terms a method does not use are 0.
     lr : float > 0, default 0.005
         Step size η (the paper's).
@@ -260,69 +236,58 @@ def immunize(
     theta0 : array, shape (D, D), optional
         Starting extractor (default ``I``).
     seed : int >= 0, default 0
-        Seed of ``"imma"``'s surrogate harmful labels (N(0, 1) or coin flips) when ``y_h`` is
-        None.
+        Seed of ``"imma"``'s surrogate harmful labels when ``y_h`` is None.
     omega0 : array, shape (D,), optional
         Starting head (default 0).
     y_h : array, shape (N_h,), optional
         Harmful labels, used by ``"imma"`` only.
     max_step : float in (0, 0.5), default 0.3
-        Each regularizer step moves every eigenvalue of its Hessian by at most a factor
-        ``(1 ± max_step)²``.
+        A regularizer step moves each eigenvalue by at most a factor ``(1 ± max_step)²``.
     ridge : float > 0, optional
         ``None``: ``K⁻¹`` is the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
     imma_steps : int >= 1, default 5
         Inner probe steps of ``"imma"``.
     imma_lr : float > 0, optional
-        Inner step of ``"imma"``; default ``1/L`` at ``θ_0`` (recorded as ``res.imma_lr``).
+        Inner step of ``"imma"``; default ``1/L`` at ``θ_0``.
     rtol : float in (0, 1), optional
-        The run's one rank tolerance: ``σ_i(Xθ)`` counts when ``> rtol·σ₁``, in the loop, the
-        history and the final metrics alike; default ``max(N_P, N_H, D)·eps`` (``res.rtol``).
+        The run's one rank tolerance (``σ_i(Xθ) > rtol·σ₁`` counts); default
+        ``max(N_P, N_H, D)·eps``.
     resume : ImmunizationResult, optional
-        A run to continue: its iterate (θ, the head, the factored parts), the references of its
-        health checks and every option it recorded (``method``, ``task``, ``lam_p``,
-        ``lam_h``, ``lr``, ``max_step``, ``ridge``, ``imma_steps``, ``imma_lr``, ``rtol``,
-        ``paths``, ``seed``, ``y_h``) are reused where not given, so that ten epochs and ten
-        more equal twenty bit for bit.
+        A run to continue exactly, with its recorded options where not given: ten epochs and
+        ten more equal twenty bit for bit.
     progress : bool, default False
         Print one line per epoch to stderr.
     callback : callable, optional
         ``callback(epoch, row) -> bool | None`` with each history row; ``True`` stops the run.
     warn : bool, default True
-        Emit :class:`ImmunizationWarning` when the run stopped early (diverged or lost rank)
-        or did not succeed.
+        Emit :class:`ImmunizationWarning` when the run stopped early or did not succeed.
     xp : namespace, optional
         Array API namespace to use instead of the inputs'.
     setup : DataSetup, optional
-        :func:`condreg.algorithm.setup_data` of these very arrays ``X_p``, ``X_h`` (same
-        ``rtol`` and ``ridge``): the data are not decomposed again. The result is the same bit
-        for bit.
+        :func:`condreg.algorithm.setup_data` of these very arrays (same ``rtol``, ``ridge``):
+        the data are not decomposed again; the result is the same bit for bit.
 
     Returns
     -------
     ImmunizationResult
-        ``res.theta``, ``res.omega`` (raw units), ``res.history``, ``res.metrics`` and ``rir``,
-        ``i``, ``ii``, ``succeeded``; ``res.stopped`` is ``"completed"``, ``"stopped by
-        callback at epoch t"``, ``"diverged: …"`` or ``"rank collapse: …"``. A run that
-        diverges or loses rank keeps the last healthy θ (finite, full rank), warns, and
-        reports finite metrics: diverging values never raise.
+        θ, the head, the history and metrics. A run that diverges or loses rank keeps the last
+        healthy θ and warns: diverging values never raise.
 
     Raises
     ------
     TypeError
-        Arrays of different libraries, non-array data, non-real dtypes, non-numeric options, a
-        ``resume`` that is not a result or a ``setup`` that is not a :class:`DataSetup`.
+        Arrays of different libraries, non-array or non-real data, non-numeric options, a bad
+        ``resume`` or ``setup`` type.
     ValueError
-        Non-2-D or empty ``X``, mismatched shapes, NaN/Inf in the data, bad labels, an unknown
-        method or task, a zero data matrix, ``X_h`` of rank < 2 for R_ill, bad options, a
-        ``resume`` of another method or task, a ``setup`` of other data or options. All checks
-        run before any decomposition.
+        Bad shapes, NaN/Inf, bad labels, unknown method or task, a zero data matrix, ``X_h``
+        of rank < 2 for R_ill, bad options, a ``resume`` or ``setup`` that does not match.
+        All checks run before any decomposition.
 
     Warns
     -----
     ImmunizationWarning
-        The run stopped early (``res.stopped`` starts with ``"diverged"`` or ``"rank
-        collapse"``), or it did not succeed (``not res.succeeded``); with ``warn=True``.
+        The run stopped early (diverged or rank collapse) or did not succeed; with
+        ``warn=True``.
 
     Examples
     --------
@@ -339,7 +304,7 @@ def immunize(
     >>> bool((rest.theta == res.theta).all())
     True
     """
-    epochs = _validate_epochs(epochs)
+    epochs = v.integer(epochs, "epochs", 0)
     if callback is not None and not callable(callback):
         raise TypeError(f"immunize: callback must be callable, got {type(callback).__name__}")
     if resume is not None and (theta0 is not None or omega0 is not None):
@@ -360,9 +325,8 @@ def immunize(
 
 
 def _continued(problem: Problem, state: State, resume: ImmunizationResult | None):
-    """The start of a run and the references of its health checks: ``state``, or the exact
-    iterate ``resume`` stopped at (its head in the algorithm's units and, on the same tasks,
-    its factored parts and features) and its references, when it is a run on the same data."""
+    """The start and the health references of a run: ``state``, or the exact iterate (and
+    references) of ``resume`` when it ran on the same data."""
     saved = None if resume is None else resume.resume_state
     if saved is None or saved.head_scale != problem.head_scale:
         return state, None
@@ -373,10 +337,7 @@ def _continued(problem: Problem, state: State, resume: ImmunizationResult | None
 
 
 def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
-    """The setup's spectra of the data (``problem.setup.tasks``) when they are of these
-    arrays."""
-    from condreg.metrics import rir_spectra
-
+    """The setup's spectra of the data when they are of these arrays, else new ones."""
     tasks = None if problem.setup is None else problem.setup.tasks
     if tasks is not None and X_p.dtype == tasks.s_kp.dtype:
         return tasks
@@ -384,32 +345,21 @@ def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
 
 
 def _detached(kept: Tracked) -> Tracked:
-    """The iterate without the setup's spectra at ``θ = I`` (a result keeps its own state
-    only; ``resume=`` reattaches the tasks of its run's setup)."""
+    """The iterate without the setup's spectra at ``θ = I`` (``resume=`` reattaches them)."""
     P, H = (replace(task, at_identity=()) for task in (kept.P, kept.H))
     return kept._replace(P=P, H=H)
-
-
-def _validate_epochs(epochs: Any) -> int:
-    from condreg.algorithm._validate import integer
-
-    return integer(epochs, "epochs", 0)
 
 
 def _result(
     problem: Problem, theta0: Array, out: Outcome, X_p: Array, X_h: Array, kw: dict[str, Any]
 ) -> ImmunizationResult:
-    """The result of the run ``out``: its θ and head, the metrics at ``θ_0`` and at θ (rows 0
-    and -1 of the history), every option the run depended on and its exact iterate."""
-    from condreg.metrics import rir_spectra
-
+    """The :class:`ImmunizationResult` of the run ``out``."""
     xp, history = problem.xp, out.history
     state = out.kept.state()
     dtype = state.theta.dtype
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
     with np.errstate(all="ignore"):
-        # the tasks' spectra from prepare (the same arrays), θ's decomposed once: exactly
-        # condreg.metrics.rir(θ, X_p, X_h, rtol=res.rtol)
+        # exactly condreg.metrics.rir(θ, X_p, X_h, rtol=res.rtol), the tasks' spectra reused
         tasks = _tasks(problem, X_p, X_h)
         spectra = rir_spectra(state.theta, X_p, X_h, rtol=problem.rtol, tasks=tasks)
         metrics = spectra.rir()
@@ -422,25 +372,19 @@ def _result(
     history.finish(first, metrics)
     uses_inner = problem.method.default_inner_lr is not None
     saved = ResumeState(_detached(out.kept), problem.head_scale, out.references, kw["y_h"])
+    same = ("task", "lam_p", "lam_h", "lr", "max_step", "rtol", "paths", "imma_steps")
     return ImmunizationResult(
         theta=state.theta,
         omega=problem.raw_omega(state),
         method=problem.method.name,
-        task=problem.task,
-        lam_p=problem.lam_p,
-        lam_h=problem.lam_h,
-        lr=problem.lr,
-        max_step=problem.max_step,
         epochs_run=out.epochs_run,
         history=history.rows,
         metrics=metrics,
         stopped=out.stopped,
-        rtol=problem.rtol,
         imma_lr=problem.imma_lr if uses_inner else None,
-        paths=problem.paths,
         resume_state=saved,
         spectra=spectra,
         ridge=problem.setup.ridge,
-        imma_steps=problem.imma_steps,
         seed=kw["seed"],
+        **{key: getattr(problem, key) for key in same},
     )

@@ -1,10 +1,4 @@
-"""The methods of :func:`condreg.immunize`: one registry, each entry its λ rule and its step.
-
-A :class:`Method` says which regularizer weights it uses, which Hessians it needs eigenvectors
-of, the size of its update per unit weight at ``θ_0`` (the default-λ rule: ``λ = max_step /
-size``) and its regularizer update (subtracted from ``θ`` after the supervised step). Adding a
-method is adding an entry to :data:`REGISTRY`; nothing else dispatches on names.
-"""
+"""The methods of :func:`condreg.immunize`: one registry, each entry its λ rule and its step."""
 
 from __future__ import annotations
 
@@ -26,19 +20,15 @@ Update = Callable[[Problem, Any, Any, Any], "Array | Delta"]
 
 @dataclass(frozen=True)
 class Method:
-    """One entry of :data:`REGISTRY`.
+    """One entry of :data:`REGISTRY` (adding a method is adding an entry).
 
-    ``uses`` — the weights the method reads (``"p"``: λ_P, ``"h"``: λ_H; the others are 0);
-    ``needs_vectors`` — whether its step needs eigenvectors of ``(H_P, H_H)`` (when the weight is
-    nonzero); ``unit_sizes(problem, θ_0, hs_P, hs_H)`` — the update size per unit weight at
-    ``θ_0``, in the units of ``max_step``; ``update(problem, θ, hs_P, hs_H)`` — the regularizer
-    part of ``θ_t − θ_{t+1}``, a ``D×D`` array or a :class:`condreg.algorithm._step.Delta`
-    (factored: the loop then moves the features without a ``D×D`` product; pure Array API
-    code); ``uses_theta`` — whether ``update`` reads θ (False: it is passed None where θ is
-    kept factored); ``summary`` — one line for the docs;
-    ``needs_y_h`` — it trains on harmful labels (a seeded surrogate when none are given);
-    ``min_rank_h`` — the rank ``X_h`` must have (2 for R_ill);
-    ``default_inner_lr(problem, θ_0, hs_H)`` — the default inner step (``imma_lr``), if any."""
+    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``needs_vectors``:
+    whether its step needs eigenvectors of ``(H_P, H_H)``; ``unit_sizes(problem, θ_0, hs_P,
+    hs_H)``: its update per unit weight at ``θ_0`` (``λ = max_step / size``); ``update(problem,
+    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}``, an array or a ``Delta``;
+    ``summary``: one line for the docs; ``needs_y_h``: it trains on harmful labels;
+    ``min_rank_h``: the rank ``X_h`` needs; ``default_inner_lr(problem, θ_0, hs_H)``: the default
+    ``imma_lr``, if any; ``uses_theta``: whether ``update`` reads θ (else it gets None)."""
 
     name: str
     uses: tuple[str, ...]
@@ -62,7 +52,7 @@ class Method:
         Returns
         -------
         tuple of bool
-            Whether eigenvectors of ``H_P`` and of ``H_H`` are needed.
+            For ``H_P`` and ``H_H``.
         """
         return (
             self.needs_vectors[0] and problem.lam_p > 0,
@@ -156,25 +146,19 @@ def imma_gradient(
 ) -> tuple[Array, Array]:
     """The attacker's adapted loss ``Φ(θ) = L_H(w_J(θ), θ)`` and its exact gradient (adjoint).
 
-    Inner loop: ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0`` for ``J = steps`` steps,
-    ``A = Xθ`` (never formed); ``ℓ`` the squared error or the logistic loss; ``Φ`` is the mean of
-    ``ℓ(Aw_J)``. The gradient is assembled from ``2J + 1`` rank-one terms, without
-    differentiating through the loop.
+    ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0``, ``A = Xθ``, ``J = steps``; ``Φ`` is the
+    mean of ``ℓ(Aw_J)`` (squared error or logistic loss).
 
     Parameters
     ----------
-    theta : array
-        The immunized map, ``D×D``.
-    X : array
-        The harmful data, ``N×D``.
-    y : array
-        Their labels, ``(N,)`` (``{0, 1}`` for classification).
+    theta : array, shape (D, D)
+        The immunized map.
+    X, y : array, shape (N, D) and (N,)
+        The harmful data and labels (``{0, 1}`` for classification).
     task : {"regression", "classification"}
         Squared error or logistic loss.
-    steps : int
-        ``J``, the attacker's inner steps.
-    alpha : float
-        ``α``, the attacker's step.
+    steps, alpha : int, float
+        ``J`` and ``α``, the attacker's inner steps and step size.
     xp : namespace
         The arrays' Array API namespace.
 
@@ -200,32 +184,22 @@ def imma_gradient(
 def _imma_factors(
     theta: Array, X: Array, y: Array, task: str, steps: int, alpha: float, xp: Any
 ) -> tuple[Array, Array, Array]:
-    """:func:`imma_gradient` with the gradient as its two factors ``(XᵀU)(Wᵀ)`` (``D×(2J+1)``,
-    ``(2J+1)×D``)."""
-    N = X.shape[0]
-
-    def apply_A(w):
-        return X @ (theta @ w)
-
-    def apply_At(c):
-        return theta.T @ (X.T @ c)
-
+    """:func:`imma_gradient` with the gradient as two factors ``(XᵀU)(Wᵀ)`` of rank ``2J+1``."""
+    N = X.shape[0]  # A = Xθ is applied, never formed
     ws = [xp.zeros_like(theta[0, :])]
     for _ in range(steps):
-        _, d1, _ = loss_parts(apply_A(ws[-1]), y, task, xp)
-        ws.append(ws[-1] - alpha * apply_At(d1 / N))
-    loss, d1, _ = loss_parts(apply_A(ws[-1]), y, task, xp)
-    p = apply_At(d1 / N)
+        _, d1, _ = loss_parts(X @ (theta @ ws[-1]), y, task, xp)
+        ws.append(ws[-1] - alpha * (theta.T @ (X.T @ (d1 / N))))
+    loss, d1, _ = loss_parts(X @ (theta @ ws[-1]), y, task, xp)
+    p = theta.T @ (X.T @ (d1 / N))
     us, vs = [d1 / N], [ws[-1]]  # dΦ/dA = Σ u_j v_jᵀ
     for j in range(steps - 1, -1, -1):
-        _, d1, d2 = loss_parts(apply_A(ws[j]), y, task, xp)
-        Ap = apply_A(p)
+        _, d1, d2 = loss_parts(X @ (theta @ ws[j]), y, task, xp)
+        Ap = X @ (theta @ p)
         us += [-alpha * d1 / N, -alpha * (d2 / N) * Ap]
         vs += [p, ws[j]]
-        p = p - alpha * apply_At((d2 / N) * Ap)
-    U = xp.stack(us, axis=1)
-    W = xp.stack(vs, axis=1)
-    return xp.mean(loss), X.T @ U, W.T
+        p = p - alpha * (theta.T @ (X.T @ ((d2 / N) * Ap)))
+    return xp.mean(loss), X.T @ xp.stack(us, axis=1), xp.stack(vs, axis=1).T
 
 
 def _imma_raw(problem: Problem, theta: Array) -> Delta:
@@ -250,56 +224,33 @@ def _imma_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[flo
 
 
 def imma_default_lr(problem: Problem, theta: Array, hsH: Any) -> float:
-    """``1/L``, ``L`` the smoothness of the probe loss on ``X̂_Hθ`` at ``θ_0``: ``curv·‖X̂_Hθ‖₂²/N``
-    with ``curv`` 2 (squared error) or 1/4 (logistic)."""
+    """``1/L``, ``L = curv·‖X̂_Hθ_0‖₂²/N`` the probe loss's smoothness (curv 2 or 1/4)."""
     H = problem.H
     top = float(hsH.mu[0]) / (H.c * H.c) * (H.scale * H.scale) / H.Xhat.shape[0]
     curvature = 2.0 if problem.task == "regression" else 0.25
     return 1.0 / (curvature * top)
 
 
-REGISTRY = MappingProxyType(
-    {
-        "condreg": Method(
-            "condreg",
-            ("p", "h"),
-            (True, True),
-            _condreg_sizes,
-            _condreg_update,
-            "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
-            min_rank_h=2,
-            uses_theta=False,
-        ),
-        "r_ill_only": Method(
-            "r_ill_only",
-            ("h",),
-            (False, True),
-            _condreg_sizes,
-            _condreg_update,
-            "−ηλ_H K_H⁻¹∇R_ill(H_H)",
-            min_rank_h=2,
-            uses_theta=False,
-        ),
-        "opt_kappa": Method(
-            "opt_kappa",
-            ("p", "h"),
-            (True, True),
-            _opt_kappa_sizes,
-            _opt_kappa_update,
-            "−η∇_θ[λ_H / log κ(H_H) + λ_P log κ(H_P)], plain gradient through κ",
-        ),
-        "imma": Method(
-            "imma",
-            ("h",),
-            (False, False),
-            _imma_sizes,
-            _imma_update,
-            "+ηλ_H∇_θL_H(w_J(θ), θ): ascent on the harmful loss after J simulated probe steps",
-            needs_y_h=True,
-            default_inner_lr=imma_default_lr,
-        ),
-    }
-)
+REGISTRY = MappingProxyType({
+    "condreg": Method(
+        "condreg", ("p", "h"), (True, True), _condreg_sizes, _condreg_update,
+        "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
+        min_rank_h=2, uses_theta=False,
+    ),
+    "r_ill_only": Method(
+        "r_ill_only", ("h",), (False, True), _condreg_sizes, _condreg_update,
+        "−ηλ_H K_H⁻¹∇R_ill(H_H)", min_rank_h=2, uses_theta=False,
+    ),
+    "opt_kappa": Method(
+        "opt_kappa", ("p", "h"), (True, True), _opt_kappa_sizes, _opt_kappa_update,
+        "−η∇_θ[λ_H / log κ(H_H) + λ_P log κ(H_P)], plain gradient through κ",
+    ),
+    "imma": Method(
+        "imma", ("h",), (False, False), _imma_sizes, _imma_update,
+        "+ηλ_H∇_θL_H(w_J(θ), θ): ascent on the harmful loss after J simulated probe steps",
+        needs_y_h=True, default_inner_lr=imma_default_lr,
+    ),
+})  # fmt: skip
 
 #: Method names, in the registry's order.
 METHODS = tuple(REGISTRY)

@@ -17,7 +17,7 @@ from condreg.algorithm._methods import REGISTRY
 from condreg.algorithm._problem import Problem, State, robust_rms
 from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
 from condreg.algorithm._setup import DataSetup, build_setup
-from condreg.algorithm._step import PATHS, gram_was_used, is_linalg_error, spectrum
+from condreg.algorithm._step import PATHS, is_linalg_error, probe_path, spectrum
 from condreg.metrics import run_rtol
 
 Array = Any
@@ -43,23 +43,10 @@ def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
     yh = None if y_h is None else v.labels(y_h, X_h.shape[0], "y_h", task, xp, dtype, dev)
     theta = xp.eye(D, dtype=dtype, device=dev)
     if theta0 is not None:
-        theta = v.as_array(theta0, "theta0", xp, dtype, dev)
-        if tuple(theta.shape) != (D, D):
-            raise ValueError(
-                f"immunize: theta0 must have shape ({D}, {D}), got {tuple(theta.shape)}"
-            )
-        if not v.finite(theta, xp):
-            raise ValueError("immunize: theta0 contains NaN or Inf")
+        theta = v.checked(theta0, "theta0", (D, D), xp, dtype, dev)
         if not bool(xp.any(theta != 0)):
             raise ValueError("immunize: theta0 is zero (rank 0)")
-    omega = None
-    if omega0 is not None:
-        omega = v.as_array(omega0, "omega0", xp, dtype, dev)
-        omega = xp.reshape(omega, (-1,)) if tuple(omega.shape) == (D, 1) else omega
-        if tuple(omega.shape) != (D,):
-            raise ValueError(f"immunize: omega0 must have shape ({D},), got {tuple(omega.shape)}")
-        if not v.finite(omega, xp):
-            raise ValueError("immunize: omega0 contains NaN or Inf")
+    omega = None if omega0 is None else v.checked(omega0, "omega0", (D,), xp, dtype, dev)
     return _Data(xp, X_p, X_h, yp, yh, theta, omega)
 
 
@@ -77,48 +64,50 @@ def _harmful_labels(d: _Data, task: str, seed: Any, xp: Any) -> Array:
     return d.y_h
 
 
-def _at_start(problem: Problem, task: Any, theta: Array, vectors: bool, which: int) -> Any:
-    """The engine's spectrum of a task at ``θ_0`` on the run's path (shared between the methods
-    of one data setup where ``θ_0 = I``: :func:`condreg.algorithm._step.initial_features`)."""
+def _at_start(problem: Problem, which: int, theta: Array, vectors: bool) -> Any:
+    """The engine's spectrum of task ``which`` (0: P, 1: H) at ``θ_0`` on the run's path."""
+    task = (problem.P, problem.H)[which]
     F = initial_features(task, theta)
     path = problem.paths[which]
     return spectrum(task, None, problem.rtol, problem.xp, F=F, vectors=vectors, path=path)
 
 
+def _guarded(fn: Any, fallback: Any) -> Any:
+    """``fn()`` without float warnings; ``fallback`` when a decomposition fails (a ``θ_0`` that
+    overflows is reported by the loop)."""
+    try:
+        with np.errstate(all="ignore"):
+            return fn()
+    except Exception as exc:
+        if not is_linalg_error(exc):
+            raise
+        return fallback
+
+
+def _usable(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
+
+
 def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     """Default λ's (balanced at ``θ_0``) and IMMA's inner step, where not given."""
-    method = problem.method
-    hsH = None
+    method, theta = problem.method, state.theta
     imma_lr = opts["imma_lr"]
     if method.default_inner_lr is not None and imma_lr is None:
-        try:
-            with np.errstate(all="ignore"):
-                hsH = _at_start(problem, problem.H, state.theta, False, 1)
-                imma_lr = method.default_inner_lr(problem, state.theta, hsH)
-        except Exception as exc:
-            if not is_linalg_error(exc):
-                raise
-            imma_lr = float("nan")
-        if not (imma_lr > 0 and math.isfinite(imma_lr)):
+        imma_lr = _guarded(
+            lambda: method.default_inner_lr(problem, theta, _at_start(problem, 1, theta, False)),
+            float("nan"),
+        )
+        if not _usable(imma_lr):
             imma_lr = 1.0  # θ_0 overflows or maps X_h to 0: the loop stops at epoch 0
     problem = problem.with_weights(problem.lam_p, problem.lam_h, imma_lr)
     lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
     if any(lam[k] is None for k in method.uses):
-        try:
-            with np.errstate(all="ignore"):  # a θ_0 that overflows is reported by the loop
-                hsP = _at_start(problem, problem.P, state.theta, True, 0)
-                hsH = _at_start(problem, problem.H, state.theta, True, 1)
-                sizes = method.unit_sizes(problem, state.theta, hsP, hsH)
-        except Exception as exc:
-            if not is_linalg_error(exc):
-                raise
-            sizes = (float("nan"), float("nan"))
-        sizes = dict(zip("ph", sizes, strict=True))
-        bad = [
-            k
-            for k in method.uses
-            if lam[k] is None and not (sizes[k] > 0 and math.isfinite(sizes[k]))
-        ]
+        def unit_sizes() -> tuple[float, float]:
+            hsP, hsH = (_at_start(problem, which, theta, True) for which in (0, 1))
+            return method.unit_sizes(problem, theta, hsP, hsH)
+
+        sizes = dict(zip("ph", _guarded(unit_sizes, (float("nan"),) * 2), strict=True))
+        bad = [k for k in method.uses if lam[k] is None and not _usable(sizes[k])]
         if bad and warn:
             warnings.warn(
                 "immunize: the regularizer gradient is zero or not finite at theta0 for "
@@ -161,14 +150,10 @@ def prepare(
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
-    What :func:`condreg.immunize` runs before its loop: all checks (before any decomposition),
-    the data's setup (:func:`condreg.algorithm.setup_data`, or ``setup``), the rescaled labels,
-    and the values left to their defaults: the weights balanced at ``θ_0``,
-    ``λ = max_step / size``, ``size`` the method's update per unit weight there (condreg:
-    ``2η·max|d_i|``, ``d`` the derivative of R_well or R_ill in the Hessian's eigenvalues), IMMA's
-    inner step ``1/L`` (``L`` the probe loss's smoothness at ``θ_0``) and the engine's
-    decomposition path per task. Iterate :func:`condreg.algorithm.step` from the returned state
-    for the epochs of ``immunize``.
+    What :func:`condreg.immunize` runs before its loop: every check, the data's setup, and the
+    defaults: weights balanced at ``θ_0`` (``λ = max_step / size``, ``size`` the method's update
+    per unit weight), IMMA's inner step ``1/L`` and the engine's path per task. Iterate
+    :func:`condreg.algorithm.step` from the returned state.
 
     Parameters
     ----------
@@ -176,16 +161,15 @@ def prepare(
 imma_steps, imma_lr, rtol, warn, xp, setup
         As in :func:`condreg.immunize` (same defaults and errors).
     paths : tuple of two str, optional
-        The engine's decomposition path per task, ``"auto"`` (the Gram eigendecomposition
-        where it resolves the spectrum) or ``"exact"``; default: chosen at ``θ_0``. Pass a
-        result's ``paths`` to reproduce it bit for bit.
+        The engine's path per task, ``"auto"`` or ``"exact"``; default: chosen at ``θ_0``. A
+        result's ``paths`` reproduce it bit for bit.
 
     Returns
     -------
     problem : Problem
-        Everything an epoch needs, immutable (``dataclasses.replace`` to vary it).
+        Everything an epoch needs, immutable.
     state : State
-        ``(θ_0, ω̂_0)``, the head in the problem's scaled units (``problem.raw_omega``).
+        ``(θ_0, ω̂_0)``, the head in the problem's scaled units.
 
     Raises
     ------
@@ -209,10 +193,10 @@ imma_steps, imma_lr, rtol, warn, xp, setup
     ):
         raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
     opts = v.options(
-        method=method, task=task, methods=REGISTRY, lr=lr, epochs=0, max_step=max_step,
+        method=method, task=task, methods=REGISTRY, lr=lr, max_step=max_step,
         lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
     )  # fmt: skip
-    seed = v.seed(seed)
+    seed = v.integer(seed, "seed", 0, TypeError)
     d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     xp = d.xp
     rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
@@ -242,19 +226,12 @@ imma_steps, imma_lr, rtol, warn, xp, setup
 
 
 def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
-    """Per task: ``"auto"`` where the Gram eigh resolves the spectrum at ``θ_0``, else
-    ``"exact"`` (the eigh would be wasted every epoch)."""
+    """Per task, the path to run from ``θ_0`` (:func:`condreg.algorithm._step.probe_path`)."""
     out = []
     for task in (problem.P, problem.H):
-        try:
-            with np.errstate(all="ignore"):
-                F = initial_features(task, theta)
-                hs = spectrum(task, None, problem.rtol, problem.xp, F=F, vectors=False, path="auto")
-                out.append("auto" if gram_was_used(hs, problem.xp) else "exact")
-        except Exception as exc:  # θ_0 overflows: the loop reports it at epoch 0
-            if not is_linalg_error(exc):
-                raise
-            out.append("exact")
+        with np.errstate(all="ignore"):
+            F = initial_features(task, theta)
+        out.append(probe_path(task, F, problem.rtol, problem.xp, vectors=False)[1])
     return out[0], out[1]
 
 
@@ -270,8 +247,7 @@ RESUMED = ("method", "task", "lam_p", "lam_h", "lr", "max_step", "ridge", "imma_
 
 
 def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
-    """The options of a run: those ``given``, else (``resume``) the resumed run's — its θ, ω
-    and every option it recorded — else :data:`DEFAULTS`."""
+    """The options of a run: those ``given``, else the resumed run's, else :data:`DEFAULTS`."""
     out = dict(given)
     if resume is not None:
         if not isinstance(resume, ImmunizationResult):
@@ -285,12 +261,10 @@ def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, An
                     f"{key}={given[key]!r}"
                 )
         out["theta0"], out["omega0"] = resume.theta, resume.omega
-        saved = resume.resume_state
-        recorded = {key: getattr(resume, key, None) for key in RESUMED}
-        recorded["y_h"] = None if saved is None else saved.y_h
+        y_h = None if resume.resume_state is None else resume.resume_state.y_h
         for key in RESUMED:
             if out[key] is None:
-                out[key] = recorded[key]
+                out[key] = y_h if key == "y_h" else getattr(resume, key, None)
     for key, value in DEFAULTS.items():
         if out[key] is None:
             out[key] = value

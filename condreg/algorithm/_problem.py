@@ -1,12 +1,4 @@
-"""The immutable problem Algorithm 1 iterates on: scaled data, factors, preconditioners, weights.
-
-:func:`build_task` turns one task's data ``X`` into a :class:`TaskData` with one thin SVD
-``X = U diag(s) Vᵀ`` (the only decomposition of the data): the factor ``A = diag(c·s_r) V_rᵀ``
-of ``K̃ = c²K`` restricted to the numerical rank ``r`` (``s_i > rtol·s₁``; ``c`` a power of two
-bringing ``c·s₁`` into ``[1/√2, √2]``, an exact rescaling), the left preconditioner's basis and
-filter (:mod:`condreg._precondition`), and the power-of-two-scaled data of the supervised loss.
-Every epoch then decomposes ``F = Aθ`` (``r×D``) — never a ``D×D`` matrix.
-"""
+"""The immutable problem Algorithm 1 iterates on: scaled data, factors, preconditioners, weights."""
 
 from __future__ import annotations
 
@@ -24,8 +16,7 @@ Array = Any
 
 
 class State(NamedTuple):
-    """The iterate ``(θ_t, ω̂_t)``: ``theta`` (``D×D``) and the head ``omega`` in the problem's
-    scaled units (raw units: :meth:`Problem.raw_omega`)."""
+    """The iterate ``(θ_t, ω̂_t)``: ``theta`` (``D×D``) and the head in the problem's units."""
 
     theta: Array
     omega: Array
@@ -33,17 +24,12 @@ class State(NamedTuple):
 
 @dataclass(frozen=True)
 class TaskData:
-    """One task as Algorithm 1 uses it (built by :func:`build_task`).
+    """One task as Algorithm 1 uses it (:func:`build_task`).
 
-    ``A`` (``r×D``): factor of ``K̃ = c²K`` on the rank, ``A = diag(sc) Vᵀ``; ``basis`` = ``V``
-    (``D×r``); ``sc`` = ``c·s_r``; ``pinv`` = ``f/sc`` (preconditioned steps are
-    ``V diag(pinv)·(FG)``, ``f`` the pinv/ridge filter); ``Xhat`` = ``X·scale``
-    (``scale = √N/‖X‖₂``) for the supervised and probe losses; ``c``; ``rank`` = ``r``;
-    ``kappa_K`` = κ(K) at the run's ``rtol``, exactly as :func:`condreg.metrics.rir` computes it;
-    ``at_identity``: pairs ``(path, spectrum)`` of the engine's spectrum of ``F = A`` (``θ = I``)
-    on that path, found by :func:`condreg.algorithm._step.spectrum` when it is given ``F = A``
-    itself (:func:`condreg.algorithm.setup_data` fills them; every method starting at
-    ``θ_0 = I`` then shares one decomposition)."""
+    ``A = diag(sc) Vᵀ`` (``r×D``) factors ``K̃ = c²K`` on the rank ``r``; ``basis`` = ``V``;
+    ``sc = c·s_r``; ``pinv = f/sc`` (``f`` the pinv/ridge filter); ``Xhat = X·scale`` feeds the
+    supervised and probe losses; ``kappa_K`` = κ(K) as :func:`condreg.metrics.rir`;
+    ``at_identity``: ``(path, spectrum)`` pairs of ``F = A`` (``θ = I``) from the setup."""
 
     A: Array
     basis: Array
@@ -61,12 +47,10 @@ class TaskData:
 class Problem:
     """Everything one epoch needs, fixed for the run (``dataclasses.replace`` to vary it).
 
-    ``method`` is an entry of :data:`condreg.algorithm.REGISTRY`; ``P``/``H`` the two tasks;
-    ``yp`` the scaled pre-training labels (``y/rms(y)`` for regression), ``yh`` the harmful
-    labels of IMMA (or None); ``head_scale`` converts the head to raw units; ``rtol`` is the
-    run's rank tolerance on singular values of ``Xθ``; ``xp`` the array namespace; ``paths``
-    the engine's decomposition path per task (``"auto"`` or ``"exact"``, chosen at ``θ_0``:
-    ``"exact"`` where the Gram did not resolve the spectrum there)."""
+    ``method``: an entry of :data:`condreg.algorithm.REGISTRY`; ``P``, ``H``: the tasks; ``yp``,
+    ``yh``: scaled labels (``yh`` for IMMA only); ``head_scale``: the head's raw units; ``rtol``:
+    the rank tolerance on ``σ(Xθ)``; ``paths``: the engine's path per task (``"auto"`` or
+    ``"exact"``); ``setup``: the :class:`condreg.algorithm.DataSetup` of the tasks."""
 
     method: Method
     task: str
@@ -84,29 +68,24 @@ class Problem:
     head_scale: float
     xp: Any
     paths: tuple[str, str] = ("auto", "auto")
-    #: the :class:`condreg.algorithm.DataSetup` the tasks come from (its ``tasks``, the data's
-    #: spectra at ``rtol``, are reused by the result)
     setup: Any = None
 
     def state(self, theta: Array, omega_raw: Array) -> State:
-        """The :class:`State` of ``θ`` and a head in raw units: ``(θ, ω_raw / head_scale)``.
+        """The :class:`State` ``(θ, ω_raw / head_scale)``.
 
         Parameters
         ----------
-        theta : array
-            The immunized map, ``D×D``.
-        omega_raw : array
-            The head in the units of the raw data, ``(D,)`` (as ``ImmunizationResult.omega``).
+        theta, omega_raw : array
+            The extractor (``D×D``) and the head in raw units (as ``ImmunizationResult.omega``).
 
         Returns
         -------
         State
-            The iterate in the problem's scaled units.
         """
         return State(theta, omega_raw / self.head_scale)
 
     def raw_omega(self, state: State) -> Array:
-        """The head of ``state`` in the units of the raw data: ``ω̂·head_scale``.
+        """The head of ``state`` in raw units: ``ω̂·head_scale``.
 
         Parameters
         ----------
@@ -116,7 +95,6 @@ class Problem:
         Returns
         -------
         array
-            ``(D,)``, as ``ImmunizationResult.omega``.
         """
         return state.omega * self.head_scale
 
@@ -133,7 +111,6 @@ class Problem:
         Returns
         -------
         Problem
-            The copy (``dataclasses.replace``); ``self`` is unchanged.
         """
         kw: dict[str, Any] = {"lam_p": float(lam_p), "lam_h": float(lam_h)}
         if imma_lr is not None:
@@ -153,8 +130,7 @@ def robust_rms(y: Array, xp: Any) -> float:
 def build_task(
     X: Array, xp: Any, rtol: float, ridge: float | None, kappa_K: float | None = None
 ) -> TaskData:
-    """One SVD of ``X``; raises ``ValueError`` when ``X`` has rank 0. ``kappa_K``: κ(K) at
-    ``rtol`` as :func:`condreg.metrics.rir` computes it, when the caller has it."""
+    """The :class:`TaskData` of ``X`` from one SVD (``ValueError`` at rank 0)."""
     N, D = X.shape
     _, s, Vh = xp.linalg.svd(X, full_matrices=False)
     s1 = float(s[0])

@@ -1,23 +1,16 @@
-"""What Algorithm 1 derives from the data alone, built once and held by the caller.
-
-:func:`setup_data` decomposes the two tasks' data; :class:`DataSetup` holds the result, and
-:func:`condreg.immunize` (``setup=``) reuses it instead of decomposing the data again — the
-saving when several methods or runs share one pair of tasks. Nothing is kept between calls
-anywhere else: reuse is this object, in the caller's hands.
-"""
+"""What Algorithm 1 derives from the data alone (:func:`setup_data`), held by the caller."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 from array_api_compat import device as _device
 
 from condreg.algorithm import _validate as v
 from condreg.algorithm._factored import initial_features
 from condreg.algorithm._problem import TaskData, build_task
-from condreg.algorithm._step import gram_was_used, is_linalg_error, spectrum
+from condreg.algorithm._step import probe_path
 from condreg.metrics import rir_spectra, run_rtol
 
 Array = Any
@@ -27,49 +20,25 @@ Array = Any
 class DataSetup:
     """Everything :func:`condreg.immunize` derives from the data alone (:func:`setup_data`).
 
-    A run's data are decomposed here once: one thin SVD per task, ``X = U diag(s) Vᵀ``, gives
-    its factor ``A = diag(c·s_r) V_rᵀ`` of ``K̃ = c²XᵀX`` (:class:`TaskData`); the spectral
-    engine's spectrum of ``F = A`` (``θ = I``) serves the default weights and the first epoch of
-    every method that starts at ``θ_0 = I``. Pass it as ``immunize(..., setup=setup)`` with the
-    very arrays it was built from.
+    Pass it as ``immunize(..., setup=setup)`` with the very arrays it was built from.
 
     Attributes
     ----------
     X_p, X_h : array
-        The arrays the setup was built from (the objects themselves: a run checks that it is
-        given these objects, see :meth:`check`).
+        The arrays it was built from (the objects themselves, see :meth:`check`).
     xp : namespace
         Their Array API namespace.
-    rtol : float
-        The run's rank tolerance on singular values (given, or ``max(N_P, N_H, D)·eps``).
-    ridge : float or None
-        The preconditioner's ridge (None: pseudo-inverse).
+    rtol, ridge : float, float or None
+        The runs' rank tolerance (resolved) and preconditioner ridge.
     tasks : condreg.metrics.RIRSpectra
-        The singular values of ``X_p`` and ``X_h`` at ``rtol`` (``θ = I``), exactly as
-        :func:`condreg.metrics.rir` computes them: κ(K_P), κ(K_H).
+        The singular values of ``X_p`` and ``X_h`` at ``rtol``, as :func:`condreg.metrics.rir`.
     P, H : TaskData
-        The pre-training and the harmful task; ``P.at_identity`` and ``H.at_identity`` hold
-        the engine's spectra of their factors at ``θ = I`` (eager NumPy; empty otherwise).
+        The two tasks, with the engine's spectra of their factors at ``θ = I`` (eager NumPy).
     paths : tuple of str
-        The engine's decomposition path per task at ``θ_0 = I``: ``"auto"`` where the Gram
-        eigendecomposition resolves the spectrum, else ``"exact"``.
+        The engine's path per task at ``θ = I``: ``"auto"`` where the Gram resolves the
+        spectrum, else ``"exact"``.
     built : tuple
         ``(shape, dtype)`` of ``X_p`` and of ``X_h`` when the setup was built.
-
-    Examples
-    --------
-    >>> import numpy as np, condreg
-    >>> from condreg.algorithm import setup_data
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> y_p = rng.standard_normal(40)
-    >>> setup = setup_data(X_p, X_h)
-    >>> setup.paths
-    ('auto', 'auto')
-    >>> a = condreg.immunize(X_p, y_p, X_h, epochs=3, setup=setup, warn=False)
-    >>> b = condreg.immunize(X_p, y_p, X_h, epochs=3, warn=False)
-    >>> bool((a.theta == b.theta).all())
-    True
     """
 
     X_p: Array
@@ -81,26 +50,17 @@ class DataSetup:
     P: TaskData
     H: TaskData
     paths: tuple[str, str]
-    #: ``(shape, dtype)`` of ``X_p`` and ``X_h`` when the setup was built
     built: tuple[tuple[tuple[int, ...], str], tuple[tuple[int, ...], str]]
 
     def check(self, X_p: Array, X_h: Array, *, rtol: float, ridge: float | None, xp: Any) -> None:
-        """Refuse a run on other data or options than this setup's.
-
-        "The same data" is the same array objects (``X_p is self.X_p``), with the shape and
-        dtype they had when the setup was built: the data are not read again. Writing into the
-        arrays between :func:`setup_data` and the run is not detected.
+        """Refuse a run on other data (other objects, shapes or dtypes) or options.
 
         Parameters
         ----------
         X_p, X_h : array
             The run's data.
-        rtol : float
-            The run's rank tolerance.
-        ridge : float or None
-            The run's preconditioner ridge.
-        xp : namespace
-            The run's Array API namespace.
+        rtol, ridge, xp
+            The run's rank tolerance, preconditioner ridge and Array API namespace.
 
         Raises
         ------
@@ -143,13 +103,9 @@ def setup_data(
 ) -> DataSetup:
     """Decompose the two tasks' data once, for every :func:`condreg.immunize` run on them.
 
-    Each task's data ``X`` (``N×D``) gets one thin SVD ``X = U diag(s) Vᵀ``; the factor
-    ``A = diag(c·s_r) V_rᵀ`` of ``K̃ = c²XᵀX`` on the numerical rank ``r = #{s_i > rtol·s₁}``
-    (``c`` a power of two), the left preconditioner ``K⁻¹`` and the rescaled data of the
-    supervised loss follow from it; κ(K_P) and κ(K_H) are computed exactly as
-    :func:`condreg.metrics.rir` does; and the spectral engine decomposes ``F = A`` (``θ = I``),
-    which decides each task's decomposition path and serves the default weights and the first
-    epoch of every run that starts at ``θ_0 = I``.
+    One thin SVD per task gives the factor ``A = diag(c·s_r) V_rᵀ`` of ``K̃ = c²XᵀX``, the
+    preconditioner and κ(K); the engine's spectrum of ``F = A`` (``θ = I``) picks each task's
+    path and serves every run that starts at ``θ_0 = I``.
 
     Parameters
     ----------
@@ -165,9 +121,8 @@ def setup_data(
     Returns
     -------
     DataSetup
-        To pass as ``setup=`` to :func:`condreg.immunize` or :func:`condreg.algorithm.prepare`
-        together with these very arrays ``X_p``, ``X_h`` and the same ``rtol`` and ``ridge``;
-        the runs then equal runs without it bit for bit.
+        For ``setup=`` of :func:`condreg.immunize` or :func:`condreg.algorithm.prepare` with
+        these arrays, ``rtol`` and ``ridge``: the runs are the same bit for bit.
 
     Raises
     ------
@@ -181,13 +136,12 @@ def setup_data(
     --------
     >>> import numpy as np, condreg
     >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> y_p = rng.standard_normal(40)
+    >>> X_p, X_h, y_p = rng.standard_normal((40, 6)), rng.standard_normal((30, 6)), np.ones(40)
     >>> setup = condreg.algorithm.setup_data(X_p, X_h)
-    >>> runs = {m: condreg.immunize(X_p, y_p, X_h, method=m, epochs=3, setup=setup, warn=False)
-    ...         for m in condreg.algorithm.METHODS}
-    >>> sorted(runs) == sorted(condreg.algorithm.METHODS)
-    True
+    >>> a = condreg.immunize(X_p, y_p, X_h, epochs=3, setup=setup, warn=False)
+    >>> b = condreg.immunize(X_p, y_p, X_h, epochs=3, warn=False)
+    >>> bool((a.theta == b.theta).all()), setup.paths
+    (True, ('auto', 'auto'))
     """
     opts = v.setup_options(rtol=rtol, ridge=ridge)
     xp = v.namespace({"X_p": X_p, "X_h": X_h}, xp)
@@ -198,8 +152,7 @@ def setup_data(
 def build_setup(
     X_p: Array, X_h: Array, Xp: Array, Xh: Array, xp: Any, rtol: float | None, ridge: float | None
 ) -> DataSetup:
-    """:func:`setup_data` of validated data: ``X_p``, ``X_h`` the arrays as given (recorded),
-    ``Xp``, ``Xh`` in the compute dtype (decomposed)."""
+    """:func:`setup_data` of validated data: ``X_p``, ``X_h`` as given, ``Xp``, ``Xh`` cast."""
     rtol = float(rtol or run_rtol(Xp, Xh))  # max(N_P, N_H, D)·eps, as metrics.rir
     tasks = rir_spectra(None, Xp, Xh, rtol=rtol)  # κ(K_P), κ(K_H) as metrics.rir
     kappas = tasks.rir()
@@ -210,23 +163,13 @@ def build_setup(
 
 
 def _at_identity(task: TaskData, rtol: float, xp: Any) -> tuple[TaskData, str]:
-    """The task with its spectrum at ``θ = I`` (where ``F = Aθ`` is the factor itself: eager
-    NumPy, :func:`condreg.algorithm._step.initial_features`), and its path there: ``"auto"``
-    where the Gram eigh resolves the spectrum, else ``"exact"`` (the eigh would be wasted every
-    epoch). The spectrum is kept under ``"exact"`` too when ``"auto"`` fell back to it (the
-    same computation)."""
+    """The task with its spectrum at ``θ = I`` kept (eager NumPy, where ``F = A``), and its path
+    there (the spectrum is kept under ``"exact"`` too when ``"auto"`` fell back to it)."""
     D = task.A.shape[1]
     F = initial_features(task, xp.eye(D, dtype=task.A.dtype, device=_device(task.A)))
     keep = F is task.A
-    try:
-        with np.errstate(all="ignore"):
-            hs = spectrum(task, None, rtol, xp, F=F, vectors=keep, path="auto")
-    except Exception as exc:  # the data overflow in the features: the loop reports it
-        if not is_linalg_error(exc):
-            raise
-        return task, "exact"
-    path = "auto" if gram_was_used(hs, xp) else "exact"
-    if not keep:
+    hs, path = probe_path(task, F, rtol, xp, vectors=keep)
+    if not keep or hs is None:
         return task, path
     paths = ("auto",) if path == "auto" else ("auto", "exact")
     return replace(task, at_identity=tuple((p, hs) for p in paths)), path

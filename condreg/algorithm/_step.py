@@ -1,10 +1,11 @@
-"""One epoch of Algorithm 1 as pure Array API code (no host synchronisation: it traces under
-``jax.jit``), and the pieces every method shares."""
+"""One epoch of Algorithm 1 as pure Array API code (jit-able), and the pieces every method
+shares."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from array_api_compat import is_numpy_array, is_torch_array
 
 from condreg import _core, _extreme, _linalg, _spectrum, _validation
@@ -15,7 +16,6 @@ Array = Any
 
 #: The entries of the record :func:`step` returns for ``θ_t``.
 RECORD_FIELDS = ("kappa_hp", "kappa_hh", "r_well", "r_ill", "loss", "rank_p", "rank_h", "next_ok")
-
 
 #: Decomposition paths of the engine a task may use (:func:`condreg._spectrum.decompose`).
 PATHS = ("auto", "exact")
@@ -31,24 +31,12 @@ def spectrum(
     path: str,
     F: Array | None = None,
 ):
-    """Spectrum of ``H̃(θ) = θᵀK̃θ`` from the factor: ``F = Aθ`` (``r×D``), rank
-    ``#{σ_i(F) > rtol·σ₁(F)}``, every counted value resolved (the engine's guarantee).
+    """Spectrum of ``H̃(θ) = θᵀK̃θ`` from ``F = Aθ`` (given, or from ``theta``), every counted
+    value resolved. ``path``: ``"auto"`` (Gram eigh where it resolves) or ``"exact"`` (QR + SVD).
 
-    ``path="auto"``: the eigh of the ``r×r`` Gram where it resolves them, else a QR of ``Fᵀ``
-    and the SVD of its ``R``; ``"exact"``: the latter directly (no wasted eigh on data whose
-    spectrum the Gram never resolves).
-
-    Eagerly (NumPy; PyTorch on the CPU outside ``torch.compile``) only the values are
-    decomposed (``eigvalsh`` of the Gram, or the singular values of ``R``) and the vectors come
-    back as an :class:`Extremes` (``hs.ext``) that finds the eigenvectors of the extreme
-    clusters on demand (:mod:`condreg._extreme`), falling back to the full decomposition where
-    they are not certified. Traced (``jax.jit``), the engine's full decomposition is used and the
-    small side's vectors come back as ``W`` (``F = W S Vᵀ``; ``V`` instead when ``r = D``).
-
-    ``F``: the features ``Aθ`` where the caller has them (the loop carries them from epoch to
-    epoch, :class:`Tracked`); ``theta`` is then not read. Given the task's factor itself
-    (``F is task.A``: ``θ = I``), the spectrum the data's setup keeps for that path and
-    tolerance is returned (``task.at_identity``, :func:`condreg.algorithm.setup_data`)."""
+    Eager arrays (:func:`_eager`) get values only and an :class:`Extremes` (``hs.ext``) finding
+    the extreme clusters' vectors on demand; traced ones the full decomposition. ``F is task.A``
+    returns the setup's spectrum at ``θ = I`` (``task.at_identity``)."""
     if F is None:
         F = task.A @ theta
     if _eager(F):
@@ -64,25 +52,16 @@ def spectrum(
 
 
 def _eager(F: Array) -> bool:
-    """Values-only decomposition with vectors on demand: NumPy, and PyTorch on the CPU outside
-    ``torch.compile`` (its cluster checks read values: host synchronisations on a GPU). Other
-    arrays (eager JAX, array-api-strict, CUDA tensors) take the full decomposition."""
+    """Values only, vectors on demand: NumPy, and CPU PyTorch outside ``torch.compile``."""
     if is_numpy_array(F):
         return True
     return is_torch_array(F) and F.device.type == "cpu" and not _spectrum.traced(F)
 
 
-def _left_gram(F: Array, gdtype: Any, xp: Any) -> Array:
-    """``FFᵀ`` of the ``r×D`` factor (``r <= D``) in the Gram dtype ``gdtype``."""
-    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
-    return A @ A.T
-
-
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
-    how = "auto" if path == "auto" else "exact"  # the engine's Gram-or-exact, keeping G or R
     sm = _spectrum.small_side(
-        F, xp, how=how, vectors=False, rtol=rtol, read=_spectrum.eager, keep=True
+        F, xp, how=path, vectors=False, rtol=rtol, read=_spectrum.eager, keep=True
     )
     mask, k = _spectrum.rank(sm.s, rtol, xp)
     mu = sm.s * sm.s
@@ -93,12 +72,9 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
 
 
 class Extremes:
-    """The left singular vectors ``W`` of ``F`` (eigenvectors of ``G = FFᵀ``) on demand.
-
-    ``G`` is the Gram the values came from (``R is None``), or ``F`` was decomposed through
-    ``R`` (``Fᵀ = QR``, exact path) and ``G`` is formed only when needed. Clusters are found by
-    :mod:`condreg._extreme`; where it does not certify them, the full decomposition (eigh of
-    ``G``, or the SVD of ``R``) is computed once and reused."""
+    """The left singular vectors ``W`` of ``F`` (eigenvectors of ``G = FFᵀ``) on demand: from
+    the Gram ``G`` or the exact path's ``R`` (``Fᵀ = QR``); certified clusters
+    (:mod:`condreg._extreme`), else the full decomposition, computed once."""
 
     def __init__(self, F: Array, G: Array | None, R: Array | None, sp: Any, gdtype: Any, xp: Any):
         self.F, self._G, self.R, self.sp, self.gdtype, self.xp = F, G, R, sp, gdtype, xp
@@ -108,15 +84,13 @@ class Extremes:
 
     @property
     def G(self) -> Array:
-        """``FFᵀ`` in the Gram dtype; from the exact path's ``R`` as ``RᵀR`` (``Fᵀ = QR``: the
-        same matrix to rounding, an ``r×r×r`` product instead of ``r×D×r``) when ``R`` is in
-        that dtype."""
+        """``FFᵀ`` in the Gram dtype (``RᵀR`` when ``R`` is in that dtype)."""
         if self._G is None:
-            xp = self.xp
             if self.R is not None and self.R.dtype == self.gdtype:
                 self._G = self.R.T @ self.R
             else:
-                self._G = _left_gram(self.F, self.gdtype, xp)
+                A = self.F if self.F.dtype == self.gdtype else self.xp.astype(self.F, self.gdtype)
+                self._G = A @ A.T
         return self._G
 
     def gram(self) -> Array:
@@ -146,29 +120,24 @@ class Extremes:
         return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
 
     def cluster(self, lo: int, hi: int) -> Array:
-        """The columns ``lo:hi`` of ``W`` (certified, or from the full decomposition); kept,
-        since the setup's spectrum at ``θ = I`` is asked again by every method run on it."""
-        if (lo, hi) not in self._clusters:
-            self._clusters[(lo, hi)] = self._cluster(lo, hi)
-        return self._clusters[(lo, hi)]
-
-    def _cluster(self, lo: int, hi: int) -> Array:
-        # Certified first even when the full decomposition exists (another cluster's fallback,
-        # or all the vectors asked for): a cluster is then the same whatever was asked before
-        # (the setup's spectrum at θ = I is asked by several methods, in their order).
-        xp = self.xp
-        V = None
-        n = self.sp.s.shape[-1]
+        """The columns ``lo:hi`` of ``W``, kept: certified (even when the full decomposition
+        exists, so the same whatever was asked before), else from :meth:`full`."""
+        if (lo, hi) in self._clusters:
+            return self._clusters[(lo, hi)]
+        xp, V = self.xp, None
         if self.R is None or lo == 0:
             mu = xp.astype(self.sp.s, self.gdtype) ** 2
             value_eps = _spectrum.eps(xp, self.sp.s.dtype)
             V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
-        elif hi == n:
+        elif hi == self.sp.s.shape[-1]:
             V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)
-        if V is not None:
-            return xp.astype(V, self.F.dtype)
-        self.fallbacks += 1
-        return self.full()[:, lo:hi]
+        if V is None:
+            self.fallbacks += 1
+            V = self.full()[:, lo:hi]
+        else:
+            V = xp.astype(V, self.F.dtype)
+        self._clusters[(lo, hi)] = V
+        return V
 
 
 def is_linalg_error(exc: BaseException) -> bool:
@@ -182,9 +151,17 @@ def gram_was_used(hs: Any, xp: Any) -> bool:
     return bool(err > 0) if isinstance(err, float) else bool(float(xp.max(err)) > 0)
 
 
-def sigmoid(z: Array, xp: Any) -> Array:
-    e = xp.exp(-xp.abs(z))
-    return xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+def probe_path(task: TaskData, F: Array, rtol: float, xp: Any, *, vectors: bool):
+    """``(hs, path)``: the spectrum of ``F`` on ``"auto"`` and the path to run, ``"auto"`` where
+    the Gram resolved it, else ``"exact"`` (``hs`` None when the decomposition failed)."""
+    try:
+        with np.errstate(all="ignore"):
+            hs = spectrum(task, None, rtol, xp, F=F, vectors=vectors, path="auto")
+    except Exception as exc:  # the features overflow: the loop reports it
+        if not is_linalg_error(exc):
+            raise
+        return None, "exact"
+    return hs, "auto" if gram_was_used(hs, xp) else "exact"
 
 
 def loss_parts(z: Array, y: Array, task: str, xp: Any) -> tuple[Array, Array, Array]:
@@ -192,55 +169,42 @@ def loss_parts(z: Array, y: Array, task: str, xp: Any) -> tuple[Array, Array, Ar
     if task == "regression":
         r = z - y
         return r * r, 2.0 * r, 2.0 * xp.ones_like(z)
-    p = sigmoid(z, xp)
+    e = xp.exp(-xp.abs(z))
+    p = xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))  # the sigmoid, without overflow
     loss = xp.logaddexp(xp.zeros_like(z), z) - y * z
     return loss, p - y, p * (1.0 - p)
 
 
-def supervised(theta: Any, omega: Array, X: Array, y: Array, task: str, xp: Any):
-    """Mean loss, ``q`` and the gradient with respect to ω (the head sits on ``Xθ``); the
-    gradient with respect to θ is ``q ωᵀ``. ``theta``: a ``D×D`` array or a :class:`Tracked`
-    (``θ`` applied through its parts)."""
-    N = X.shape[0]
-    apply, apply_t = _operators(theta)
-    z = X @ apply(omega)
-    loss, d1, _ = loss_parts(z, y, task, xp)
-    q = X.T @ (d1 / N)
-    return xp.mean(loss), q, apply_t(q)
-
-
-def _operators(theta: Any):
-    """``w ↦ θw`` and ``c ↦ θᵀc`` of a dense θ or a :class:`Tracked` one."""
-    if isinstance(theta, Tracked):
-        return theta.apply, theta.apply_t
-    return (lambda w: theta @ w), (lambda c: theta.T @ c)
+def _measure(problem: Problem, tr: Tracked, vectors: tuple[bool, bool]):
+    """``(hs_P, hs_H, loss, q, g_omega)`` at ``tr``: the spectra and the supervised loss, ``q``
+    (the θ-gradient is ``q ωᵀ``) and the ω-gradient."""
+    xp, X = problem.xp, problem.P.Xhat
+    hsP, hsH = (
+        spectrum(task, None, problem.rtol, xp, vectors=vec, path=path, F=F)
+        for task, vec, path, F in zip(
+            (problem.P, problem.H), vectors, problem.paths, (tr.F_P, tr.F_H), strict=True
+        )
+    )
+    loss, d1, _ = loss_parts(X @ tr.apply(tr.omega), problem.yp, problem.task, xp)
+    q = X.T @ (d1 / X.shape[0])
+    return hsP, hsH, xp.mean(loss), q, tr.apply_t(q)
 
 
 def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) -> Array:
+    """The :data:`RECORD_FIELDS` as one array."""
     xp = problem.xp
-    return xp.stack(
-        [
-            _linalg.kappa(hsP, xp),
-            _linalg.kappa(hsH, xp),
-            _linalg.r_well(hsP, xp),
-            _linalg.r_ill(hsH, xp),
-            loss,
-            xp.astype(hsP.sp.k, loss.dtype),
-            xp.astype(hsH.sp.k, loss.dtype),
-            next_ok,
-        ]
-    )
+    kappas = [_linalg.kappa(hsP, xp), _linalg.kappa(hsH, xp)]
+    ranks = [xp.astype(hs.sp.k, loss.dtype) for hs in (hsP, hsH)]
+    regs = [_linalg.r_well(hsP, xp), _linalg.r_ill(hsH, xp)]
+    return xp.stack([*kappas, *regs, loss, *ranks, next_ok])
 
 
 def step(problem: Problem, state: State) -> tuple[State, Array]:
     """One epoch of ``problem.method`` from ``state = (θ_t, ω̂_t)``.
 
-    ``ω_{t+1} = ω_t − η∇_ωL``, ``θ_{t+1} = θ_t − η∇_θL − Δ_t``: the head's step and the
-    supervised θ step are taken from ``(θ_t, ω_t)``; ``Δ_t`` is the method's regularizer step
-    (:data:`condreg.algorithm.REGISTRY`; for condreg
-    ``ηλ_P K_P⁻¹∇_θR_well(H_P) + ηλ_H K_H⁻¹∇_θR_ill(H_H)``, each part clipped to relative size
-    ``max_step``). Pure and jit-able: it never raises on the values (a diverged state gives a
-    non-finite record).
+    ``ω_{t+1} = ω_t − η∇_ωL``, ``θ_{t+1} = θ_t − η∇_θL − Δ_t``, both from ``(θ_t, ω_t)``;
+    ``Δ_t`` is the method's regularizer step, clipped to relative size ``max_step``. Pure and
+    jit-able: a diverged state gives a non-finite record, never an error.
 
     Parameters
     ----------
@@ -254,9 +218,8 @@ def step(problem: Problem, state: State) -> tuple[State, Array]:
     state : State
         ``(θ_{t+1}, ω̂_{t+1})``.
     record : array, shape (8,)
-        The entries :data:`RECORD_FIELDS` at ``θ_t``: κ(H_P), κ(H_H), R_well(H̃_P),
-        R_ill(H̃_H), the reported loss, the two ranks at ``problem.rtol`` and ``next_ok``
-        (1.0 when ``θ_{t+1}`` and ``ω_{t+1}`` are finite).
+        :data:`RECORD_FIELDS` at ``θ_t``; ``next_ok`` is 1.0 when ``θ_{t+1}``, ``ω_{t+1}`` are
+        finite.
 
     Examples
     --------
@@ -274,15 +237,10 @@ def step(problem: Problem, state: State) -> tuple[State, Array]:
 
 
 def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked, Array]:
-    """:func:`step` on a :class:`Tracked` iterate. ``cross`` (:func:`cross_basis`): keep the
-    result factored and its features updated (the loop); None: return ``θ_{t+1}`` dense in
-    ``theta`` (the features of the result are then not computed: ``F_P``, ``F_H`` None)."""
+    """:func:`step` on a :class:`Tracked` iterate: kept factored with ``cross``
+    (:func:`cross_basis`, the loop), else dense in ``theta`` without features."""
     xp, method = problem.xp, problem.method
-    vec_p, vec_h = method.vectors(problem)
-    path_p, path_h = problem.paths
-    hsP = spectrum(problem.P, None, problem.rtol, xp, vectors=vec_p, path=path_p, F=tr.F_P)
-    hsH = spectrum(problem.H, None, problem.rtol, xp, vectors=vec_h, path=path_h, F=tr.F_H)
-    loss, q, g_omega = supervised(tr, tr.omega, problem.P.Xhat, problem.yp, problem.task, xp)
+    hsP, hsH, loss, q, g_omega = _measure(problem, tr, method.vectors(problem))
     plain = tr.Y_P is None and tr.Y_H is None
     theta = tr.theta if plain else (tr.dense() if method.uses_theta else None)
     update = method.update(problem, theta, hsP, hsH)
@@ -292,17 +250,14 @@ def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked
     if cross is None:
         new_theta = tr.dense() - delta.materialize(tr.theta.shape[0], tr.theta)
         new = Tracked(new_theta, new_omega, None, None, None, None, tr.P, tr.H)
-        ok = _validation.all_finite(new_theta, xp) & _validation.all_finite(new_omega, xp)
     else:
         new = advance_parts(problem, tr, delta, new_omega, cross)
-        parts = [new.theta, new.omega, new.F_P, new.F_H] + [
-            Y for Y in (new.Y_P, new.Y_H) if Y is not None
-        ]
-        ok = _validation.all_finite(parts[0], xp)
-        for part in parts[1:]:
+    parts = (new.theta, new.omega, new.F_P, new.F_H, new.Y_P, new.Y_H)
+    ok = _validation.all_finite(new.theta, xp)
+    for part in parts[1:]:
+        if part is not None:
             ok = ok & _validation.all_finite(part, xp)
-    rec = record(problem, hsP, hsH, loss, xp.astype(ok, loss.dtype))
-    return new, rec
+    return new, record(problem, hsP, hsH, loss, xp.astype(ok, loss.dtype))
 
 
 def evaluate(problem: Problem, state: State | Tracked) -> Array:
@@ -318,9 +273,7 @@ def evaluate(problem: Problem, state: State | Tracked) -> Array:
     Returns
     -------
     array, shape (8,)
-        The entries :data:`RECORD_FIELDS` of ``θ_t`` as :func:`step` reports them, ``next_ok``
-        1.0: κ(H_P), κ(H_H) (``κ(H) = σ₁²/σ_k²`` over the singular values of ``Xθ`` above
-        ``rtol·σ₁``), R_well(H̃_P), R_ill(H̃_H), the loss and the two ranks.
+        :data:`RECORD_FIELDS` of ``θ_t`` as :func:`step` reports them, ``next_ok`` 1.0.
 
     Examples
     --------
@@ -333,10 +286,6 @@ def evaluate(problem: Problem, state: State | Tracked) -> Array:
     >>> bool(np.isclose(record[0], problem.P.kappa_K))  # κ(H_P(I)) = κ(K_P)
     True
     """
-    xp = problem.xp
     tr = state if isinstance(state, Tracked) else Tracked.start(problem, state)
-    path_p, path_h = problem.paths
-    hsP = spectrum(problem.P, None, problem.rtol, xp, vectors=False, path=path_p, F=tr.F_P)
-    hsH = spectrum(problem.H, None, problem.rtol, xp, vectors=False, path=path_h, F=tr.F_H)
-    loss, _, _ = supervised(tr, tr.omega, problem.P.Xhat, problem.yp, problem.task, xp)
-    return record(problem, hsP, hsH, loss, xp.ones_like(loss))
+    hsP, hsH, loss, _, _ = _measure(problem, tr, (False, False))
+    return record(problem, hsP, hsH, loss, problem.xp.ones_like(loss))

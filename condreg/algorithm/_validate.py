@@ -15,14 +15,16 @@ from condreg.algorithm._result import ImmunizationWarning
 
 Array = Any
 
+#: The supervised tasks.
+TASKS = ("regression", "classification")
+
 
 def _kind(a: Any) -> str:
     return type(a).__module__.split(".")[0] + "." + type(a).__name__
 
 
 def namespace(named: dict[str, Any], xp: Any = None) -> Any:
-    """The one array library of the inputs. Arrays of different libraries (``immunize(numpy X,
-    torch y)``) raise ``TypeError``: condreg does not convert between libraries silently."""
+    """The one array library of the inputs (``TypeError`` for a mix: no silent conversion)."""
     arrays = {k: a for k, a in named.items() if a is not None and is_array_api_obj(a)}
     for name in ("X_p", "X_h"):
         if name not in arrays:  # not an array: raises the TypeError naming it
@@ -35,8 +37,8 @@ def namespace(named: dict[str, Any], xp: Any = None) -> Any:
 
 
 def float_dtype(xp: Any, *arrays: Array) -> Any:
-    """The compute dtype: the inputs' real floating dtype (float16/bfloat16 → float32), or the
-    library's default float for integer data. Complex and boolean data raise ``TypeError``."""
+    """The compute dtype: the inputs' real float (at least float32), or the default float for
+    integers; ``TypeError`` for complex or boolean data."""
     dtypes = []
     for a in arrays:
         if not _is_real(a.dtype, xp):
@@ -44,9 +46,7 @@ def float_dtype(xp: Any, *arrays: Array) -> Any:
         if xp.isdtype(a.dtype, "real floating"):
             dtypes.append(a.dtype)
     if not dtypes:
-        from condreg._validation import default_float
-
-        return default_float(xp, arrays[0])
+        return _validation.default_float(xp, arrays[0])
     dtype = xp.result_type(*dtypes)
     if xp.finfo(dtype).bits < 32:
         return xp.float32
@@ -61,21 +61,16 @@ def _is_real(dtype: Any, xp: Any) -> bool:
         return False
 
 
-def check_matrix(X: Array, name: str) -> None:
-    if getattr(X, "ndim", None) != 2:
-        raise ValueError(
-            f"immunize: {name} must be a 2-D array (samples × features), got shape "
-            f"{tuple(getattr(X, 'shape', ()))}"
-        )
-    if X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(f"immunize: {name} is empty (shape {tuple(X.shape)})")
-
-
 def data_matrices(X_p: Any, X_h: Any, xp: Any) -> tuple[Array, Array]:
-    """``X_p``, ``X_h`` checked (2-D, not empty, the same number of features, finite, not all
-    zero) and in the compute dtype (:func:`float_dtype`); ``xp`` their namespace."""
-    check_matrix(X_p, "X_p")
-    check_matrix(X_h, "X_h")
+    """``X_p``, ``X_h`` checked (2-D, same features, finite, nonzero) in the compute dtype."""
+    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
+        if getattr(X, "ndim", None) != 2:
+            raise ValueError(
+                f"immunize: {name} must be a 2-D array (samples × features), got shape "
+                f"{tuple(getattr(X, 'shape', ()))}"
+            )
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError(f"immunize: {name} is empty (shape {tuple(X.shape)})")
     if X_p.shape[1] != X_h.shape[1]:
         raise ValueError(
             f"immunize: X_p and X_h must have the same number of features, got {X_p.shape[1]} "
@@ -95,6 +90,22 @@ def finite(x: Array, xp: Any) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
 
+def checked(
+    a: Any, name: str, shape: tuple[int, ...], xp: Any, dtype: Any, dev: Any, expected: str = ""
+) -> Array:
+    """``a`` cast (:func:`as_array`), of ``shape`` (``(n, 1)`` accepted for ``(n,)``), finite."""
+    a = as_array(a, name, xp, dtype, dev)
+    if len(shape) == 1 and tuple(a.shape) == (*shape, 1):
+        a = xp.reshape(a, shape)
+    if tuple(a.shape) != shape:
+        raise ValueError(
+            f"immunize: {name} must have shape {expected or shape}, got {tuple(a.shape)}"
+        )
+    if not finite(a, xp):
+        raise ValueError(f"immunize: {name} contains NaN or Inf")
+    return a
+
+
 def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
     """``a`` in ``xp`` with ``dtype``; nested sequences are converted, other objects raise."""
     if not is_array_api_obj(a):
@@ -111,16 +122,7 @@ def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
 
 
 def labels(y: Any, n: int, name: str, task: str, xp: Any, dtype: Any, dev: Any) -> Array:
-    y = as_array(y, name, xp, dtype, dev)
-    shape = tuple(y.shape)
-    if shape == (n, 1):
-        y = xp.reshape(y, (n,))
-    elif shape != (n,):
-        raise ValueError(
-            f"immunize: {name} must have shape ({n},) or ({n}, 1) to match its inputs, got {shape}"
-        )
-    if not finite(y, xp):
-        raise ValueError(f"immunize: {name} contains NaN or Inf")
+    y = checked(y, name, (n,), xp, dtype, dev, f"({n},) or ({n}, 1) to match its inputs")
     if task == "classification":
         if not bool(xp.all((y == 0) | (y == 1))):
             raise ValueError(
@@ -146,25 +148,22 @@ def positive(value: Any, name: str, *, allow_zero: bool = False) -> float:
     return v
 
 
-def integer(value: Any, name: str, low: int) -> int:
+def integer(value: Any, name: str, low: int, error: type[Exception] = ValueError) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"immunize: {name} must be an integer >= {low}, got {value!r}")
+        raise error(f"immunize: {name} must be an integer >= {low}, got {value!r}")
     return int(value)
 
 
 def options(
-    *, method, task, methods, lr, epochs, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
+    *, method, task, methods, lr, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
 ) -> dict[str, Any]:
     """Checked scalar options (``ValueError``/``TypeError`` naming the argument)."""
     if not isinstance(method, str) or method not in methods:
         raise ValueError(f"immunize: method must be one of {tuple(methods)}, got {method!r}")
-    if task not in ("regression", "classification"):
-        raise ValueError(
-            f"immunize: task must be one of ('regression', 'classification'), got {task!r}"
-        )
+    if task not in TASKS:
+        raise ValueError(f"immunize: task must be one of {TASKS}, got {task!r}")
     out: dict[str, Any] = {
         "lr": positive(lr, "lr"),
-        "epochs": integer(epochs, "epochs", 0),
         "max_step": positive(max_step, "max_step"),
         "imma_steps": integer(imma_steps, "imma_steps", 1),
     }
@@ -184,8 +183,3 @@ def setup_options(*, rtol: Any, ridge: Any) -> dict[str, Any]:
             raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
     return {"rtol": rtol, "ridge": None if ridge is None else positive(ridge, "ridge")}
 
-
-def seed(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise TypeError(f"immunize: seed must be an integer >= 0, got {value!r}")
-    return int(value)
