@@ -50,11 +50,6 @@ QUANTITIES = ("condition_number", "r_well", "r_ill")
 POLES = ("raise", "zero")
 
 
-# --------------------------------------------------------------------------------------------
-# The extreme values and their tie weights
-# --------------------------------------------------------------------------------------------
-
-
 def mu_top(sp: Spectrum) -> Array:
     """Largest value of ``mu`` (shape ``(..., 1)``)."""
     return sp.mu[..., :1]
@@ -138,11 +133,6 @@ def _bottom_w(sp: Spectrum, ties: Array, policy: str, xp: Any, concrete: Concret
 def top_weights(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete: Concrete) -> Array:
     index = None if policy != "any" else xp.zeros_like(sp.k)[..., None]
     return _weights(top_ties(sp, tie_rtol, xp), index, policy, "largest", xp, concrete)
-
-
-# --------------------------------------------------------------------------------------------
-# Values (homogeneous formulas; the entry points evaluate them on s / s_1)
-# --------------------------------------------------------------------------------------------
 
 
 def _safe_k(sp: Spectrum, xp: Any) -> Array:
@@ -241,11 +231,6 @@ def value(
         S, xp, gram=gram, vectors=False, rtol=rtol, concrete=concrete, method=method
     )
     return value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
-
-
-# --------------------------------------------------------------------------------------------
-# Gradients: derivative with respect to mu, then U diag(d) Vᵀ
-# --------------------------------------------------------------------------------------------
 
 
 def _kappa_d(sp: Spectrum, bottom: Array, wt: Array, wb: Array) -> Array:

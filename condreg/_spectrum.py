@@ -68,11 +68,6 @@ class Spectrum(NamedTuple):
     M: Array | None = None
 
 
-# --------------------------------------------------------------------------------------------
-# Tolerances (the one home for them)
-# --------------------------------------------------------------------------------------------
-
-
 @functools.cache
 def _finfo_cached(xp: Any, dtype: Any) -> tuple[float, float, float]:
     fi = xp.finfo(dtype)
@@ -129,11 +124,6 @@ def gram_accuracy(xp: Any, dtype: Any) -> float:
     return GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
 
 
-# --------------------------------------------------------------------------------------------
-# Reading values and branching on them
-# --------------------------------------------------------------------------------------------
-
-
 def eager(x: Array) -> bool:
     """``concrete`` callback for eager arrays: read the value."""
     return bool(x)
@@ -185,11 +175,6 @@ def choose(
     if is_jax_array(pred):  # the array's own library is loaded: no import
         return sys.modules["jax"].lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
     return if_false()
-
-
-# --------------------------------------------------------------------------------------------
-# Decompositions
-# --------------------------------------------------------------------------------------------
 
 
 def mT(xp: Any, x: Array) -> Array:
@@ -265,9 +250,8 @@ def gram_trace_limit(shape: tuple[int, ...], big: float) -> float:
 
 
 def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array | None]:
-    """``(M, fits)``: ``fits`` (one boolean per matrix) says that the trace of ``M`` is below
-    :func:`gram_trace_limit` (False for NaN); where it does not, ``M`` is replaced by the
-    identity (an array select: traceable). A NumPy ``M`` that fits is returned as it is."""
+    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); where not,
+    ``M`` is replaced by the identity (a traceable select)."""
     diagonal = getattr(xp.linalg, "diagonal", None)
     d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
     fits = xp.sum(d, axis=-1) < gram_trace_limit(shape, finfo(xp, M.dtype)[2])
@@ -281,12 +265,9 @@ def eigh_gram(
     M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any
 ) -> tuple[Array, Any, Array, Array, Array]:
     """``(s, W, mu / mu_1, err / mu_1, in_range)`` from the eigh of a formed Gram matrix ``M``
-    (the smaller one, or the all-reduced ``Σ_r F_rᵀF_r`` of data-parallel ranks) of a feature
-    batch of ``shape`` ``(N, D)``: singular values, the small side's vectors, the eigenvalues and
-    the error bound relative to the largest one, and a 0-d boolean saying that ``mu_1`` lies
-    safely inside the dtype's range (above the smallest normal number over eps², below
-    :func:`gram_trace_limit`). A Gram matrix whose trace is not below that limit (overflow, NaN)
-    is never decomposed: its values are NaN and ``in_range`` is false. Results in ``dtype``."""
+    (the smaller one, or data-parallel ranks' all-reduced ``Σ_r F_rᵀF_r``) of an ``(N, D)``
+    feature batch; ``in_range``: ``mu_1`` safely inside the dtype's range. A Gram matrix whose
+    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values)."""
     M, fits = _finite_gram(M, shape, xp)
     if vectors:
         mu, W = xp.linalg.eigh(M)
@@ -322,9 +303,8 @@ def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, x
 def accept_gram(
     M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any, rtol: float
 ) -> tuple[Array, Any, Array, Array]:
-    """The one accept rule: ``(s, W, err_rel, ok)`` from :func:`eigh_gram` of the Gram matrix
-    ``M`` of a ``shape`` feature batch, ``ok`` the 0-d boolean "in range and every counted
-    eigenvalue resolved" (:func:`gram_resolves` at the accuracy of ``dtype``)."""
+    """The one accept rule: ``(s, W, err_rel, ok)`` from :func:`eigh_gram`, ``ok`` = in range and
+    every counted eigenvalue resolved (:func:`gram_resolves`)."""
     s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype)
     ok = in_range & gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(xp, dtype), xp)
     return s, W, err_rel, ok
@@ -462,11 +442,6 @@ def square(s: Array) -> Array:
         with np.errstate(over="ignore", under="ignore"):
             return s * s
     return s * s
-
-
-# --------------------------------------------------------------------------------------------
-# Gradient assembly (the one home)
-# --------------------------------------------------------------------------------------------
 
 
 def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
