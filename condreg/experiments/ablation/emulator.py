@@ -1,15 +1,5 @@
-"""The ablation's training loop: condreg's protocol with any set of the released code's choices.
-
-:func:`emulate` trains one method (``condreg``, ``r_ill_only``, ``opt_kappa``, ``imma``) on one
-(D_P, D_H) pair under a :class:`Protocol`: a set of :data:`~.released.RELEASED_SWITCHES` turned
-on, every other choice condreg's (docs/ablation.md lists both sides of every switch). With no
-switch on it is condreg's Algorithm 1 re-written in plain NumPy (θ_0 = I, full batch, gradient
-descent, K⁺ on the left, λ balanced at θ_0 and every regularizer step clipped to relative size
-``max_step``); the experiment's default row is ``condreg.immunize`` itself, not this loop.
-
-The emulation exists only to explain the paper's numbers; nothing here is used by
-``condreg.immunize``. NumPy only.
-"""
+"""The ablation's NumPy training loop: condreg's Algorithm 1 with any set of the released code's
+choices (:class:`Protocol`) switched on."""
 
 from __future__ import annotations
 
@@ -19,34 +9,21 @@ from typing import Any
 
 import numpy as np
 
-from condreg.experiments.ablation.released import (
-    RELEASED_CONFIG,
-    RIDGE_FLOOR,
-    ridge_floor_spectrum,
-)
+from condreg.experiments.ablation.released import RELEASED_CONFIG, RIDGE_FLOOR, ridge_floor_spectrum
 
-__all__ = [
-    "Protocol",
-    "Trained",
-    "emulate",
-    "regularizer_gradient",
-    "batches",
-    "Adam",
-    "TaskArrays",
-    "prepare_task",
-    "precondition",
-    "initial_parameters",
-]
+__all__ = ["Protocol", "Trained", "emulate", "regularizer_gradient", "batches", "Adam"]
+__all__ += ["TaskArrays", "prepare_task", "precondition", "initial_parameters", "head_only_loss"]
 
 _EPS = np.finfo(np.float64).eps
+
+#: The quantity each method puts on D_P ("p") and D_H ("h"); IMMA's "h" is its attacker.
+_TERMS = {"condreg": {"p": "r_well", "h": "r_ill"}, "r_ill_only": {"h": "r_ill"},
+          "opt_kappa": {"p": "log_kappa", "h": "inv_log_kappa"}}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """One training protocol: ``switches`` (released choices turned on) resolved into values.
-
-    ``dataset`` is ``"house"`` or ``"mnist"``; ``epochs``/``lr`` condreg's (the experiment's
-    default) unless ``config_schedule`` is on; ``max_step`` condreg's step clip (0.3)."""
+    """One training protocol: a dataset's switches turned on, condreg's epochs, lr, step clip."""
 
     dataset: str
     switches: frozenset[str]
@@ -62,7 +39,7 @@ class Protocol:
 
     @property
     def config(self) -> dict[str, float]:
-        """The released config of this dataset (:data:`~.released.RELEASED_CONFIG`)."""
+        """The released config of this dataset."""
         return RELEASED_CONFIG[self.dataset]
 
     def schedule(self) -> tuple[int, float]:
@@ -74,8 +51,7 @@ class Protocol:
 
 @dataclass
 class Trained:
-    """An emulated run's result: θ, the bias (None without ``linear_init``), why it stopped,
-    the λ's used and the epochs run."""
+    """An emulated run: θ, the bias (None without ``linear_init``), why it stopped, λ's, epochs."""
 
     theta: np.ndarray
     bias: np.ndarray | None
@@ -84,13 +60,8 @@ class Trained:
     epochs_run: int = 0
 
 
-# -- the spectrum of S = ΦᵀΦ and the regularizers' gradients G = ∇_S f ----------------------
-
-
 def _spectrum(F: np.ndarray, ridge_kappa: bool) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(eigenvalues, eigenvectors as columns, index of σ_min, index of σ_max) of ``S = FᵀF``:
-    condreg's (nonzero singular values of F, rank tolerance max(N, D)·eps) or the released
-    ridge-floor spectrum."""
+    """(eigenvalues, eigenvectors, index of σ_min, of σ_max) of ``FᵀF``, condreg's or released."""
     if ridge_kappa:
         return ridge_floor_spectrum(F)
     R = np.linalg.qr(F, mode="r") if F.shape[0] > F.shape[1] else F
@@ -104,12 +75,8 @@ def _spectrum(F: np.ndarray, ridge_kappa: bool) -> tuple[np.ndarray, np.ndarray,
 def regularizer_gradient(
     F: np.ndarray, quantity: str, *, ridge_kappa: bool, normaliser: int | None
 ) -> tuple[np.ndarray, float]:
-    """``G = ∇_S f(S)`` for ``S = FᵀF`` and the value ``f``; ``quantity`` is ``"r_well"``,
-    ``"r_ill"`` or ``"log_kappa"``.
-
-    R_well = ½σ₁² − ‖S‖_F²/(2p), R_ill = 1/(‖S‖_F²/(2k) − ½σ_k²), log κ = log σ₁ − log σ_k, with
-    σ's the eigenvalues of S by :func:`_spectrum`; p = D and k = rank (condreg) or both
-    ``normaliser`` (the released raw last axis)."""
+    """``(G = ∇_S f(S), f)`` for ``S = FᵀF`` and ``quantity`` ``"r_well"``, ``"r_ill"`` or
+    ``"log_kappa"``; the normalisers p = D and k = rank, or both ``normaliser`` (released)."""
     mu, V, lo, hi = _spectrum(F, ridge_kappa)
     S = F.T @ F
     s_max, s_min = float(mu[hi]), float(mu[lo])
@@ -129,14 +96,8 @@ def regularizer_gradient(
     return (s_min * np.outer(v_min, v_min) - S / k) / den**2, 1.0 / den
 
 
-# -- batches -----------------------------------------------------------------------------------
-
-
 def batches(n_pairs: int, protocol: Protocol, rng: np.random.Generator) -> list[list[Any]]:
-    """One epoch's steps; each step a list with one row-index array per device (``None``: the
-    full task). Released (``minibatch``): a shuffled permutation of the ``n_pairs`` row pairs,
-    split over the devices as a distributed sampler does (``perm[r::devices]``), 64 rows per
-    batch, the incomplete last batch dropped."""
+    """One epoch's steps, each one row-index array (``None``: all rows) per device."""
     if not protocol.on("minibatch"):
         return [[None]]
     size, devices = int(protocol.config["batch"]), int(protocol.config["devices"])
@@ -146,13 +107,9 @@ def batches(n_pairs: int, protocol: Protocol, rng: np.random.Generator) -> list[
     return [[s[j * size : (j + 1) * size] for s in shards] for j in range(n_steps)]
 
 
-# -- one step's gradients ----------------------------------------------------------------------
-
-
 @dataclass
 class TaskArrays:
-    """One task's data as the loop sees it: inputs (scaled for condreg's supervised loss),
-    labels, K⁺ of the full task (condreg's preconditioner), the released ridge."""
+    """One task: inputs, labels, both scaled for condreg's loss, K⁺, the released ridge."""
 
     X: np.ndarray
     y: np.ndarray | None
@@ -163,9 +120,8 @@ class TaskArrays:
 
 
 def prepare_task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> TaskArrays:
-    """:class:`TaskArrays` of one task: K⁺ from the SVD of ``X`` (rank tolerance
-    ``max(N, D)·eps``), the inputs scaled by ``√N/σ₁(X)`` and (regression) the labels by their
-    root mean square, as ``condreg.immunize`` scales its supervised loss."""
+    """:class:`TaskArrays` of one task: K⁺ (rank tolerance ``max(N, D)·eps``), inputs scaled by
+    ``√N/σ₁(X)`` and (regression) labels by their RMS, as ``condreg.immunize`` does."""
     _, s, Vh = np.linalg.svd(X, full_matrices=False)
     keep = s > max(X.shape) * _EPS * s[0]
     pinv = (Vh[keep].T / s[keep] ** 2) @ Vh[keep]
@@ -184,11 +140,8 @@ def _loss_derivative(z: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:
 
 
 def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
-    """Gradients of the D_P loss with respect to θ, the bias and ω on ``rows`` (condreg's
-    scaled loss under gradient descent, the released raw loss under Adam)."""
-    raw = protocol.on("adam")
-    X = t.X if raw else t.Xs
-    y = t.y if raw else t.ys
+    """The D_P loss's gradients in θ, bias and ω on ``rows`` (raw loss under Adam)."""
+    X, y = (t.X, t.y) if protocol.on("adam") else (t.Xs, t.ys)
     if rows is not None:
         X, y = X[rows], y[rows]
     phi = X @ theta + (0.0 if bias is None else bias)
@@ -199,8 +152,7 @@ def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
 
 
 def precondition(g: np.ndarray, t: TaskArrays, B: np.ndarray, protocol: Protocol) -> np.ndarray:
-    """K⁻¹ on the left (condreg) or the right (released); K⁺ of the full task, or the batch's
-    ``(BᵀB + ridge·I)⁻¹`` (released mini-batches)."""
+    """K⁻¹ on the left (condreg) or the right; K⁺ of the task or the batch's (BᵀB + ridge·I)⁻¹."""
     right = protocol.on("right_precond")
     if protocol.on("minibatch"):
         K = B.T @ B + t.ridge * np.eye(B.shape[1])
@@ -208,31 +160,18 @@ def precondition(g: np.ndarray, t: TaskArrays, B: np.ndarray, protocol: Protocol
     return g @ t.pinv if right else t.pinv @ g
 
 
-def _term(method: str, which: str) -> str | None:
-    """The quantity a method puts on task ``which`` ("p" or "h"), None if none."""
-    table = {
-        "condreg": {"p": "r_well", "h": "r_ill"},
-        "r_ill_only": {"h": "r_ill"},
-        "opt_kappa": {"p": "log_kappa", "h": "inv_log_kappa"},
-    }
-    return table.get(method, {}).get(which)
-
-
 def _reg_direction(method, which, t: TaskArrays, rows, theta, bias, protocol: Protocol):
-    """The (unweighted) descent direction of one regularizer term: θ part (preconditioned for
-    condreg and R_ill only) and bias part; ``None`` when the method has no such term."""
-    quantity = _term(method, which)
+    """One regularizer term's unweighted (θ, bias) direction; None when the method has none."""
+    quantity = _TERMS.get(method, {}).get(which)
     if quantity is None:
         return None
     B = t.X if rows is None else t.X[rows]
     F = B @ theta + (0.0 if bias is None else bias)
-    normaliser = None
-    if protocol.on("raw_normaliser"):
-        normaliser = int(protocol.config.get("normaliser", theta.shape[0]))
+    raw = protocol.on("raw_normaliser")
+    normaliser = int(protocol.config.get("normaliser", theta.shape[0])) if raw else None
     base = "log_kappa" if quantity == "inv_log_kappa" else quantity
-    G, value = regularizer_gradient(
-        F, base, ridge_kappa=protocol.on("ridge_kappa"), normaliser=normaliser
-    )
+    ridge = protocol.on("ridge_kappa")
+    G, value = regularizer_gradient(F, base, ridge_kappa=ridge, normaliser=normaliser)
     if quantity == "inv_log_kappa":
         G = G * (-1.0 / value**2 if value > 0 else 0.0)
     dF = 2.0 * F @ G
@@ -242,22 +181,17 @@ def _reg_direction(method, which, t: TaskArrays, rows, theta, bias, protocol: Pr
     return g_theta, (None if bias is None else dF.sum(axis=0))
 
 
-def _imma_direction(t: TaskArrays, rows, theta, protocol: Protocol, alpha: float):
-    """IMMA's descent direction: minus the gradient of the attacker's adapted loss
-    (:func:`condreg.algorithm.imma_gradient`, condreg's scaled inputs), so descent = ascent."""
+def _gradients(method, P: TaskArrays, H: TaskArrays, rows, params, protocol, alpha):
+    """One step's gradients on one device: ``{"sup": (θ, bias, ω), "p": …, "h": …}``."""
     from condreg.algorithm import imma_gradient
 
-    X, y = (t.Xs, t.ys) if rows is None else (t.Xs[rows], t.ys[rows])
-    _, grad = imma_gradient(theta, X, y, protocol.task, protocol.imma_steps, alpha, np)
-    return -grad, None
-
-
-def _gradients(method, P: TaskArrays, H: TaskArrays, rows, theta, bias, omega, protocol, alpha):
-    """Every gradient of one step on one device: ``{"sup": (θ, bias, ω), "p": …, "h": …}``."""
-    out = {"sup": _supervised(P, rows, theta, bias, omega, protocol)}
+    theta, bias = params["theta"], params["bias"]
+    out = {"sup": _supervised(P, rows, theta, bias, params["omega"], protocol)}
     out["p"] = _reg_direction(method, "p", P, rows, theta, bias, protocol)
     if method == "imma":
-        out["h"] = _imma_direction(H, rows, theta, protocol, alpha)
+        X, y = (H.Xs, H.ys) if rows is None else (H.Xs[rows], H.ys[rows])
+        grad = imma_gradient(theta, X, y, protocol.task, protocol.imma_steps, alpha, np)[1]
+        out["h"] = (-grad, None)
     else:
         out["h"] = _reg_direction(method, "h", H, rows, theta, bias, protocol)
     return out
@@ -276,8 +210,7 @@ def _mean(parts: list[Any]) -> Any:
 
 
 def _rel_size(U: np.ndarray, theta: np.ndarray, preconditioned: bool) -> float:
-    """A step's relative size: ``‖θ⁺U‖₂`` for a preconditioned step ``θ(I − E)`` (condreg's
-    ``max|eigenvalue of E|``), ``‖U‖_F·√D/‖θ‖_F`` for a plain one (condreg's ``rel_size``)."""
+    """A step's relative size: ``‖θ⁺U‖₂`` (preconditioned) or ``‖U‖_F·√D/‖θ‖_F``."""
     if preconditioned:
         E = np.linalg.lstsq(theta, U, rcond=None)[0]
         return float(np.linalg.norm(E, 2))
@@ -285,24 +218,18 @@ def _rel_size(U: np.ndarray, theta: np.ndarray, preconditioned: bool) -> float:
 
 
 def _weights(method: str, grads, theta, protocol: Protocol, lr: float) -> dict[str, float]:
-    """λ_P, λ_H: the released fixed values (``fixed_lambda``; IMMA has none there and keeps
-    condreg's rule), else condreg's rule: each term's first update has relative size
-    ``max_step``."""
+    """λ_P, λ_H: the released fixed ones (``fixed_lambda``, not IMMA), else condreg's rule."""
     if protocol.on("fixed_lambda") and method != "imma":
         config = RELEASED_CONFIG["opt_kappa" if method == "opt_kappa" else protocol.dataset]
         return {k: float(config[f"lam_{k}"]) for k in ("p", "h") if grads[k] is not None}
-    lam = {}
     pre = method in ("condreg", "r_ill_only")
-    for k in ("p", "h"):
-        if grads[k] is not None:
-            size = _rel_size(lr * grads[k][0], theta, pre)
-            lam[k] = protocol.max_step / size if size > 0 and math.isfinite(size) else 1.0
-    return lam
+    sizes = {k: _rel_size(lr * grads[k][0], theta, pre) for k in ("p", "h") if grads[k] is not None}
+    return {k: protocol.max_step / v if v > 0 and math.isfinite(v) else 1.0
+            for k, v in sizes.items()}  # fmt: skip
 
 
 def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> float:
-    """condreg's step clip ``min(1, max_step/size)`` under gradient descent; 1 under the
-    released fixed λ's (no clip) and under Adam (which normalises its steps itself)."""
+    """condreg's step clip ``min(1, max_step/size)``; 1 under Adam and the fixed λ's."""
     if protocol.on("adam") or (protocol.on("fixed_lambda") and method != "imma"):
         return 1.0
     size = _rel_size(U, theta, method in ("condreg", "r_ill_only"))
@@ -322,9 +249,8 @@ class Adam:
             g = grads[k]
             self.m[k] = 0.9 * self.m.get(k, 0.0) + 0.1 * g
             self.v[k] = 0.999 * self.v.get(k, 0.0) + 0.001 * g * g
-            m_hat = self.m[k] / (1 - 0.9**self.t)
             v_hat = self.v[k] / (1 - 0.999**self.t)
-            out[k] = p - self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+            out[k] = p - self.lr * (self.m[k] / (1 - 0.9**self.t)) / (np.sqrt(v_hat) + 1e-8)
         return out
 
 
@@ -339,9 +265,8 @@ def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | 
             grads["theta"] = grads["theta"] + w * g[k][0]
             if "bias" in grads and g[k][1] is not None:
                 grads["bias"] = grads["bias"] + w * g[k][1]
-        return adam.step({k: params[k] for k in grads}, grads) | (
-            {} if "bias" in grads else {"bias": None}
-        )
+        new = adam.step({k: params[k] for k in grads}, grads)
+        return new if "bias" in grads else new | {"bias": None}
     theta = params["theta"] - lr * g_theta
     bias = None if params["bias"] is None else params["bias"] - lr * g_bias
     for k, w in lam.items():
@@ -354,8 +279,7 @@ def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | 
 
 
 def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> dict[str, Any]:
-    """condreg's θ = I, no bias, ω = 0; or (``linear_init``) nn.Linear's default θ and bias,
-    U(±1/√D), and the released head ω ~ N(0, 1)."""
+    """θ = I, no bias, ω = 0; or (``linear_init``) nn.Linear's U(±1/√D) θ and bias, ω ~ N(0, 1)."""
     if not protocol.on("linear_init"):
         return {"theta": np.eye(D), "bias": None, "omega": np.zeros(D)}
     bound = 1.0 / math.sqrt(D)
@@ -365,24 +289,14 @@ def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> 
 
 
 def emulate(
-    method: str,
-    X_p: np.ndarray,
-    y_p: np.ndarray,
-    X_h: np.ndarray,
-    y_h: np.ndarray | None,
-    protocol: Protocol,
-    *,
-    seed: int = 0,
-) -> Trained:
-    """Train ``method`` on (``X_p``, ``y_p``) against ``X_h`` under ``protocol``.
-
-    ``y_h`` is used by IMMA only (its simulated attacker). A step that raises (R_ill at its
-    pole, a singular batch) or makes anything non-finite ends the run; θ is then the last
-    finite one and ``stopped`` says why."""
+    method: str, X_p: np.ndarray, y_p: np.ndarray, X_h: np.ndarray, y_h: np.ndarray | None,
+    protocol: Protocol, *, seed: int = 0,
+) -> Trained:  # fmt: skip
+    """Train ``method`` on (``X_p``, ``y_p``) against ``X_h`` (``y_h``: IMMA's attacker); a
+    failing or non-finite step ends the run at the last finite θ."""
     epochs, lr = protocol.schedule()
-    ridge = protocol.config
-    P = prepare_task(X_p, y_p, protocol.task, float(ridge["ridge_p"]))
-    H = prepare_task(X_h, y_h, protocol.task, float(ridge["ridge_h"]))
+    P = prepare_task(X_p, y_p, protocol.task, float(protocol.config["ridge_p"]))
+    H = prepare_task(X_h, y_h, protocol.task, float(protocol.config["ridge_h"]))
     rng = np.random.default_rng(seed)
     params = initial_parameters(X_p.shape[1], protocol, rng)
     top = np.linalg.norm(H.Xs @ params["theta"], 2) ** 2 / H.Xs.shape[0]
@@ -394,13 +308,7 @@ def emulate(
     for epoch in range(1, epochs + 1):
         for step in batches(n_pairs, protocol, rng):
             try:
-                g = _mean(
-                    [
-                        _gradients(method, P, H, r, params["theta"], params["bias"],
-                                   params["omega"], protocol, alpha)
-                        for r in step
-                    ]
-                )  # fmt: skip
+                g = _mean([_gradients(method, P, H, r, params, protocol, alpha) for r in step])
                 lam = _weights(method, g, params["theta"], protocol, lr) if lam is None else lam
                 new = _update(method, g, lam, params, protocol, lr, adam)
             except (FloatingPointError, OverflowError, np.linalg.LinAlgError) as exc:
@@ -413,3 +321,15 @@ def emulate(
         if stopped != "completed":
             break
     return Trained(params["theta"], params["bias"], stopped, lam or {}, epoch)
+
+
+def head_only_loss(X: np.ndarray, y: np.ndarray, task: str, epochs: int, lr: float) -> float:
+    """The D_P loss of the head alone trained as ``condreg.immunize`` trains it (θ = I)."""
+    t = prepare_task(X, y, task, 0.0)
+    w = np.zeros(X.shape[1])
+    for _ in range(epochs):
+        w = w - lr * (t.Xs.T @ _loss_derivative(t.Xs @ w, t.ys, task) / len(t.ys))
+    z = t.Xs @ w
+    if task == "regression":
+        return float(np.mean((z - t.ys) ** 2))
+    return float(np.mean(np.logaddexp(0.0, z) - t.ys * z))

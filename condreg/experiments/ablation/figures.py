@@ -7,19 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from condreg.experiments.ablation.units import METHODS
+from condreg.experiments import _report as rp
+from condreg.experiments.ablation.units import LABELS, METHODS
 
 __all__ = ["ranking", "schedule"]
 
-_LABEL = {"condreg": "Ours", "r_ill_only": "R_ill only", "opt_kappa": "Opt κ", "imma": "IMMA"}
 _DATASET = {"house": "house prices", "mnist": "MNIST pairs"}
 
 
 def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
-    """Per dataset, one line per protocol: log10(RIR Ours / RIR Opt κ) (median over runs)
-    under both scorings; right of 0 = Ours ahead (the paper's ranking)."""
-    from condreg.experiments import _report as rp
-
+    """Per dataset and protocol, the median log10(RIR Ours / RIR Opt κ) under both scorings."""
     n = len(plan.datasets)
     fig, axes = rp.new_figure(1, n, figsize=(6.6 * n, 0.6 * len(plan.protocols) + 2.4),
                               squeeze=False)  # fmt: skip
@@ -33,18 +30,11 @@ def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
                 if x is None:
                     continue
                 colour = "tab:blue" if x > 0 else "tab:green"
-                ax.scatter(
-                    [x],
-                    [yy],
-                    marker=marker,
-                    s=60,
-                    color=colour,
-                    facecolors=colour if way == "nonzero" else "none",
-                    zorder=3,
-                )
+                face = colour if way == "nonzero" else "none"
+                ax.scatter([x], [yy], marker=marker, s=60, color=colour, facecolors=face, zorder=3)
                 if v["n"] > 1:
-                    ax.annotate(f"{v['ours_ahead']}/{v['n']}", (x, yy), fontsize=7,
-                                xytext=(4, 4 if way == "nonzero" else -10),
+                    dy = 4 if way == "nonzero" else -10
+                    ax.annotate(f"{v['ours_ahead']}/{v['n']}", (x, yy), fontsize=7, xytext=(4, dy),
                                 textcoords="offset points")  # fmt: skip
         lim = max(1.0, *(abs(r["ours_vs_opt"][w]["median_log10_ratio"] or 0)
                          for r in rows for w in ("nonzero", "ridge"))) * 1.15  # fmt: skip
@@ -54,37 +44,24 @@ def ranking(plan, results: dict[str, Any], path: pathlib.Path) -> None:
         ax.set_xlim(-lim, lim)
         ax.set_yticks(y, [_row_label(r) for r in rows], fontsize=7)
         ax.set_xlabel("log10(RIR Ours / RIR Opt κ)  (median over runs)")
-        ax.text(
-            0.98,
-            0.01,
-            "Ours ahead →\n(paper's ranking)",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
-            fontsize=8,
-            color="tab:blue",
-        )
+        ax.text(0.98, 0.01, "Ours ahead →\n(paper's ranking)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8, color="tab:blue")  # fmt: skip
         ax.text(0.02, 0.01, "← Opt κ ahead", transform=ax.transAxes, ha="left", va="bottom",
                 fontsize=8, color="tab:green")  # fmt: skip
         ax.set_title(f"{_DATASET[dataset]}: ● κ over nonzero σ, ◇ released ridge-floor κ",
                      fontsize=9)  # fmt: skip
     quick = " (quick)" if plan.quick else ""
     fig.suptitle(f"Which released-code switch moves the Ours-vs-Opt κ ranking{quick}")
-    fig.supxlabel(
-        "† some runs diverged or stopped early (θ = the last finite one). "
-        "◇ on rank-deficient Hessians the ridge-floor κ is ≈ λ_max/1e-6 or not, by the "
-        "sign of rounding errors (docs/ablation.md).",
-        fontsize=7,
-    )
+    fig.supxlabel("† some runs diverged or stopped early (θ = the last finite one). ◇ on "
+                  "rank-deficient Hessians the ridge-floor κ is ≈ λ_max/1e-6 or not, by the sign "
+                  "of rounding errors (docs/ablation.md).", fontsize=7)  # fmt: skip
     rp.save_figure(fig, path)
 
 
 def _row_label(row: dict[str, Any]) -> str:
-    """The protocol, then how many runs succeed (nonzero-σ κ) for Ours and Opt κ, and whether
-    any run of the row stopped early (diverged)."""
-    name = {"condreg": "condreg default", "released": "RELEASED (all switches)"}.get(
-        row["protocol"], "+ " + row["protocol"]
-    )
+    """The protocol (``†``: a run stopped early), then Ours' and Opt κ's successes."""
+    names = {"condreg": "condreg default", "released": "RELEASED (all switches)"}
+    name = names.get(row["protocol"], "+ " + row["protocol"])
     ours, opt = (row["methods"][m]["nonzero"] for m in ("condreg", "opt_kappa"))
     tail = " †" if row["stopped_early"] else ""
     counts = f"Ours {ours['successes']}/{ours['n']}, Opt κ {opt['successes']}/{opt['n']}"
@@ -92,10 +69,7 @@ def _row_label(row: dict[str, Any]) -> str:
 
 
 def schedule(plan, results: dict[str, Any], path: pathlib.Path) -> None:
-    """RIR against the epoch (top) and against ``max_step`` (bottom), every method, condreg's
-    default protocol; the D_P-only choice of ``max_step`` starred, the default 0.3 dashed."""
-    from condreg.experiments import _report as rp
-
+    """RIR against the epoch (top) and against ``max_step`` (bottom), condreg's protocol."""
     n = len(plan.datasets)
     fig, axes = rp.new_figure(2, n, figsize=(5.5 * n, 7.0), squeeze=False)
     for col, dataset in enumerate(plan.datasets):
@@ -104,28 +78,20 @@ def schedule(plan, results: dict[str, Any], path: pathlib.Path) -> None:
         for m in METHODS:
             colour = rp.METHOD_COLORS[m]
             curve = s["rir_by_epoch"][m]
-            top.plot(np.arange(len(curve)), curve, color=colour, label=_LABEL[m])
+            top.plot(np.arange(len(curve)), curve, color=colour, label=LABELS[m])
             xs = s["max_steps"]
             ys = [s["by_max_step"][str(x)][m]["geomean_rir"] for x in xs]
-            bottom.plot(xs, ys, "o-", color=colour, label=_LABEL[m])
+            bottom.plot(xs, ys, "o-", color=colour, label=LABELS[m])
             chosen = s["chosen_max_step"][m]
-            bottom.scatter(
-                [chosen],
-                [s["by_max_step"][str(chosen)][m]["geomean_rir"]],
-                marker="*",
-                s=220,
-                color=colour,
-                edgecolor="k",
-                zorder=4,
-            )
+            bottom.scatter([chosen], [s["by_max_step"][str(chosen)][m]["geomean_rir"]],
+                           marker="*", s=220, color=colour, edgecolor="k", zorder=4)  # fmt: skip
         for ax in (top, bottom):
             ax.set_yscale("log")
             ax.axhline(1.0, color="k", lw=0.8, ls=":")
-        top.set_xlabel("epoch")
-        top.set_ylabel("RIR (nonzero-σ κ; geometric mean)")
+        top.set(xlabel="epoch", ylabel="RIR (nonzero-σ κ; geometric mean)")
         bottom.axvline(0.3, color="k", ls="--", lw=0.8)
-        bottom.set_xlabel("max_step (dashed: default 0.3; ★: chosen by the D_P-only rule)")
-        bottom.set_ylabel("RIR at the last epoch")
+        bottom.set(xlabel="max_step (dashed: default 0.3; ★: chosen by the D_P-only rule)",
+                   ylabel="RIR at the last epoch")  # fmt: skip
         top.set_title(f"{_DATASET[dataset]}: RIR against the epoch", fontsize=9)
         bottom.set_title(f"{_DATASET[dataset]}: RIR against max_step", fontsize=9)
         top.legend(fontsize=7)

@@ -7,14 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from condreg.experiments import _report as rp
+from condreg.experiments.ablation import DP_TOLERANCE, figures, switches_of, tables
+from condreg.experiments.ablation.released import LOGGED, RELEASED_SWITCHES
 from condreg.experiments.ablation.units import METHODS
 
 __all__ = ["assemble", "write", "WAYS"]
 
 #: The two scorings: condreg's κ (nonzero singular values) and the released ridge-floor κ.
 WAYS = ("nonzero", "ridge")
-
-_LABEL = {"condreg": "Ours", "r_ill_only": "R_ill only", "opt_kappa": "Opt κ", "imma": "IMMA"}
 
 
 def _where(spec: dict[str, Any]) -> str:
@@ -23,7 +24,7 @@ def _where(spec: dict[str, Any]) -> str:
 
 
 def _default_numbers(defaults, spec, method: str) -> dict[str, Any]:
-    """The default experiment's own numbers of this (seed, pair) and method (results.json)."""
+    """The default experiment's own (i), (ii), RIR, success of this (seed, pair) and method."""
     res = defaults[spec["dataset"]]
     k = res["seeds"].index(spec["seed"])
     if spec["dataset"] == "house":
@@ -33,59 +34,46 @@ def _default_numbers(defaults, spec, method: str) -> dict[str, Any]:
     return {key: run[key] for key in ("i", "ii", "rir", "success")}
 
 
-def _runs(protocol, dataset, specs, done, defaults) -> tuple[dict[str, list], bool]:
-    """Per method, the scored runs (dicts with ``where``, ``seed``, both ways) of one row; and
-    whether the default row's re-run θ gave the default experiment's RIR exactly."""
-    runs: dict[str, list] = {m: [] for m in METHODS}
-    identical = True
-    for key, spec in specs:
-        if spec["dataset"] != dataset or spec["protocol"] != protocol:
-            continue
-        unit = done[key]["methods"]
-        for m in METHODS:
-            entry = {"where": _where(spec), "seed": spec["seed"], **unit[m]}
-            if protocol == "condreg":
-                official = _default_numbers(defaults, spec, m)
-                identical &= official["rir"] == unit[m]["condreg_rir"]
-                entry["nonzero"] = {**unit[m]["nonzero"], **official}
-            runs[m].append(entry)
-    return runs, identical
-
-
 def _summary(entries: list[dict[str, Any]], way: str) -> dict[str, Any]:
     rir = np.array([e[way]["rir"] for e in entries], dtype=float)
-    ok = np.isfinite(rir) & (rir > 0)
-    logs = np.log(rir[ok]) if ok.any() else np.array([np.nan])
-    return {
-        "mean_rir": float(np.mean(rir)),
-        "median_rir": float(np.median(rir)),
-        "geomean_rir": float(np.exp(np.mean(logs))),
-        "mean_i": float(np.mean([e[way]["i"] for e in entries])),
-        "mean_ii": float(np.mean([e[way]["ii"] for e in entries])),
-        "successes": int(sum(e[way]["success"] for e in entries)),
-        "n": len(entries),
-    }
+    i, ii = (float(np.mean([e[way][k] for e in entries])) for k in ("i", "ii"))
+    successes = int(sum(e[way]["success"] for e in entries))
+    return {"mean_rir": float(np.mean(rir)), "median_rir": float(np.median(rir)),
+            "geomean_rir": _geomean(rir), "mean_i": i, "mean_ii": ii, "successes": successes,
+            "n": len(entries)}  # fmt: skip
 
 
 def _versus(runs: dict[str, list], way: str) -> dict[str, Any]:
-    """Ours against Opt κ on each run: log10 of the RIR ratio, how many runs Ours is ahead."""
+    """Ours against Opt κ on each run: log10 of the RIR ratio, on how many runs Ours is ahead."""
     logs = []
     for a, b in zip(runs["condreg"], runs["opt_kappa"], strict=True):
         x, y = a[way]["rir"], b[way]["rir"]
         good = x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y)
         logs.append(math.log10(x / y) if good else float("nan"))
     arr = np.array(logs)
-    return {
-        "log10_ratio": logs,
-        "ours_ahead": int(np.sum(arr > 0)),
-        "n": len(logs),
-        "median_log10_ratio": float(np.nanmedian(arr)) if np.isfinite(arr).any() else None,
-    }
+    median = float(np.nanmedian(arr)) if np.isfinite(arr).any() else None
+    return {"log10_ratio": logs, "ours_ahead": int(np.sum(arr > 0)), "n": len(logs),
+            "median_log10_ratio": median}  # fmt: skip
+
+
+def _runs(protocol, dataset, specs, done, defaults) -> tuple[dict[str, list], bool]:
+    """Per method, one row's scored runs; and whether a default re-run gave the same RIR."""
+    runs: dict[str, list] = {m: [] for m in METHODS}
+    identical = True
+    for key, spec in specs:
+        if spec["dataset"] == dataset and spec["protocol"] == protocol:
+            unit = done[key]["methods"]
+            for m in METHODS:
+                entry = {"where": _where(spec), "seed": spec["seed"], **unit[m]}
+                if protocol == "condreg":
+                    official = _default_numbers(defaults, spec, m)
+                    identical &= official["rir"] == unit[m]["condreg_rir"]
+                    entry["nonzero"] = {**unit[m]["nonzero"], **official}
+                runs[m].append(entry)
+    return runs, identical
 
 
 def _rows(plan, specs, done, defaults) -> tuple[list[dict[str, Any]], dict[str, bool]]:
-    from condreg.experiments.ablation import switches_of
-
     rows, identical = [], {}
     for dataset in plan.datasets:
         for protocol in plan.protocols:
@@ -111,41 +99,31 @@ def _rows(plan, specs, done, defaults) -> tuple[list[dict[str, Any]], dict[str, 
 
 
 def _inputs(data) -> dict[str, Any]:
-    """κ(K_P), κ(K_H) at θ = I under both scorings, per dataset and preprocessing, with the
-    authors' logged values and our relative difference to them."""
-    from condreg.experiments.ablation.released import LOGGED
-
+    """κ(K_P), κ(K_H) at θ = I under both scorings, beside the authors' logged values."""
     out: dict[str, Any] = {}
     if "house" in data:
         out["house"] = {k: v["inputs"] for k, v in data["house"].items()}
         ours = out["house"]["released"]["ridge"]
         log = LOGGED["house"]
         out["house"]["logged"] = dict(log)
-        out["house"]["rel_diff_to_logged"] = {
-            k: ours[k] / float(log[k]) - 1.0 for k in ("kappa_K_P", "kappa_K_H")
-        }
+        diff = {k: ours[k] / float(log[k]) - 1.0 for k in ("kappa_K_P", "kappa_K_H")}
+        out["house"]["rel_diff_to_logged"] = diff
     if "mnist" in data:
         mn = data["mnist"]
         pooled = [v["inputs"] for k, v in mn.items() if isinstance(k, tuple)]
+        ks = {w: [p[w][k] for p in pooled for k in ("kappa_K_P", "kappa_K_H")] for w in WAYS}
         out["mnist"] = {
-            "pooled": {w: {"kappa_K_min": float(min(min(p[w]["kappa_K_P"], p[w]["kappa_K_H"])
-                                                     for p in pooled)),
-                           "kappa_K_max": float(max(max(p[w]["kappa_K_P"], p[w]["kappa_K_H"])
-                                                     for p in pooled))} for w in WAYS},
-            "n_features": mn["n_features"],
-            "raw_digit_tasks": mn["raw_inputs"],
+            "pooled": {w: {"kappa_K_min": float(min(ks[w])), "kappa_K_max": float(max(ks[w]))}
+                       for w in WAYS},
+            "n_features": mn["n_features"], "raw_digit_tasks": mn["raw_inputs"],
             "logged": dict(LOGGED["mnist"]),
         }  # fmt: skip
     return out
 
 
 def _sweep(plan, specs, done) -> dict[str, Any]:
-    """RIR against ``max_step`` and against the epoch (condreg.immunize, default protocol), and
-    the D_P-only choice of ``max_step`` per method."""
-    from condreg.experiments.ablation import DP_TOLERANCE
-
-    out = {}
-    steps = plan.max_steps
+    """RIR against ``max_step`` and the epoch, and the D_P-only choice of ``max_step``."""
+    out, steps = {}, plan.max_steps
     for dataset in plan.datasets:
         by_step: dict[float, dict[str, list]] = {ms: {m: [] for m in METHODS} for ms in steps}
         ref, curves = [], {m: [] for m in METHODS}
@@ -160,7 +138,7 @@ def _sweep(plan, specs, done) -> dict[str, Any]:
                     curves[m].append(unit[m]["history_rir"])
             if "head_only_loss" in unit:
                 ref.append(unit["head_only_loss"])
-        ref_loss = float(np.mean(ref)) if ref else None
+        ref_loss = float(np.mean(ref))  # every default unit has one
         table = {str(ms): {m: {"geomean_rir": _geomean([r["nonzero"]["rir"] for r in rs]),
                                "successes": int(sum(r["nonzero"]["success"] for r in rs)),
                                "n": len(rs),
@@ -168,14 +146,12 @@ def _sweep(plan, specs, done) -> dict[str, Any]:
                            for m, rs in by_step[ms].items()} for ms in steps}  # fmt: skip
         chosen, passed = {}, {}
         for m in METHODS:
-            ok = [ms for ms in steps if ref_loss is not None
-                  and table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]  # fmt: skip
+            ok = [ms for ms in steps if table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]
             chosen[m] = max(ok) if ok else min(steps)
             passed[m] = bool(ok)
         out[dataset] = {
             "max_steps": list(steps), "by_max_step": table, "head_only_dp_loss": ref_loss,
-            "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen,
-            "any_step_passes": passed,
+            "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen, "any_step_passes": passed,
             "rir_by_epoch": {m: _geomean_curve(c) for m, c in curves.items()},
         }  # fmt: skip
     return out
@@ -188,38 +164,25 @@ def _geomean(values) -> float:
 
 
 def _geomean_curve(curves: list[list[float]]) -> list[float]:
-    if not curves:
-        return []
     n = min(len(c) for c in curves)
     return [_geomean([c[t] for c in curves]) for t in range(n)]
 
 
 def assemble(plan, data, defaults, specs, done) -> dict[str, Any]:
     """The ``results`` of results.json (see docs/ablation.md)."""
-    from condreg.experiments.ablation.released import RELEASED_SWITCHES
-
     rows, identical = _rows(plan, specs, done, defaults)
-    return {
-        "switches": dict(RELEASED_SWITCHES),
-        "rows": rows,
-        "default_rerun_identical": identical,
-        "inputs": _inputs(data),
-        "schedule": _sweep(plan, specs, done),
-    }
+    return {"switches": dict(RELEASED_SWITCHES), "rows": rows, "default_rerun_identical": identical,
+            "inputs": _inputs(data), "schedule": _sweep(plan, specs, done)}  # fmt: skip
 
 
 def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
     """results.json, table.md, ranking.png, schedule.png."""
-    from condreg.experiments import _report as rp
-    from condreg.experiments.ablation import figures, tables
-
     notes = tables.notes(results, store)
+    quick = " (quick: not the full run)" if plan.quick else ""
     payload = rp.write_outputs(
-        plan.out_dir, experiment="ablation", settings=settings, seeds=plan.seeds,
-        results=results, runtime_s=runtime_s, notes=notes,
-        table=tables.table(plan, results, notes),
-        title="Ablation — condreg's protocol → the released code's" + (
-            " (quick: not the full run)" if plan.quick else ""),
+        plan.out_dir, experiment="ablation", settings=settings, seeds=plan.seeds, results=results,
+        runtime_s=runtime_s, notes=notes, table=tables.table(plan, results, notes),
+        title=f"Ablation — condreg's protocol → the released code's{quick}",
     )  # fmt: skip
     figures.ranking(plan, results, plan.out_dir / "ranking.png")
     figures.schedule(plan, results, plan.out_dir / "schedule.png")

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from condreg.experiments import _report as rp
+from condreg.experiments import house_prices, mnist_pairs
+from condreg.experiments._linear import kappa_features
+from condreg.experiments._mnist_units import default_jobs, limit_worker_threads
+from condreg.experiments.ablation import report, switches_of
 from condreg.experiments.ablation import units as un
+from condreg.experiments.ablation.released import released_house_prices, ridge_floor_kappa
+from condreg.experiments.data import house_price_dir, load_house_prices, load_mnist
 
 __all__ = ["Plan", "load_data", "execute", "unit_specs"]
 
@@ -32,11 +39,8 @@ class Plan:
 
     def schedule(self, dataset: str) -> dict[str, Any]:
         """condreg's default settings of ``dataset`` (the default experiments', quick or not)."""
-        from condreg.experiments import house_prices, mnist_pairs
-
-        if dataset == "house":
-            return dict(house_prices.QUICK_SETTINGS if self.quick else house_prices.PAPER_SETTINGS)
-        return dict(mnist_pairs.QUICK_SETTINGS if self.quick else mnist_pairs.PAPER_SETTINGS)
+        module = house_prices if dataset == "house" else mnist_pairs
+        return dict(module.QUICK_SETTINGS if self.quick else module.PAPER_SETTINGS)
 
 
 def _task_data(X_p, y_p, X_h, y_h, task: str) -> dict[str, Any]:
@@ -45,47 +49,34 @@ def _task_data(X_p, y_p, X_h, y_h, task: str) -> dict[str, Any]:
 
 
 def _raw_digit_inputs(X: np.ndarray, y: np.ndarray, digits) -> dict[str, Any]:
-    """κ of the released MNIST inputs at θ = I: one digit's images, 784 raw pixels normalised
-    as the released code does, under both scorings (per digit)."""
-    from condreg.experiments._linear import kappa_features
-    from condreg.experiments.ablation.released import ridge_floor_kappa
-    from condreg.experiments.mnist_pairs import RAW_MEAN, RAW_STD
-
+    """Per digit, both κ's of the released MNIST input (one digit's 784 normalised pixels)."""
     out = {}
     for d in digits:
-        Xd = (X[y == d] - RAW_MEAN) / RAW_STD
-        gram_top = float(np.linalg.norm(Xd, 2) ** 2)
+        Xd = (X[y == d] - mnist_pairs.RAW_MEAN) / mnist_pairs.RAW_STD
         kappa, rank = kappa_features(Xd)
+        top = float(np.linalg.norm(Xd, 2) ** 2) / Xd.shape[0]
         out[str(d)] = {"n_images": int(Xd.shape[0]), "nonzero": kappa, "rank": rank,
-                       "ridge": ridge_floor_kappa(Xd), "lambda_max_per_image":
-                       gram_top / Xd.shape[0]}  # fmt: skip
+                       "ridge": ridge_floor_kappa(Xd), "lambda_max_per_image": top}  # fmt: skip
     return out
 
 
 def load_data(plan: Plan) -> dict[str, Any]:
-    """Every task the plan needs; raises DataError (house files that cannot be preprocessed the
-    released way) before any work."""
-    from condreg.experiments import mnist_pairs as mp
-    from condreg.experiments.ablation.released import released_house_prices
-    from condreg.experiments.data import house_price_dir, load_house_prices, load_mnist
-
+    """Every task the plan needs (DataError before any work)."""
     data: dict[str, Any] = {}
     if "house" in plan.datasets:
         hp = load_house_prices(house_price_dir())
         rel = released_house_prices(house_price_dir())
-        data["house"] = {
-            "condreg": _task_data(hp.X_p, hp.y_p, hp.X_h, hp.y_h, "regression"),
-            "released": _task_data(rel.X_p, rel.y_p, rel.X_h, rel.y_h, "regression"),
-        }
+        data["house"] = {t: _task_data(d.X_p, d.y_p, d.X_h, d.y_h, "regression")
+                         for t, d in (("condreg", hp), ("released", rel))}  # fmt: skip
     if "mnist" in plan.datasets:
         s = plan.schedule("mnist")
         X_raw, y = load_mnist()
-        X, n_features = mp.prepare_inputs(X_raw, s["pool"], s["min_pixel_activity"])
+        X, n_features = mnist_pairs.prepare_inputs(X_raw, s["pool"], s["min_pixel_activity"])
         digits = sorted({d for p in plan.pairs for d in p})
         mnist: dict[Any, Any] = {"n_features": n_features}
         for seed in plan.seeds:
-            tasks = mp.build_tasks(X, y, digits, seed=seed, n_positive=s["n_positive"],
-                                   negative_fraction=s["negative_fraction"])  # fmt: skip
+            tasks = mnist_pairs.build_tasks(X, y, digits, seed=seed, n_positive=s["n_positive"],
+                                            negative_fraction=s["negative_fraction"])  # fmt: skip
             for p, h in plan.pairs:
                 tp, th = tasks[p], tasks[h]
                 mnist[(seed, (p, h))] = _task_data(tp.X, tp.y, th.X, th.y, "classification")
@@ -96,112 +87,78 @@ def load_data(plan: Plan) -> dict[str, Any]:
 
 def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
     """Every unit: ``(key, data key, spec)``; ``kind`` default / emulated / sweep."""
-    from condreg.experiments.ablation import switches_of
-
     out = []
     for dataset in plan.datasets:
         s = plan.schedule(dataset)
-        places = [None] if dataset == "house" else plan.pairs
         for seed in plan.seeds:
-            for pair in places:
+            for pair in [None] if dataset == "house" else plan.pairs:
                 tail = f"_seed{seed}" + ("" if pair is None else f"_pair{pair[0]}-{pair[1]}")
                 base = {"dataset": dataset, "seed": seed, "epochs": s["epochs"], "lr": s["lr"],
                         "methods": list(un.METHODS), "pair": pair}  # fmt: skip
+                where = (dataset, "condreg") if dataset == "house" else (dataset, (seed, pair))
                 for name in plan.protocols:
                     sw = switches_of(name, dataset)
                     if name != "condreg" and not sw:
                         continue  # a switch that does not exist for this dataset
-                    kind = "default" if name == "condreg" else "emulated"
-                    where = ("house", "released" if "released_preprocessing" in sw else "condreg")
-                    key = (dataset, where[1]) if dataset == "house" else (dataset, (seed, pair))
-                    spec = {**base, "kind": kind, "protocol": name, "switches": sw,
+                    key = (dataset, "released") if "released_preprocessing" in sw else where
+                    spec = {**base, "kind": "default" if name == "condreg" else "emulated",
+                            "protocol": name, "switches": sw,
                             "key": f"{dataset}_{name}{tail}"}  # fmt: skip
                     out.append((spec["key"], key, spec))
                 for ms in plan.max_steps:
                     if ms != 0.3:
-                        key = (
-                            (dataset, "condreg") if dataset == "house" else (dataset, (seed, pair))
-                        )
                         spec = {**base, "kind": "sweep", "protocol": f"max_step={ms}",
                                 "switches": [], "max_step": ms,
                                 "key": f"{dataset}_max_step{ms}{tail}"}  # fmt: skip
-                        out.append((spec["key"], key, spec))
+                        out.append((spec["key"], where, spec))
     return out
-
-
-def _lookup(data: dict[str, Any], key: tuple) -> dict[str, Any]:
-    return data[key[0]][key[1]]
 
 
 def _run_units(plan: Plan, data, todo, store, done: dict[str, Any]) -> None:
     """Compute the ``todo`` units (costliest first), saving each as it finishes."""
-    from condreg.experiments import _report as rp
-    from condreg.experiments.mnist_pairs import default_jobs
-
     jobs = plan.jobs or default_jobs(len(todo))
     cost = {"emulated": 2.0, "default": 1.0, "sweep": 1.0}
     todo = sorted(todo, key=lambda u: -(cost[u[2]["kind"]] + ("minibatch" in u[2]["switches"])))
-    args = [(_lookup(data, key), spec) for _, key, spec in todo]
+    args = [(data[key[0]][key[1]], spec) for _, key, spec in todo]
 
-    def finish(result):
-        done[result["spec"]["key"]] = result
-        store.save(result["spec"]["key"], result)
-
-    if jobs == 1 or len(todo) <= 1:
-        for a in rp.progress(args, enabled=plan.progress, desc="ablation", total=len(args)):
-            finish(un.run_unit(*a))
-        return
-    from condreg.experiments._mnist_units import limit_worker_threads
-
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
-        results = workers.imap_unordered(un.run_unit_packed, args)
+    def finish(results) -> None:
         for result in rp.progress(results, enabled=plan.progress, desc="ablation",
                                   total=len(args)):  # fmt: skip
-            finish(result)
+            done[result["spec"]["key"]] = result
+            store.save(result["spec"]["key"], result)
+
+    if jobs == 1 or len(todo) <= 1:
+        finish(map(un.run_unit_packed, args))
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
+        finish(workers.imap_unordered(un.run_unit_packed, args))
 
 
 def _defaults(plan: Plan) -> dict[str, Any]:
     """The default experiments themselves (their own folders, their results.json payloads)."""
-    from condreg.experiments import house_prices, mnist_pairs
-
     out = {}
-    n = len(plan.seeds)
+    common = {"quick": plan.quick, "seeds": len(plan.seeds), "progress": plan.progress,
+              "resume": plan.resume}  # fmt: skip
     if "house" in plan.datasets:
-        out["house"] = house_prices.run(
-            plan.out_dir / "default-house-prices", quick=plan.quick, seeds=n,
-            progress=plan.progress, resume=plan.resume,
-        )  # fmt: skip
+        out["house"] = house_prices.run(plan.out_dir / "default-house-prices", **common)
     if "mnist" in plan.datasets:
-        out["mnist"] = mnist_pairs.run(
-            plan.out_dir / "default-mnist-pairs", quick=plan.quick, seeds=n,
-            progress=plan.progress, pairs=list(plan.pairs), resume=plan.resume, jobs=plan.jobs,
-        )  # fmt: skip
+        out["mnist"] = mnist_pairs.run(plan.out_dir / "default-mnist-pairs", **common,
+                                       pairs=list(plan.pairs), jobs=plan.jobs)  # fmt: skip
     return out
 
 
 def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
     """Run the default experiments and every unit, then write the outputs."""
-    from condreg.experiments import _report as rp
-    from condreg.experiments.ablation import report
-
-    settings = {
-        "quick": plan.quick, "protocols": plan.protocols, "datasets": plan.datasets,
-        "pairs": [list(p) for p in plan.pairs], "house": plan.schedule("house"),
-        "mnist": plan.schedule("mnist"), "methods": list(un.METHODS),
-        "max_steps": plan.max_steps,
-    }  # fmt: skip
+    settings = {"quick": plan.quick, "protocols": plan.protocols, "datasets": plan.datasets,
+                "pairs": [list(p) for p in plan.pairs], "house": plan.schedule("house"),
+                "mnist": plan.schedule("mnist"), "methods": list(un.METHODS),
+                "max_steps": plan.max_steps}  # fmt: skip
     defaults = _defaults(plan)
     specs = unit_specs(plan)
     store = rp.UnitStore(plan.out_dir, settings=settings, resume=plan.resume)
-    done: dict[str, Any] = {}
-    todo = []
-    for key, dkey, spec in specs:
-        saved = store.load(key)
-        if saved is not None:
-            done[key] = saved
-        else:
-            todo.append((key, dkey, spec))
+    done = {key: saved for key, _, _ in specs if (saved := store.load(key)) is not None}
+    todo = [unit for unit in specs if unit[0] not in done]
     compute_start = time.perf_counter()
     _run_units(plan, data, todo, store, done)
     timing = {
