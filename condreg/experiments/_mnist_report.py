@@ -32,9 +32,7 @@ def pair_key(pair: Sequence[int]) -> str:
 
 
 def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str, Any]:
-    """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas", "loss_best_input"}`` from the
-    units keyed ``(seed, pair)``.
-    """
+    """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas", "loss_best_input"}``."""
     per_pair: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in methods}
     kappas: dict[str, dict[str, float]] = {}
     inputs: dict[str, list[float]] = {}
@@ -52,9 +50,7 @@ _RANGE = (("min", np.min), ("median", np.median), ("max", np.max))
 
 
 def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
-    """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and over
-    runs.
-    """
+    """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and runs."""
     out = {}
     for method, by_pair in per_pair.items():
         mean_rir, mean_log = [], []
@@ -94,7 +90,7 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
     return out
 
 
-def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, methods):
+def timing(units, computed, jobs: int, compute_wall: float, methods) -> dict[str, Any]:
     """How long the units took: means per pair, workers, the extrapolated full run."""
     mean_pair_s = float(np.mean([u["seconds"] for u in units.values()]))
 
@@ -102,7 +98,7 @@ def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, m
         sums = [sum(r[key] for r in u["methods"].values()) for u in computed]
         return float(np.mean(sums)) if sums else None
 
-    full_s = mean_pair_s * n_pairs_all * n_methods_all / len(methods) / max(jobs, 1)
+    full_s = mean_pair_s * 90 * len(rp.METHODS) / len(methods) / max(jobs, 1)
     return {
         "mean_seconds_per_pair_all_methods": mean_pair_s,
         # of which condreg.immunize and the scoring after it (RIR at 3 tolerances, D_P probe)
@@ -121,7 +117,7 @@ def timing(units, computed, *, jobs, compute_wall, n_pairs_all, n_methods_all, m
     }
 
 
-def results(collected, summary, timing_, *, n_features, tasks, cross_check) -> dict[str, Any]:
+def results(collected, summary, timing_, n_features, tasks, cross_check) -> dict[str, Any]:
     """The ``results`` of results.json."""
     per_pair = collected["per_pair"]
     runs = [r for by_pair in per_pair.values() for rs in by_pair.values() for r in rs]
@@ -174,8 +170,7 @@ def notes(summary, per_pair, n_pairs: int) -> list[str]:
                 f"{label}: the verdict flips with the rank tolerance on {len(flips)} pair(s) "
                 f"({shown}); successes {by}"
             )
-        for why in s["runs_not_completed"]:
-            out.append(f"{label}: a run stopped early: {why}")
+        out += [f"{label}: a run stopped early: {why}" for why in s["runs_not_completed"]]
         warned = {w for runs in per_pair[m].values() for r in runs for w in r["warnings"]}
         warned = sorted(w for w in warned if "did not succeed" not in w)  # counted above
         out += [f"{label}: warning from condreg.immunize: {w}" for w in warned[:3]]
@@ -200,20 +195,13 @@ def _rows(summary, n_pairs: int, loss_input: float) -> list[list[str]]:
     for m in (m for m in rp.METHODS if m in summary):
         s, p = summary[m], rp.PAPER_MNIST[m]
         by = s["successes_by_rtol"]
-        rows.append(
-            [
-                rp.METHOD_LABELS[m],
-                rp.fmt_mean_std(s["mean_rir"]),
-                rp.fmt_number(p["mean_rir"]),
-                count_text(s["successes"], n_pairs),
-                " / ".join(count_text(by[f"{f}x"], n_pairs) for f in TOLERANCE_FACTORS[1:]),
-                f"{p['successes']}/90",
-                f"{rp.fmt_number(s['min_rir'], 3)} – {rp.fmt_number(s['median_rir'], 3)} – "
-                f"{rp.fmt_number(s['max_rir'], 3)}",
-                rp.fmt_number(s["mean_loss_final"], 3),
-                _best_text(s["mean_loss_best"]),
-            ]
-        )
+        row = [rp.METHOD_LABELS[m], rp.fmt_mean_std(s["mean_rir"]), rp.fmt_number(p["mean_rir"])]
+        row.append(count_text(s["successes"], n_pairs))
+        row.append(" / ".join(count_text(by[f"{f}x"], n_pairs) for f in TOLERANCE_FACTORS[1:]))
+        row.append(f"{p['successes']}/90")
+        row.append(" – ".join(rp.fmt_number(s[f"{k}_rir"], 3) for k in ("min", "median", "max")))
+        row += [rp.fmt_number(s["mean_loss_final"], 3), _best_text(s["mean_loss_best"])]
+        rows.append(row)
     return rows
 
 
@@ -245,17 +233,14 @@ def _loss_text(summary, loss_input: float, settings) -> str:
 def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds: int) -> str:
     """table.md's body: the methods beside the paper's, how they were run, the notes."""
     summary, timing_, check = results_["methods"], results_["timing"], results_["cross_check"]
-    n_features, loss_input = (
-        results_["data"]["n_features"],
-        results_["data"]["mean_loss_best_input"],
-    )
-    n_pairs = summary[next(iter(summary))]["n_pairs"]
+    data, first = results_["data"], next(iter(summary.values()))
+    n_features, loss_input = data["n_features"], data["mean_loss_best_input"]
+    n_pairs, (lo, hi) = first["n_pairs"], first["rtol_range"]
     factors = " / ".join(f"{f}×" for f in TOLERANCE_FACTORS[1:])
     headers = ["method", "mean RIR ours", "mean RIR paper", "success ours (Def. 3.1 (a) + (b))"]
     headers += [f"at {factors} rtol", "success paper (its rule not stated)"]
     headers += ["RIR min – median – max (ours)", "D_P loss, trained head", "D_P loss, best on Xθ"]
     text = rp.markdown_table(headers, _rows(summary, n_pairs, loss_input))
-    lo, hi = summary[next(iter(summary))]["rtol_range"]
     rtols = rp.fmt_number(lo, 3) if lo == hi else f"{rp.fmt_number(lo, 3)}–{rp.fmt_number(hi, 3)}"
     if settings["inputs"] == "raw":
         inputs = "the 784 raw pixels, (x/255 − 0.1307)/0.3081 (the authors' preprocessing)"
@@ -319,11 +304,9 @@ def _draw_panel(ax, m, grid, bad, digits, vmax):
     image = ax.imshow(grid, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
     n_bad, n_run = int(bad.sum()), int(np.isfinite(grid).sum())
     paper = rp.PAPER_MNIST[m]["successes"]
-    ax.set_title(
-        f"{rp.METHOD_LABELS[m]}: {n_run - n_bad}/{n_run} succeed (paper: {paper}/90)", fontsize=9
-    )
-    ax.set_xlabel("harmful digit H (columns)")
-    ax.set_ylabel("pre-training digit P (rows)")
+    title = f"{rp.METHOD_LABELS[m]}: {n_run - n_bad}/{n_run} succeed (paper: {paper}/90)"
+    ax.set_title(title, fontsize=9)
+    ax.set(xlabel="harmful digit H (columns)", ylabel="pre-training digit P (rows)")
     ax.set_xticks(range(len(digits)), [str(d) for d in digits])
     ax.set_yticks(range(len(digits)), [str(d) for d in digits])
     for (r, c), v in np.ndenumerate(grid):
@@ -340,9 +323,7 @@ def _draw_panel(ax, m, grid, bad, digits, vmax):
 
 
 def heatmap(out_dir: pathlib.Path, per_pair, methods, pairs, *, quick: bool) -> Any:
-    """Write Fig. 2, ``ln_rir_heatmap.png`` (ln RIR per (P, H), one panel per method, failures
-    hatched, the paper's range of Ours on the colour bar); returns the figure.
-    """
+    """Write and return Fig. 2, ``ln_rir_heatmap.png``: ln RIR per (P, H), a panel per method."""
     from matplotlib.patches import Patch
 
     ordered = [m for m in rp.METHODS if m in methods]

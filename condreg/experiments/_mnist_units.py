@@ -26,16 +26,12 @@ Shared = tuple[Sequence[str], int, float, Mapping[str, Any], bool]
 
 
 def default_jobs(n_units: int) -> int:
-    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, at least
-    1.
-    """
+    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, >= 1."""
     return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
 
 
 def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> list:
-    """``todo`` ordered by cost, costliest first, so no worker waits long at the end; a unit costs
-    ``Σ r²·(r + D)`` over its two tasks (``r``: the rank of the task's inputs).
-    """
+    """``todo``, costliest first (``Σ r²·(r + D)`` over the two tasks, ``r`` the inputs' rank)."""
     task_cost: dict[tuple[int, int], float] = {}
     for seed, pair in todo:
         for digit in pair:
@@ -47,16 +43,13 @@ def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> lis
 
 
 def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared) -> dict:
-    """One (seed, pair): every method on (D_P = ``tp``, D_H = ``th``), the tasks decomposed once.
-
-    Returns ``{"seed", "pair", "kappas", "loss_best_input", "methods", "seconds", "cpu_s",
-    "worker"}``, ``methods`` holding each method's numbers without θ and the history.
-    """
+    """One (seed, pair): every method on (D_P = ``tp``, D_H = ``th``), the tasks decomposed once;
+    each method's numbers are kept without θ and the history."""
     methods, epochs, lr, options, cross_check = shared
     start, cpu_start = time.perf_counter(), time.process_time()
     by_method = {}
-    setup = data_setup(tp.X, th.X, options)  # the tasks decomposed once for all methods
-    pair_spectra = PairSpectra(tp.X, th.X, tasks=setup.tasks)  # κ(K_P), κ(K_H) likewise
+    setup = data_setup(tp.X, th.X, options)
+    pair_spectra = PairSpectra(tp.X, th.X, tasks=setup.tasks)
     kw = dict(task="classification", epochs=epochs, lr=lr, seed=seed, cross_check=cross_check)
     for method in methods:
         res = immunize_method(
@@ -82,7 +75,6 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
 
 
 def _run_packed(args: tuple) -> dict[str, Any]:
-    """:func:`run_unit` with its arguments in one tuple (for ``imap_unordered``)."""
     return run_unit(*args)
 
 
@@ -103,11 +95,8 @@ def run_units(
     progress: bool,
     done: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Run every (seed, pair) of ``todo`` and call ``done(unit)`` as each one finishes.
-
-    ``jobs == 1`` (or a single unit) runs them here, else in ``jobs`` spawned workers, costliest
-    first; the pool is terminated on any exit.
-    """
+    """Run every (seed, pair) of ``todo`` here (``jobs == 1`` or one unit) or in ``jobs`` spawned
+    workers, costliest first, and call ``done(unit)`` as each one finishes."""
 
     def arguments(seed: int, pair: tuple[int, int]) -> tuple:
         tasks = tasks_by_seed[seed]
@@ -120,7 +109,6 @@ def run_units(
         return
     context = multiprocessing.get_context("spawn")
     with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
-        # the workers start while the units are ordered, the costliest first
         order = largest_first(list(todo), tasks_by_seed)
         finished = workers.imap_unordered(_run_packed, [arguments(*u) for u in order])
         for unit in rp.progress(finished, **bar):

@@ -1,17 +1,14 @@
-"""Immunization under stronger attackers: how many probing steps a condition number buys
-(docs/attacks.md).
+"""Immunization under stronger attackers: how many probing steps a condition number buys.
 
-On house prices and a few MNIST pairs (the settings of house-prices and mnist-pairs), θ = I and
-each method's θ are attacked by every attacker of :func:`condreg.attacks.probe` (untuned
-defaults), linear probing from ``w_0 = 0`` on D_H (the attack) and on D_P. Reported: the steps
-to 99 % of the achievable loss reduction and the slow-down ``steps(θ) / steps(I)`` (censored
-runs give bounds). Writes ``results.json``, ``table.md``, ``attack_curves.png`` (D_H) and
-``attack_curves_pretrain.png`` (D_P).
+On house prices and a few MNIST pairs, θ = I and each method's θ are probed from ``w_0 = 0`` on
+D_H and D_P by every attacker of :func:`condreg.attacks.probe` (docs/attacks.md): the steps to 99 %
+of the achievable loss reduction and the slow-down ``steps(θ) / steps(I)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import pathlib
 import time
@@ -118,47 +115,33 @@ def run(
     fraction: float = FRACTION,
     **options: Any,
 ) -> dict[str, Any]:
-    """Attack θ = I and each method's θ with every attacker; write results.json, table.md and
-    the curve plots into ``out_dir``.
+    """Attack θ = I and each method's θ with every attacker; write results.json, table.md,
+    ``attack_curves.png`` (D_H) and ``attack_curves_pretrain.png`` (D_P) into ``out_dir``.
 
-    ``data``: house-price directory (default: the packaged copy). ``pairs``: MNIST (P, H) pairs
-    (default :data:`PAPER_PAIRS`, ``quick``: :data:`QUICK_PAIRS`). ``steps``: probing iterations
-    (default :data:`FULL_STEPS`, ``quick``: :data:`QUICK_STEPS`). ``epochs``: immunization epochs
-    (default: those of house-prices / mnist-pairs). ``methods``, ``attackers``: subsets.
-    ``fraction``: the loss-reduction target. Raises :class:`condreg.experiments.UsageError` for a
-    bad option, before any work.
+    ``pairs``, ``steps``: default :data:`PAPER_PAIRS`, :data:`FULL_STEPS` (``quick``:
+    :data:`QUICK_PAIRS`, :data:`QUICK_STEPS`); ``epochs``: default those of house-prices /
+    mnist-pairs. Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
     """
     from condreg.attacks import ATTACKERS
-    from condreg.experiments import mnist_pairs as mp
+    from condreg.experiments.convergence import linear_datasets
 
     out_dir = rp.check_out_dir(out_dir)
-    mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
     methods = _validate(steps, methods, attackers, pairs, epochs, fraction, options)
     start = time.perf_counter()
     seed_values = rp.seed_list(seeds)
     steps = int(steps or (QUICK_STEPS if quick else FULL_STEPS))
     attackers = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
-    datasets, data_dir = _datasets(data, pairs, epochs, quick)  # bad data fails before output
+    datasets, data_dir = linear_datasets(data, pairs, quick, epochs)  # bad data fail here
     out_dir = rp.prepare_out_dir(out_dir)
-    fractions = sorted({*FRACTIONS, float(fraction)})
-    settings = dict(steps=steps, fraction=fraction, fractions_recorded=fractions, methods=methods)
-    settings.update(attackers=attackers, datasets=list(datasets))
-    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
-    settings.update(mnist_pairs=[list(p) for p in pairs])
-    settings.update(mnist_inputs={"preset": "pooled", "n_positive": mn_base["n_positive"]})
-    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
-    settings.update(attacker_settings="condreg.attacks.probe defaults (none tuned)")
-    thetas = ["identity", *methods]
-    jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
-    units = _Units(datasets, attackers, steps, fractions, first_seed=seed_values[0])
-    for seed, name, method in rp.progress(jobs, enabled=progress, desc="attacks"):
-        units.add(seed, name, method)
-    slowdown = {f"{f:g}": _slowdowns(units.probes, steps, f"{f:g}") for f in fractions}
+    settings = _settings(steps, fraction, methods, attackers, datasets, pairs, data_dir, quick)
+    probes, curves, immunization = _units(datasets, settings, seed_values, progress)
+    fractions = settings["fractions_recorded"]
+    slowdown = {f"{f:g}": _slowdowns(probes, steps, f"{f:g}") for f in fractions}
     summary = {key: _summary(tab, datasets, methods, attackers) for key, tab in slowdown.items()}
-    notes = _notes(units.probes, datasets, methods)
-    results = {"immunization": units.immunization, "probes": units.probes, "slowdown": slowdown}
-    results.update(summary=summary, curves=units.curves)
+    notes = _notes(probes)
+    results = {"immunization": immunization, "probes": probes, "slowdown": slowdown}
+    results.update(summary=summary, curves=curves)
     payload = rp.write_outputs(
         out_dir,
         experiment="attacks",
@@ -167,12 +150,12 @@ def run(
         results=results,
         runtime_s=time.perf_counter() - start,
         notes=notes,
-        table=_table(units.probes, slowdown, summary, units.immunization, settings, notes),
+        table=_table(probes, slowdown, summary, immunization, settings, notes),
         title="Immunization under stronger attackers: probing steps to 99 % of the loss "
         f"reduction{_tag(quick)}",
     )
     for task, fname in (("D_H", "attack_curves.png"), ("D_P", "attack_curves_pretrain.png")):
-        _plot(out_dir / fname, units.curves, task, steps, fraction, thetas, attackers, quick)
+        _plot(out_dir / fname, curves, task, settings, quick)
     return payload
 
 
@@ -182,55 +165,40 @@ def _tag(quick: bool) -> str:
     )
 
 
-def _datasets(data, pairs, epochs, quick) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
-    """House prices (loaded now: bad data fails first) and each MNIST pair: task, epochs, lr and a
-    loader per seed; and the data dir.
-    """
-    from condreg.experiments import house_prices as hpmod
+def _settings(steps, fraction, methods, attackers, datasets, pairs, data_dir, quick) -> dict:
+    """The run's settings (results.json)."""
     from condreg.experiments import mnist_pairs as mp
 
-    hp_base = hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS
-    mn_base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
-    data_dir = hpmod.resolve_data_dir(data)
-    house = _house(data_dir)
-    datasets: dict[str, dict[str, Any]] = {
-        "house-prices": {
-            "task": "regression",
-            "epochs": int(epochs or hp_base["epochs"]),
-            "lr": hp_base["lr"],
-            "loader": lambda seed: house,
-        }
-    }
-    images = mp.pooled_mnist()
-    for pair in pairs:
-        datasets[f"mnist-{pair[0]}-{pair[1]}"] = {
-            "task": "classification",
-            "epochs": int(epochs or mn_base["epochs"]),
-            "lr": mn_base["lr"],
-            "loader": lambda seed, pair=pair: mp.pair_arrays(images, pair, quick, seed),
-        }
-    return datasets, data_dir
+    n_positive = (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["n_positive"]
+    fractions = sorted({*FRACTIONS, float(fraction)})
+    settings = dict(steps=steps, fraction=fraction, fractions_recorded=fractions, methods=methods)
+    settings.update(attackers=attackers, datasets=list(datasets))
+    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
+    settings.update(mnist_pairs=[list(p) for p in pairs])
+    settings.update(mnist_inputs={"preset": "pooled", "n_positive": n_positive})
+    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
+    return settings | {"attacker_settings": "condreg.attacks.probe defaults (none tuned)"}
 
 
-class _Units:
-    """The probes of every (seed, dataset, θ): ``probes``, ``curves`` (first seed) and
-    ``immunization``, nested by dataset, task, θ, attacker.
+def _branch(tree: dict, *keys: str) -> dict:
+    """``tree[k1][k2]…``, creating the missing levels."""
+    for key in keys:
+        tree = tree.setdefault(key, {})
+    return tree
+
+
+def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]:
+    """Immunize (or take θ = I) every (seed, dataset, θ) and attack it on both tasks with every
+    attacker: ``(probes, curves (first seed), immunization)`` by dataset, task, θ, attacker.
     """
-
-    def __init__(self, datasets, attackers, steps, fractions, *, first_seed: int):
-        self.datasets, self.attackers, self.steps = datasets, attackers, steps
-        self.fractions, self.first_seed = fractions, first_seed
-        self.loaded: dict[tuple[int, str], Any] = {}
-        self.probes: dict[str, Any] = {}
-        self.curves: dict[str, Any] = {}
-        self.immunization: dict[str, Any] = {}
-
-    def add(self, seed: int, name: str, method: str) -> None:
-        """Immunize (or take θ = I) and attack it on both tasks with every attacker."""
-        spec = self.datasets[name]
-        if (seed, name) not in self.loaded:
-            self.loaded[(seed, name)] = spec["loader"](seed)
-        X_p, y_p, X_h, y_h = self.loaded[(seed, name)]
+    probes: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    immunization: dict[str, Any] = {}
+    thetas = ["identity", *settings["methods"]]
+    jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
+    for seed, name, method in rp.progress(jobs, enabled=progress, desc="attacks"):
+        spec = datasets[name]
+        X_p, y_p, X_h, y_h = spec["loader"](seed)
         rtol = default_rtol(X_p, X_h)
         if method == "identity":
             theta, numbers = None, spectrum_numbers(None, X_p, X_h, rtol=rtol)
@@ -238,39 +206,25 @@ class _Units:
             kw = {k: spec[k] for k in ("task", "epochs", "lr")}
             numbers = immunize_method(method, X_p, y_p, X_h, y_h=y_h, seed=seed, **kw)
             theta = numbers.pop("_theta")
-        keep = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")
-        self.immunization.setdefault(name, {}).setdefault(method, []).append(
-            {k: numbers.get(k) for k in keep}
-        )
+        entry = {k: numbers.get(k) for k in ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")}
+        _branch(immunization, name).setdefault(method, []).append(entry)
         for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
-            for attacker in self.attackers:
-                rec, curve = _attack(theta, X, y, attacker, self.steps, self.fractions, rtol)
+            for attacker in settings["attackers"]:
+                rec, curve = _attack(theta, X, y, attacker, settings, rtol)
                 rec["seed"] = seed
-                by_att = self.probes.setdefault(name, {}).setdefault(task, {})
-                by_att.setdefault(method, {}).setdefault(attacker, []).append(rec)
-                if seed == self.first_seed:
-                    by_method = self.curves.setdefault(name, {}).setdefault(task, {})
-                    by_method.setdefault(method, {})[attacker] = curve
+                _branch(probes, name, task, method).setdefault(attacker, []).append(rec)
+                if seed == seed_values[0]:
+                    _branch(curves, name, task, method)[attacker] = curve
+    return probes, curves, immunization
 
 
-def _house(data_dir: pathlib.Path):
-    from condreg.experiments.data import load_house_prices
-
-    hp = load_house_prices(data_dir)
-    return hp.X_p, hp.y_p, hp.X_h, hp.y_h
-
-
-def _curve_index(steps: int) -> np.ndarray:
-    idx = np.unique(np.round(np.geomspace(1, steps, CURVE_POINTS)).astype(int))
-    return np.concatenate([[0], idx])
-
-
-def _attack(theta, X, y, attacker, steps, fractions, rtol):
+def _attack(theta, X, y, attacker, settings, rtol) -> tuple[dict, dict]:
+    """One probe of ``Xθ``: its record and its excess-loss curve at log-spaced steps."""
     from condreg.attacks import probe, steps_to_reduction
 
+    steps, fractions = settings["steps"], settings["fractions_recorded"]
     res = probe(theta, X, y, attacker=attacker, steps=steps, rtol=rtol)
-    loss = np.asarray(res.loss, dtype=np.float64)
-    loss_min = float(res.loss_min)
+    loss, loss_min = np.asarray(res.loss, dtype=np.float64), float(res.loss_min)
     total = loss[0] - loss_min
     excess = (loss - loss_min) / total if total > 0 else np.zeros_like(loss)
     rec = {
@@ -284,7 +238,8 @@ def _attack(theta, X, y, attacker, steps, fractions, rtol):
         "rank": res.rank,
         "params": dict(res.params),
     }
-    idx = _curve_index(steps)
+    idx = np.unique(np.round(np.geomspace(1, steps, CURVE_POINTS)).astype(int))
+    idx = np.concatenate([[0], idx])
     return rec, {"t": idx.tolist(), "excess": excess[idx].tolist()}
 
 
@@ -302,19 +257,17 @@ def _ratio(t_theta, t_ident, steps):
 
 
 def _slowdowns(probes, steps, key):
+    """Each seed's slow-down to the fraction ``key``, by dataset, task, θ and attacker."""
     out: dict[str, Any] = {}
     for name, by_task in probes.items():
         for task, by_method in by_task.items():
-            ident = by_method["identity"]
             for method, by_att in by_method.items():
                 for attacker, recs in by_att.items():
                     vals = []
-                    for rec, ref in zip(recs, ident[attacker], strict=True):
+                    for rec, ref in zip(recs, by_method["identity"][attacker], strict=True):
                         factor, bound = _ratio(rec["steps_to"][key], ref["steps_to"][key], steps)
                         vals.append({"factor": factor, "bound": bound, "seed": rec["seed"]})
-                    out.setdefault(name, {}).setdefault(task, {}).setdefault(method, {})[
-                        attacker
-                    ] = vals
+                    _branch(out, name, task, method)[attacker] = vals
     return out
 
 
@@ -323,74 +276,63 @@ def _summary(slowdown, datasets, methods, attackers):
     (censored values enter at their bound).
     """
     out: dict[str, Any] = {}
-    for task in TASKS:
-        for method in methods:
-            for attacker in attackers:
-                every = [v for name in datasets for v in slowdown[name][task][method][attacker]]
-                vals = [v for v in every if v["factor"] is not None]
-                if not vals:
-                    entry = {"geomean": None, "bound": None, "n": 0, "n_unknown": len(every)}
-                else:
-                    bounds = {v["bound"] for v in vals}
-                    g = math.exp(float(np.mean([math.log(v["factor"]) for v in vals])))
-                    if len(vals) < len(every) or ("<=" in bounds and ">=" in bounds):
-                        bound = "~"
-                    else:
-                        bound = ">=" if ">=" in bounds else ("<=" if "<=" in bounds else "=")
-                    n = len(vals)
-                    entry = {"geomean": g, "bound": bound, "n": n, "n_unknown": len(every) - n}
-                out.setdefault(task, {}).setdefault(method, {})[attacker] = entry
+    for task, method, attacker in itertools.product(TASKS, methods, attackers):
+        every = [v for name in datasets for v in slowdown[name][task][method][attacker]]
+        vals = [v for v in every if v["factor"] is not None]
+        n = len(vals)
+        entry = {"geomean": None, "bound": None, "n": n, "n_unknown": len(every) - n}
+        if vals:
+            bounds = {v["bound"] for v in vals}
+            entry["geomean"] = math.exp(float(np.mean([math.log(v["factor"]) for v in vals])))
+            if n < len(every) or {"<=", ">="} <= bounds:
+                entry["bound"] = "~"
+            else:
+                entry["bound"] = ">=" if ">=" in bounds else ("<=" if "<=" in bounds else "=")
+        _branch(out, task, method)[attacker] = entry
     return out
-
-
-def _fmt_steps(rec, steps, key) -> str:
-    t = rec["steps_to"][key]
-    return str(t) if t is not None else f">{steps}"
 
 
 def _fmt_factor(factor, bound) -> str:
     if factor is None:
         return "?"
-    prefix = {"=": "", ">=": "≥", "<=": "≤", "~": "≈"}[bound]
-    return f"{prefix}{rp.fmt_number(factor, 3)}×"
+    return {"=": "", ">=": "≥", "<=": "≤", "~": "≈"}[bound] + f"{rp.fmt_number(factor, 3)}×"
 
 
 def _cell(recs, slows, steps, key, with_factor: bool) -> str:
+    """Each seed's steps to ``key`` (``>steps``: censored) and, if asked, its slow-down."""
     parts = []
     for rec, sl in zip(recs, slows, strict=True):
-        text = _fmt_steps(rec, steps, key)
+        t = rec["steps_to"][key]
+        text = str(t) if t is not None else f">{steps}"
         if with_factor:
             text += f" ({_fmt_factor(sl['factor'], sl['bound'])})"
         parts.append(text)
     return " / ".join(parts)
 
 
-def _summary_table(summary, settings, key) -> str:
+def _summary_table(summary, settings) -> str:
     rows = []
     for m in settings["methods"]:
         cells = [rp.METHOD_LABELS[m]]
         for attacker in settings["attackers"]:
-            s_h, s_p = summary["D_H"][m][attacker], summary["D_P"][m][attacker]
-            cells.append(
-                f"{_fmt_factor(s_h['geomean'], s_h['bound'])} / "
-                f"{_fmt_factor(s_p['geomean'], s_p['bound'])}"
-            )
+            both = (summary["D_H"][m][attacker], summary["D_P"][m][attacker])
+            cells.append(" / ".join(_fmt_factor(s["geomean"], s["bound"]) for s in both))
         rows.append(cells)
     return rp.markdown_table(["θ", *settings["attackers"]], rows)
 
 
 def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
     steps, attackers = settings["steps"], settings["attackers"]
-    key, deep = f"{settings['fraction']:g}", f"{DEEP_FRACTION:g}"
-    methods = ["identity", *settings["methods"]]
+    key = f"{settings['fraction']:g}"
     text = ""
     if settings["methods"]:
-        for k in (key, deep) if deep != key else (key,):
+        for k in dict.fromkeys((key, f"{DEEP_FRACTION:g}")):
             text += (
                 f"## Slow-down against θ = I to {float(k):.4g} of the loss reduction, D_H / D_P "
-                "(geometric mean over the datasets)\n\n" + _summary_table(summary[k], settings, k)
+                "(geometric mean over the datasets)\n\n"
+                + _summary_table(summary[k], settings)
+                + "\n"
             )
-            text += "\n"
         text += (
             "A factor > 1 on D_H is immunization holding against that attacker; on D_P it "
             "should be ≤ 1 (the pre-training task stays easy). ≥: some runs did not reach the "
@@ -401,17 +343,14 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
     for name, by_task in probes.items():
         for task in TASKS:
             rows = []
-            for m in methods:
-                recs0 = by_task[task][m][attackers[0]]
-                kappa = " / ".join(rp.fmt_number(r["kappa"], 3) for r in recs0)
-                row = [rp.METHOD_LABELS[m], kappa]
-                for attacker in attackers:
-                    slows = slowdown[key][name][task][m][attacker]
-                    row.append(
-                        _cell(by_task[task][m][attacker], slows, steps, key, m != "identity")
-                    )
-                rir = " / ".join(rp.fmt_number(r["rir"], 3) for r in immunization[name][m])
-                row.append(rir)
+            for m in ["identity", *settings["methods"]]:
+                recs = by_task[task][m]
+                row = [rp.METHOD_LABELS[m]]
+                row.append(" / ".join(rp.fmt_number(r["kappa"], 3) for r in recs[attackers[0]]))
+                for a in attackers:
+                    slows = slowdown[key][name][task][m][a]
+                    row.append(_cell(recs[a], slows, steps, key, m != "identity"))
+                row.append(" / ".join(rp.fmt_number(r["rir"], 3) for r in immunization[name][m]))
                 rows.append(row)
             label = "D_H (the attack)" if task == "D_H" else "D_P (pre-training task)"
             text += (
@@ -437,7 +376,7 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
     return text
 
 
-def _notes(probes, datasets, methods) -> list[str]:
+def _notes(probes) -> list[str]:
     """Whether the closed form's optimum is the same for every θ, per (dataset, task)."""
     same, differ = [], []
     for name, by_task in probes.items():
@@ -462,48 +401,43 @@ def _notes(probes, datasets, methods) -> list[str]:
     return notes
 
 
-def _plot(path, curves, task, steps, fraction, thetas, attackers, quick) -> None:
+def _plot(path, curves, task, settings, quick) -> None:
     from matplotlib.ticker import LogLocator
 
-    names = list(curves)
+    steps, fraction, attackers = settings["steps"], settings["fraction"], settings["attackers"]
+    names, thetas = list(curves), ["identity", *settings["methods"]]
     figsize = (2.3 * len(attackers) + 0.6, 2.3 * len(names) + 0.8)
     fig, axes = rp.new_figure(len(names), len(attackers), figsize=figsize, squeeze=False)
     floor = 1e-8
-    for row, name in enumerate(names):
-        for col, attacker in enumerate(attackers):
-            ax = axes[row, col]
-            for m in thetas:
-                c = curves[name][task][m][attacker]
-                t = np.asarray(c["t"][1:], dtype=float)
-                e = np.maximum(np.asarray(c["excess"][1:], dtype=float), floor)
-                style = {"ls": "--", "lw": 1.4} if m == "identity" else {"lw": 1.2}
-                ax.plot(t, e, color=rp.METHOD_COLORS[m], label=rp.METHOD_LABELS[m], **style)
-            top = max(max(max(curves[name][task][m][attacker]["excess"]) for m in thetas), 1.0)
-            ax.axhline(1 - fraction, color="k", lw=0.6, ls=":")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_ylim(floor * 0.5, min(top, 1e12) * 2.0)
-            if attacker == "lstsq":
-                ax.text(1.5, 1e-6, "w* at t = 1,\nevery θ", fontsize=8)
-            ax.set_xlim(1, steps)
-            if row == 0:
-                ax.set_title(attacker, fontsize=10)
-            if row == len(names) - 1:
-                ax.set_xlabel("step t", fontsize=8)
-            if col == 0:
-                ax.set_ylabel(f"{name}\nexcess loss", fontsize=8)
-            ax.tick_params(labelsize=7)
-            # log axes' minor ticks cost most of the drawing time of 2×7 panels: drop them
-            ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
-            ax.yaxis.set_major_locator(LogLocator(base=100, numticks=6))
-            ax.minorticks_off()
+    for (row, name), (col, attacker) in itertools.product(enumerate(names), enumerate(attackers)):
+        ax, by_theta = axes[row, col], {m: curves[name][task][m][attacker] for m in thetas}
+        for m, c in by_theta.items():
+            t = np.asarray(c["t"][1:], dtype=float)
+            e = np.maximum(np.asarray(c["excess"][1:], dtype=float), floor)
+            style = {"ls": "--", "lw": 1.4} if m == "identity" else {"lw": 1.2}
+            ax.plot(t, e, color=rp.METHOD_COLORS[m], label=rp.METHOD_LABELS[m], **style)
+        top = max(max(max(c["excess"]) for c in by_theta.values()), 1.0)
+        ax.axhline(1 - fraction, color="k", lw=0.6, ls=":")
+        ax.set(xscale="log", yscale="log", xlim=(1, steps), ylim=(floor / 2, min(top, 1e12) * 2))
+        if attacker == "lstsq":
+            ax.text(1.5, 1e-6, "w* at t = 1,\nevery θ", fontsize=8)
+        if row == 0:
+            ax.set_title(attacker, fontsize=10)
+        if row == len(names) - 1:
+            ax.set_xlabel("step t", fontsize=8)
+        if col == 0:
+            ax.set_ylabel(f"{name}\nexcess loss", fontsize=8)
+        ax.tick_params(labelsize=7)
+        # log axes' minor ticks cost most of the drawing time of 2×7 panels: drop them
+        ax.xaxis.set_major_locator(LogLocator(base=10, numticks=5))
+        ax.yaxis.set_major_locator(LogLocator(base=100, numticks=6))
+        ax.minorticks_off()
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(thetas), fontsize=8)
     what = "harmful task D_H (the attack)" if task == "D_H" else "pre-training task D_P"
     fig.suptitle(
         f"{'Quick run — ' if quick else ''}Linear probing of Xθ on the {what}: "
-        "(L(w_t) − L*) / (L(0) − L*), "
-        f"dotted = {1 - fraction:.0%} left",
+        f"(L(w_t) − L*) / (L(0) − L*), dotted = {1 - fraction:.0%} left",
         fontsize=10,
     )
     rp.save_figure(fig, path)

