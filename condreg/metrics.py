@@ -1,16 +1,6 @@
-"""The paper's immunization metrics (docs/math.md §6), on any Array API array.
-
-- :func:`rir` — the relative immunization ratio of a linear extractor θ (Eq. 15);
-- :func:`rir_theta0` — its estimate for non-linear feature maps relative to the initial model
-  (Eq. 17), averaged over random groups of samples;
-- :func:`probe_convergence` — the norm-ratio curve of linear probing by gradient descent with exact
-  line search (Eq. 16).
-
-Condition numbers are those of :func:`condreg.condition_number` with ``gram=True``: over the nonzero
-singular values of the feature matrix, every counted one resolved (rank tolerance on ``σ``:
-``max(N_P, N_H, D)·eps`` for :func:`rir`, one number for the pair, as in :func:`condreg.immunize`;
-``max(N, D)·eps`` per matrix elsewhere).
-"""
+"""The paper's immunization metrics (docs/math.md §6), on any Array API array: RIR (Eq. 15,
+Eq. 17) and the probing convergence curve (Eq. 16); κ as :func:`condreg.condition_number`
+(``gram=True``)."""
 
 from __future__ import annotations
 
@@ -64,15 +54,6 @@ class RIRTheta0(NamedTuple):
     ratios: list[float]
 
 
-def _namespace(where: str, **arrays: Array) -> Any:
-    """The one library of ``arrays``; ``TypeError`` naming them otherwise."""
-    return _validation.named_namespace(where, arrays)
-
-
-def _kappa(F: Array, rtol: float | None) -> float:
-    return float(condition_number(F, gram=True, rtol=rtol))
-
-
 def _as_matrix(X: Array, name: str, where: str) -> None:
     if getattr(X, "ndim", None) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(
@@ -94,8 +75,14 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
     Returns
     -------
     float
-        The tolerance on singular values relative to ``σ₁``: the default of :func:`rir` and of
-        :func:`condreg.immunize` (recorded there as ``res.rtol``).
+        The tolerance relative to ``σ₁``: the default of :func:`rir` and :func:`condreg.immunize`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.metrics import run_rtol
+    >>> run_rtol(np.zeros((10, 3)), np.zeros((20, 3))) == 20 * float(np.finfo(float).eps)
+    True
     """
     xp = array_namespace(X_p, X_h)
     dtype = X_p.dtype if dtype is None else dtype
@@ -107,24 +94,13 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
 class RIRSpectra:
     """The singular values behind Eq. 15, decomposed once: re-thresholded for any tolerance.
 
-    Built by :func:`rir_spectra`. ``s_kp``, ``s_kh``, ``s_hp``, ``s_hh`` are the singular values
-    (1-D, descending, in the input's namespace and compute dtype) of ``X_p``, ``X_h``,
-    ``X_pθ`` and ``X_hθ`` after the exact power-of-two rescaling of :func:`rir` (κ does not
-    change; the absolute scale of ``s`` is not meaningful). ``rtol`` is the tolerance they
-    were decomposed at: the spectral engine resolved every value above ``rtol·σ₁``, so the
-    values are valid for any tolerance ``>= rtol`` (a larger tolerance counts a subset of
-    them), not below it (the engine's Gram path leaves those unresolved).
-
-    :meth:`rir` evaluates Eq. 15 at a tolerance without a new decomposition;
-    ``rir_spectra(θ, X_p, X_h, rtol=r).rir()`` is ``rir(θ, X_p, X_h, rtol=r)`` exactly, and
-    ``.rir(f·r)`` for ``f >= 1`` equals ``rir(θ, X_p, X_h, rtol=f·r)`` up to the rounding of the
-    decomposition path (identical where the engine takes the same path at both tolerances).
+    Built by :func:`rir_spectra`; the singular values (rescaled by a power of two) are resolved
+    above ``rtol·σ₁``, so valid for any tolerance ``>= rtol``. ``.rir()`` is ``rir`` at ``rtol``.
 
     Parameters
     ----------
     parts, fingerprint, xp
-        Internal: the four spectra, the tasks' fingerprint, the namespace (use
-        :func:`rir_spectra`).
+        Internal (use :func:`rir_spectra`).
     rtol : float
         The tolerance the spectra were decomposed at.
     """
@@ -138,7 +114,7 @@ class RIRSpectra:
         self.rtol = float(rtol)
 
     def __getstate__(self) -> tuple:
-        """Picklable: the namespace by its module name (a module object is not picklable)."""
+        """Picklable: the namespace by its module name."""
         return self._parts, self._fingerprint, self._xp.__name__, self.rtol
 
     def __setstate__(self, state: tuple) -> None:
@@ -220,13 +196,10 @@ class RIRSpectra:
             For ``rtol`` outside ``[self.rtol, 1)``, or not a real number.
         """
         rtol = self._checked(rtol, "RIRSpectra.ranks")
-        xp = self._xp
-        a, b, c, d = (int(float(_recut(part.sp, rtol, xp).k)) for part in self._parts)
-        return a, b, c, d
+        return tuple(int(float(_recut(part.sp, rtol, self._xp).k)) for part in self._parts)
 
     def _kappa(self, part: _Part, rtol: float) -> float:
-        """κ(FᵀF) at ``rtol`` from the stored spectrum: the formula of
-        :func:`condreg.condition_number` (``gram=True``) on a re-cut rank."""
+        """κ(FᵀF) at ``rtol`` from the stored spectrum."""
         xp = self._xp
         sp = part.sp if rtol == self.rtol else _recut(part.sp, rtol, xp)
         value = _core.value_from_spectrum("condition_number", sp, xp, tie_rtol=None)
@@ -247,26 +220,17 @@ def rir_spectra(
 ) -> RIRSpectra:
     """Decompose the four matrices of Eq. 15 once; evaluate RIR at several tolerances from it.
 
-    The singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` come from the spectral engine at
-    ``rtol``, exactly as :func:`rir` computes them; ``.rir()`` is :func:`rir` at ``rtol`` and
-    ``.rir(f·rtol)`` (``f >= 1``) the same metric at a coarser cut, without a new
-    decomposition::
-
-        sp = rir_spectra(res.theta, X_p, X_h, rtol=res.rtol)
-        at = [sp.rir(f * res.rtol) for f in (1, 10, 100)]   # at[0] == res.metrics
-
     Parameters
     ----------
     theta : array or None
-        ``(D, D_out)``; ``None`` means θ = I (``X_pθ = X_p``: two decompositions, RIR exactly 1).
+        ``(D, D_out)``; ``None`` means θ = I (two decompositions, RIR exactly 1).
     X_p, X_h : array
         As in :func:`rir`.
     rtol : float, optional
         Rank tolerance, ``σ_i > rtol·σ₁`` counts (default :func:`run_rtol`).
     tasks : RIRSpectra, optional
-        An earlier result on the same ``X_p``, ``X_h`` (e.g. ``theta=None``) at a tolerance
-        ``<= rtol``: its spectra of ``X_p``, ``X_h`` are reused, not decomposed again (the saving
-        when several θ's are scored on one pair of tasks).
+        An earlier result on the same ``X_p``, ``X_h`` at a tolerance ``<= rtol``, whose spectra
+        of ``X_p``, ``X_h`` are reused.
 
     Returns
     -------
@@ -277,9 +241,18 @@ def rir_spectra(
     ValueError, TypeError
         What :func:`rir` raises; ``ValueError`` when ``tasks`` was computed on other data or at a
         tolerance above ``rtol``, ``TypeError`` when it is not an :class:`RIRSpectra`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.metrics import rir_spectra
+    >>> rng = np.random.default_rng(0)
+    >>> sp = rir_spectra(np.eye(3), rng.normal(size=(20, 3)), rng.normal(size=(10, 3)))
+    >>> sp.rir(10 * sp.rtol).rir, sp.ranks()
+    (1.0, (3, 3, 3, 3))
     """
     arrays = {"X_p": X_p, "X_h": X_h} if theta is None else {"theta": theta, "X_p": X_p, "X_h": X_h}
-    xp = _namespace("rir", **arrays)
+    xp = _validation.named_namespace("rir", arrays)
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         _as_matrix(X, name, "rir")
     if theta is not None:
@@ -299,8 +272,7 @@ def rir_spectra(
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         if not bool(xp.all(xp.isfinite(X))):
             raise ValueError(f"rir: {name} contains NaN or Inf")
-    # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact), so that any
-    # representable scale works (θ = 1e200·I, X ~ 1e-170) whatever the decomposition path
+    # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact)
     X_p, X_h = _unit(X_p, xp), _unit(X_h, xp)
     fingerprint = _fingerprint(X_p, X_h, xp)
     if theta is None:
@@ -314,18 +286,19 @@ def rir_spectra(
     if tasks is None:
         k_p, k_h = _decompose(X_p, rtol), _decompose(X_h, rtol)
     else:
-        if tasks._fingerprint != fingerprint:
+        task_parts, task_fingerprint, _, task_rtol = tasks.__getstate__()
+        if task_fingerprint != fingerprint:
             raise ValueError(
                 "rir_spectra: tasks was computed on other X_p, X_h (shape, dtype or entries "
                 "differ); pass the result of a call on these arrays"
             )
-        if tasks.rtol > rtol:
+        if task_rtol > rtol:
             raise ValueError(
-                f"rir_spectra: tasks resolves the singular values above {tasks.rtol:.3g}·σ₁ "
+                f"rir_spectra: tasks resolves the singular values above {task_rtol:.3g}·σ₁ "
                 f"only, not rtol={rtol:.3g}"
             )
-        k_p, k_h = tasks._parts[:2]
-        if tasks.rtol != rtol:
+        k_p, k_h = task_parts[:2]
+        if task_rtol != rtol:
             k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in (k_p, k_h))
     if theta is None:
         h_p, h_h = k_p, k_h
@@ -342,8 +315,7 @@ class _Part(NamedTuple):
 
 
 def _decompose(F: Array, rtol: float) -> _Part:
-    """The spectrum :func:`condreg.condition_number` (``gram=True``) computes κ from: validated
-    as there, in the same compute dtype, on the same engine path."""
+    """The spectrum :func:`condreg.condition_number` (``gram=True``) computes κ from."""
     F, xp, concrete = _validation.matrix(F, where="rir")
     F, dtype = _validation.compute_dtype(F, xp, None, where="rir")
     sp = _spectrum.decompose(F, xp, gram=True, vectors=False, rtol=rtol, concrete=concrete)
@@ -357,8 +329,7 @@ def _recut(sp: Any, rtol: float, xp: Any) -> Any:
 
 
 def _fingerprint(X_p: Array, X_h: Array, xp: Any) -> tuple:
-    """Shapes, dtypes, sums and sums of squares of both (rescaled) tasks: tells ``tasks`` of
-    other data (data that differ by a power-of-two factor have the same spectra up to it)."""
+    """Shapes, dtypes, sums and sums of squares of both (rescaled) tasks."""
     out: list[Any] = []
     for X in (X_p, X_h):
         Z = X if xp.isdtype(X.dtype, "real floating") else xp.astype(X, xp.float64)
@@ -370,10 +341,8 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     """Relative immunization ratio of a linear extractor (Eq. 15).
 
     ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]`` with ``H(θ) = θᵀXᵀXθ`` and ``K = XᵀX``,
-    each κ computed as ``condition_number(X @ θ, gram=True, rtol=rtol)`` (the ``D×D`` matrices
-    are never formed). One tolerance serves all four κ's, the rule of :func:`condreg.immunize`, so
-    ``rir(res.theta, X_p, X_h)`` reproduces ``res.metrics``. ``rir(I, X_p, X_h)`` is exactly 1.
-    Eager. Several tolerances from one decomposition: :func:`rir_spectra`.
+    each κ ``condition_number(X @ θ, gram=True, rtol=rtol)``, one tolerance for all four (as in
+    :func:`condreg.immunize`, whose ``res.metrics`` this reproduces).
 
     Parameters
     ----------
@@ -387,7 +356,6 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     Returns
     -------
     RIR
-        Python floats: ``i``, ``ii``, ``rir`` and the four condition numbers.
 
     Raises
     ------
@@ -410,8 +378,7 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
 
 def _features(f: Callable[[Array], Array], X: Array, xp: Any) -> Array:
     F = f(X)
-    F = xp.reshape(F, (F.shape[0], -1))
-    return F
+    return xp.reshape(F, (F.shape[0], -1))
 
 
 def rir_theta0(
@@ -427,24 +394,21 @@ def rir_theta0(
 ) -> RIRTheta0:
     """RIR relative to the initial model θ_0, for non-linear feature maps (Eq. 17).
 
-    ``K`` of Eq. 15 is replaced by ``H̃(θ_0) = X̃(θ_0)ᵀX̃(θ_0)`` with ``X̃(θ) = [f_θ(x)]``. For each of
-    ``groups`` random groups of samples, the ratio
-    ``[κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]`` is computed from the features
-    (flattened to ``(n, -1)``; ``gram=True``), and the ratios are averaged, as the paper does.
+    The mean over ``groups`` random groups of samples of
+    ``[κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]``, ``H̃ = FᵀF`` of the features
+    ``F`` (flattened to ``(n, -1)``).
 
     Parameters
     ----------
     f_I, f_0 : callable
-        The immunized and the initial feature map (two objects): take a batch (``X[idx]`` along
-        axis 0) and return features of the same namespace (wrap a network in
-        ``torch.no_grad()`` yourself).
+        The immunized and the initial feature map (two objects): a batch (axis 0) to features of
+        the same namespace.
     X_p, X_h : array
         The pre-training and harmful samples (axis 0), of one namespace.
     groups : int
         Number of groups, ``>= 1``.
     group_size : int
-        Samples drawn without replacement from each of ``X_p``, ``X_h`` per group, ``>= 2`` (all
-        samples if fewer).
+        Samples drawn from each of ``X_p``, ``X_h`` per group, ``>= 2`` (all if fewer).
     seed : int
         Seed of the ``numpy.random.default_rng`` that draws the groups.
     rtol : float, optional
@@ -457,15 +421,22 @@ def rir_theta0(
     Raises
     ------
     ValueError, TypeError
-        ``ValueError`` when ``f_I is f_0`` (the defect of the public code, docs/math.md §9.6:
-        every ratio is 1), for ``groups < 1``, ``group_size < 2`` or empty data; ``TypeError``
-        when a map is not callable or the data are of different libraries.
+        ``ValueError`` when ``f_I is f_0`` (every ratio would be 1, docs/math.md §9.6), for
+        ``groups < 1``, ``group_size < 2`` or empty data; ``TypeError`` when a map is not
+        callable or the data are of different libraries.
 
     Warns
     -----
     UserWarning
-        When both maps return identical features on the first group (e.g. a network modified in
-        place after its "initial" copy was taken).
+        When both maps return identical features on the first group.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.metrics import rir_theta0
+    >>> X = np.random.default_rng(0).normal(size=(50, 4))
+    >>> rir_theta0(lambda x: x, lambda x: 2 * x, X, X, groups=2, group_size=10).rir
+    1.0
     """
     if f_I is f_0:
         raise ValueError(
@@ -476,12 +447,12 @@ def rir_theta0(
         raise TypeError("rir_theta0: f_I and f_0 must be callables returning feature arrays")
     if int(groups) < 1 or int(group_size) < 2:
         raise ValueError("rir_theta0: groups must be >= 1 and group_size >= 2")
-    xp = _namespace("rir_theta0", X_p=X_p, X_h=X_h)
+    xp = _validation.named_namespace("rir_theta0", {"X_p": X_p, "X_h": X_h})
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
         if getattr(X, "ndim", 0) < 1 or X.shape[0] == 0:
             raise ValueError(f"rir_theta0: {name} is empty")
     rng = np.random.default_rng(seed)
-    ratios, nums, dens = [], [], []
+    nums, dens = [], []
     for g in range(int(groups)):
         parts = {}
         for X, name in ((X_p, "p"), (X_h, "h")):
@@ -494,19 +465,18 @@ def rir_theta0(
                     warnings.warn(
                         "rir_theta0: f_I and f_0 return identical features; was the initial "
                         "model modified in place? (docs/math.md §9.6)",
-                        UserWarning,
                         stacklevel=2,
                     )
-            parts[name] = _kappa(F_I, rtol) / _kappa(F_0, rtol)
+            k_I, k_0 = (float(condition_number(F, gram=True, rtol=rtol)) for F in (F_I, F_0))
+            parts[name] = k_I / k_0
         nums.append(parts["h"])
         dens.append(parts["p"])
-        ratios.append(parts["h"] / parts["p"])
+    ratios = [h / p for h, p in zip(nums, dens, strict=True)]
     return RIRTheta0(float(np.mean(ratios)), float(np.mean(nums)), float(np.mean(dens)), ratios)
 
 
 def _pow2(amax: Array, xp: Any) -> Array:
-    """``2**-round(log2(amax))`` as an array (1 for 0): brings the largest entry near 1, exactly;
-    no host synchronisation."""
+    """``2**-round(log2(amax))`` (1 for 0): brings the largest entry near 1, exactly."""
     safe = xp.where(amax > 0, amax, xp.ones_like(amax))
     return 2.0 ** (-xp.round(xp.log2(safe)))
 
@@ -518,23 +488,12 @@ def _unit(a: Array, xp: Any) -> Array:
     return a * xp.astype(_pow2(xp.max(xp.abs(a)), xp), a.dtype)
 
 
-def _readable(x: Array) -> bool | None:
-    """``bool(x)``, or None where the value cannot be read (under ``jax.jit``)."""
-    try:
-        return bool(x)
-    except Exception:  # a tracer: the check is skipped, as in the core's ``concrete`` policy
-        return None
-
-
 def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean") -> Array:
     """Norm-ratio curve of linear probing with exact line search (Eq. 16).
 
     Gradient descent on ``L(w) = ‖Aw − y‖²`` from ``w_0 = 0`` with the exact step
-    ``α = gᵀg / (2 gᵀAᵀA g)`` (``g = ∇L = 2Aᵀ(Aw − y)``; α = 0 once ``g`` vanishes); the curve is
-    ``‖w_t − w*‖² / ‖w_0 − w*‖²``, ``w* = pinv(A) y``. Steepest descent with exact line search
-    contracts ``‖A(w − w*)‖²`` by at least ``((κ−1)/(κ+1))²`` per step (Kantorovich),
-    ``κ = κ(AᵀA)``. ``A`` and ``y`` are first scaled by powers of two (the ratios do not change).
-    No host synchronisation (jit-able).
+    ``α = gᵀg / (2 gᵀAᵀA g)``; the curve is ``‖w_t − w*‖² / ‖w_0 − w*‖²``, ``w* = pinv(A) y``.
+    Jit-able (no host synchronisation).
 
     Parameters
     ----------
@@ -550,16 +509,22 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     Returns
     -------
     array
-        1-D, the ``steps + 1`` ratios (first entry 1), in ``A``'s namespace; NaN when ``w* = 0``
-        (``y ⟂`` the range of ``A``, or ``A = 0``).
+        The ``steps + 1`` ratios (first entry 1); NaN when ``w* = 0``.
 
     Raises
     ------
     ValueError, TypeError
         ``ValueError`` for other shapes, an unknown ``norm``, an invalid ``steps``, NaN/Inf
         entries; ``TypeError`` for arrays of different libraries.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from condreg.metrics import probe_convergence
+    >>> probe_convergence(np.eye(2), np.ones(2), 1)
+    array([1., 0.])
     """
-    xp = _namespace("probe_convergence", A=A, y=y)
+    xp = _validation.named_namespace("probe_convergence", {"A": A, "y": y})
     _as_matrix(A, "A", "probe_convergence")
     N, D = A.shape
     if tuple(y.shape) == (N, 1):
@@ -573,11 +538,10 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     if not xp.isdtype(A.dtype, "real floating"):
         A = xp.astype(A, xp.float64 if xp.isdtype(A.dtype, "integral") else A.dtype)
     y = xp.astype(y, A.dtype)
-    if _readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
+    if _core.readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
         raise ValueError("probe_convergence: A or y contains NaN or Inf")
     # the ratios are invariant under A → aA, y → by: scale both by powers of two (exact)
-    A = A * _pow2(xp.max(xp.abs(A)), xp)
-    y = y * _pow2(xp.max(xp.abs(y)), xp)
+    A, y = A * _pow2(xp.max(xp.abs(A)), xp), y * _pow2(xp.max(xp.abs(y)), xp)
     w_star = xp.linalg.pinv(A) @ y
     w = xp.zeros((D,), dtype=A.dtype, device=_device(A))
 

@@ -1,46 +1,9 @@
 """JAX adapter: condreg's closed-form rules through ``jax.custom_vjp``.
 
-``condreg.condition_number``, ``condreg.r_well`` and ``condreg.r_ill`` dispatch here for JAX
-arrays: ``jax.grad``/``jax.vjp``/``jax.jacrev`` use the closed-form (sub)gradient
-``G = U diag(d) Vᵀ`` of :mod:`condreg._core` (minimum-norm at tied extremes, the
-``subgradient="min_norm"`` policy of the ``*_grad`` functions), never autodiff through singular
-vectors. They work under ``jax.jit`` and ``jax.vmap``, on a single matrix or a batch
-``(..., m, n)``, in float32 and float64 (enable x64 yourself; condreg never changes JAX's
-configuration). The forward pass decomposes once — the engine's cheapest exact path
-(:mod:`condreg._spectrum`: with ``gram=True`` the eigh of the smaller Gram matrix where it resolves
-the spectrum, a ``lax.cond`` under ``jax.jit``) — and keeps what the backward pass needs; the value
-alone (no differentiation) needs only the singular values.
-
-Forward mode is not supported
------------------------------
-Forward-mode differentiation of the value functions themselves — ``jax.jvp``, ``jax.jacfwd``,
-or applying the linear function returned by ``jax.linearize`` — raises JAX's
-``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``. Use reverse mode
-(``jax.grad``, ``jax.vjp``, ``jax.jacrev``). Forward-over-reverse does work, because only the
-backward rule (built from differentiable ``jax.numpy`` operations) is differentiated in forward
-mode: ``jax.hessian`` (``jacfwd(jacrev(f))``) and ``jax.jvp`` of ``jax.grad(f)`` (Hessian-vector
-products) are supported, like ``jax.jacrev(jax.jacrev(f))`` and ``jax.grad`` of a ``jax.grad``.
-
-Second order
-------------
-Second derivatives (``jax.grad(jax.grad(...))``, ``jacrev(jacrev(...))``, ``jax.hessian``)
-differentiate the closed form ``G(S)`` through JAX's own SVD derivative (the residuals of the
-forward pass are differentiable functions of ``S``). That is exact wherever the quantity is twice
-differentiable: at generic points (distinct nonzero singular values, fixed rank). At ties the
-second derivative does not exist and condreg does not detect this: where singular values
-coincide — a tied extreme, any repeated value inside the spectrum, repeated zeros of a
-rank-deficient matrix — the derivative of the singular vectors has ``1 / (sigma_i² − sigma_j²)``
-factors and the result is meaningless (huge, basis-dependent, ``inf`` or ``NaN``). The first
-derivative stays the basis-independent minimum-norm subgradient.
-
-Checks
-------
-The value checks (finite input, not the zero matrix, and in the backward of ``r_ill`` not at its
-pole) run whenever values are concrete — eagerly, including eager ``jax.grad`` — and raise
-``ValueError``, :class:`condreg.RankError` and :class:`condreg.PoleError` (the value at the pole is
-``+inf``; its gradient raises, it is never silently NaN). Under ``jax.jit`` and ``jax.vmap``
-values are abstract and the checks are skipped without breaking the trace; there, as with
-``check_finite=False``, invalid input gives ``NaN``/``inf`` instead of an error.
+JAX arrays passed to ``condreg.condition_number``, ``r_well`` and ``r_ill`` get the closed-form
+minimum-norm (sub)gradient in reverse mode, under ``jax.jit`` and ``jax.vmap``; forward mode of
+the functions themselves raises JAX's ``TypeError`` (forward-over-reverse works). Second order
+and the value checks: docs/autodiff.md.
 """
 
 from __future__ import annotations
@@ -59,10 +22,7 @@ __all__ = ["concrete", "value"]
 
 
 def concrete(x: jax.Array) -> bool | None:
-    """Read a 0-d boolean array, or ``None`` when it is abstract.
-
-    Abstract under ``jax.jit``, ``jax.vmap`` and other tracing: the engine's checks are then
-    skipped.
+    """Read a 0-d boolean array, or ``None`` when it is abstract (a tracer: checks are skipped).
 
     Parameters
     ----------
@@ -107,8 +67,7 @@ def _fwd(quantity, S, rtol, tie_rtol, gram, check):
     one = jnp.ones_like(sp.s[..., :1])
     tols = jnp.concatenate([one * sp.mu_err, one * sp.tie], axis=-1)
     if gram:
-        Q = sp.U if sp.U is not None else sp.Vh
-        return out, (S, sp.s, Q, None, tols)
+        return out, (S, sp.s, sp.U if sp.U is not None else sp.Vh, None, tols)
     return out, (None, sp.s, sp.U, sp.Vh, tols)
 
 
@@ -116,27 +75,19 @@ def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
     S, s, A, B, tols = residuals
     mu_err, tie_default = tols[..., :1], tols[..., 1:]
     if gram:
-        m, n = S.shape[-2], S.shape[-1]
         U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
-        shape = (m, n)
+        shape = (S.shape[-2], S.shape[-1])
     else:
         U, Vh = A, B
         shape = (U.shape[-2], Vh.shape[-1])
-    tol = _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp)
-    mask, k = _spectrum.rank(s, tol, jnp)
+    mask, k = _spectrum.rank(s, _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp), jnp)
     if gram:
         sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S, tie_default)
     else:
         sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False, 0.0, None, tie_default)
-    tie = _core.check_tie_rtol(tie_rtol)
+    tie, read = _core.check_tie_rtol(tie_rtol), _concrete_or_skip(check)
     G = _core.gradient_from_spectrum(
-        quantity,
-        sp,
-        jnp,
-        tie_rtol=tie,
-        subgradient="min_norm",
-        concrete=_concrete_or_skip(check),
-        weight=g,
+        quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=read, weight=g
     )
     return (G,)
 
@@ -153,20 +104,19 @@ def value(
     gram: bool,
     check: bool,
 ) -> jax.Array:
-    """Differentiable value of ``quantity`` for a validated JAX array ``S`` (the public functions
-    :func:`condreg.r_ill` etc. call this for JAX arrays): ``jax.custom_vjp`` around the engine's
-    decompose → value, the engine's gradient assembly as the backward.
+    """Differentiable value of ``quantity`` for a validated JAX array ``S`` (what
+    :func:`condreg.r_ill` etc. call for JAX arrays), with the closed-form backward.
 
     Parameters
     ----------
     quantity : {"condition_number", "r_well", "r_ill"}
         The quantity.
     S : jax.Array, shape (..., m, n)
-        A matrix or batch (``(B, N, D)``: B matrices, value shape ``(B,)``).
+        A matrix or a batch of them.
     rtol, tie_rtol : float or None
-        Rank and tie tolerances (``None``: the defaults of :mod:`condreg._api`).
+        Rank and tie tolerances (``None``: the defaults).
     gram : bool
-        The quantity of ``H = SᵀS`` (a feature batch ``S``).
+        The quantity of ``H = SᵀS``.
     check : bool
         Run the value checks where values are concrete.
 

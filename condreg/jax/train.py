@@ -1,27 +1,5 @@
-"""JAX training adapters for Algorithm 1: pure, jit-able functions and an optax transformation.
-
-- :func:`regularizer_loss` — ``λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)`` from feature batches
-  (differentiable with ``jax.grad`` through condreg's closed-form ``custom_vjp``).
-- :func:`precondition` — the paper's "dummy layer" as a ``jax.custom_vjp`` identity whose backward
-  maps ``ḡ ↦ (xxᵀ + εI)⁻¹ḡ`` on the sample axis, so the immunized map's parameter gradient becomes
-  ``(K + εI)⁻¹∇_θ`` — ``K⁻¹`` on the **left** (see :mod:`condreg.torch.nn` for why it sits on the
-  features of the regularizer's path and acts on the sample axis).
-- :func:`preconditioned_update` — the same update in closed form,
-  ``λ_P K_P⁺∇R_well + λ_H K_H⁺∇R_ill`` (Theorem 4.2: ``2θG`` projected onto the row space of the
-  batch).
-- :func:`condreg.jax.optax.condition_regularizer` — that update as a real
-  ``optax.GradientTransformationExtraArgs`` (``pip install 'condreg-ml[optax]'``), which composes
-  in ``optax.chain``.
-- :func:`algorithm1_step` — one epoch of :func:`condreg.immunize` (any method) as a jitted pure
-  function of ``(theta, omega)``.
-
-Feature and input batches are ``(N, D)`` rows or ``(B, T, D)`` token batches, tokens as rows
-(``(B·T, D)``: the probing Hessian of a linear probe on token features sums ``f fᵀ`` over every
-token), as in :mod:`condreg.torch.nn`.
-
-Nothing here changes JAX's configuration; enable float64 yourself (``jax_enable_x64``) for
-ill-conditioned data.
-"""
+"""JAX training adapters for Algorithm 1: pure, jit-able functions (docs/immunization.md).
+Batches are ``(N, D)`` rows or ``(B, T, D)`` token batches (tokens as rows)."""
 
 from __future__ import annotations
 
@@ -36,12 +14,7 @@ import condreg
 from condreg import _precondition as _precondition_home
 from condreg import algorithm as _alg
 
-__all__ = [
-    "regularizer_loss",
-    "precondition",
-    "preconditioned_update",
-    "algorithm1_step",
-]
+__all__ = ["regularizer_loss", "precondition", "preconditioned_update", "algorithm1_step"]
 
 
 def _rows(F: jax.Array, name: str = "features") -> jax.Array:
@@ -65,31 +38,27 @@ def regularizer_loss(
     *,
     normalize: bool = True,
 ) -> jax.Array:
-    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` with ``H = FᵀF``.
-
-    ``normalize=True`` divides each batch by its Frobenius norm (under ``stop_gradient``), i.e.
-    uses ``H / tr(H)``, as :class:`condreg.torch.nn.ConditionRegularizer` does. Pure and jit-able.
+    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` with ``H = FᵀF``, differentiable with ``jax.grad``.
 
     Parameters
     ----------
     features_p, features_h : jax.Array or None
-        ``(N, D)`` features or ``(B, T, D)`` token features (tokens as rows); ``None`` (or a
-        weight of 0) leaves a term out.
+        ``(N, D)`` or ``(B, T, D)`` features; ``None`` (or a weight of 0) leaves a term out.
     lam_p, lam_h : float
         Weights of the two terms.
     normalize : bool
-        Scale-free terms (default) or the plain ones of Eq. 11.
+        Use ``H / tr(H)`` (the norm under ``stop_gradient``; default) or the plain ``H`` of
+        Eq. 11.
 
     Returns
     -------
     jax.Array
-        A 0-d array, differentiable with ``jax.grad``.
+        0-d.
 
     Raises
     ------
     condreg.RankError
-        For an all-zero batch (eagerly; under ``jax.jit`` the value checks are skipped, as
-        everywhere in condreg).
+        For an all-zero batch (eagerly; under ``jax.jit`` the value checks are skipped).
     ValueError
         For non-finite features or a batch of another shape.
 
@@ -97,8 +66,9 @@ def regularizer_loss(
     --------
     >>> import jax.numpy as jnp
     >>> from condreg.jax.train import regularizer_loss
-    >>> F = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    >>> loss = regularizer_loss(F, F, 1.0, 0.5)
+    >>> F = jnp.asarray([[1.0, 0.0], [0.0, 1.0]])
+    >>> float(regularizer_loss(F, None))
+    0.0
     """
     total = jnp.zeros(())
     for F, lam, name in ((features_p, lam_p, "features_p"), (features_h, lam_h, "features_h")):
@@ -124,8 +94,7 @@ def _precondition_fwd(features, inputs, ridge):
 
 
 def _precondition_bwd(ridge, inputs, g):
-    x = _rows(inputs, "inputs")
-    pre = _precondition_home.sample_preconditioner(x, ridge=ridge, xp=jnp)
+    pre = _precondition_home.sample_preconditioner(_rows(inputs, "inputs"), ridge=ridge, xp=jnp)
     out = pre.apply(jnp.reshape(g, (-1, g.shape[-1])))
     return jnp.reshape(out, g.shape).astype(g.dtype), jnp.zeros_like(inputs)
 
@@ -140,10 +109,9 @@ def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) ->
     Parameters
     ----------
     features : jax.Array
-        ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)`` (tokens as rows).
+        ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)``.
     inputs : jax.Array
-        ``x``: ``(N, D_in)`` or ``(B, T, D_in)``, the same rows; it receives no gradient from
-        this function.
+        ``x``: ``(N, D_in)`` or ``(B, T, D_in)``, the same rows (it receives no gradient).
     ridge : float
         ``>= 0`` (0: the pseudo-inverse).
 
@@ -159,11 +127,11 @@ def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) ->
 
     Examples
     --------
-    >>> import jax, jax.numpy as jnp
-    >>> import condreg
+    >>> import jax, jax.numpy as jnp, condreg
     >>> from condreg.jax.train import precondition
     >>> x = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    >>> g = jax.grad(lambda t: condreg.r_well(precondition(x @ t, x, 0.0), gram=True))(jnp.eye(2))
+    >>> jax.grad(lambda t: condreg.r_well(precondition(x @ t, x), gram=True))(jnp.eye(2)).shape
+    (2, 2)
     """
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
@@ -199,24 +167,21 @@ def preconditioned_update(
     ridge: float | None = None,
     axis_name: Any = None,
 ) -> jax.Array:
-    """``λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` for the batches ``x_p``, ``x_h``
-    (inputs of the immunized map ``θ``); see :func:`condreg.algorithm.preconditioned_gradient`.
-    Subtract ``η·`` this from θ (together with the supervised step) for Algorithm 1's update.
+    """``λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` for the input batches ``x_p``, ``x_h``
+    of θ (:func:`condreg.algorithm.preconditioned_gradient`): Algorithm 1's regularizer step.
 
     Parameters
     ----------
     theta : jax.Array
         The immunized map, ``D_in×D`` (features ``F = xθ``).
     x_p, x_h : jax.Array or None
-        ``(N, D_in)`` or ``(B, T, D_in)`` (tokens as rows); ``None`` (or a weight of 0) leaves a
-        term out.
+        ``(N, D_in)`` or ``(B, T, D_in)``; ``None`` (or a weight of 0) leaves a term out.
     lam_p, lam_h : float
         Weights of the two terms.
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
     axis_name : hashable, optional
-        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first (the update
-        of the global batch, the same on every device).
+        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first.
 
     Returns
     -------
@@ -271,14 +236,8 @@ def algorithm1_step(
 ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
     """One epoch of :func:`condreg.immunize` as a jitted pure function.
 
-    Built on the public :func:`condreg.algorithm.prepare` / :func:`condreg.algorithm.step`: the
-    data are validated, scaled and decomposed once, eagerly (as in ``immunize``); the returned
-    ``step(theta, omega) -> (theta, omega, record)`` is ``jax.jit``-compiled and has no host
-    synchronisation. ``omega`` is in raw-data units (as ``ImmunizationResult.omega``);
-    ``record = [κ(H_P), κ(H_H), R_well, R_ill, loss]`` at the input point. ``lam_p``/``lam_h``
-    must be given (take them, and ``imma_lr``/``rtol``, from an ``immunize`` result to reproduce
-    its defaults). Iterating ``step`` from ``(I, 0)`` reproduces ``immunize(...).theta`` (without
-    its health checks: a diverging step gives non-finite values instead of stopping).
+    The data are prepared once, eagerly (:func:`condreg.algorithm.prepare`); iterating the
+    returned step from ``(I, 0)`` reproduces ``immunize(...).theta``, without its health checks.
 
     Parameters
     ----------
@@ -292,7 +251,8 @@ def algorithm1_step(
     Returns
     -------
     callable
-        ``step(theta, omega) -> (theta, omega, record)``, jitted.
+        ``step(theta, omega) -> (theta, omega, record)``, jitted: ``omega`` in raw-data units,
+        ``record = [κ(H_P), κ(H_H), R_well, R_ill, loss]`` at the input point.
 
     Raises
     ------
@@ -304,11 +264,10 @@ def algorithm1_step(
     >>> import jax.numpy as jnp
     >>> import numpy as np
     >>> from condreg.jax.train import algorithm1_step
-    >>> rng = np.random.default_rng(0)
-    >>> X_p = jnp.asarray(rng.standard_normal((20, 3)))
-    >>> X_h = jnp.asarray(rng.standard_normal((20, 3)))
+    >>> X_p, X_h = (jnp.asarray(np.random.default_rng(s).normal(size=(20, 3))) for s in (0, 1))
     >>> step = algorithm1_step(X_p, X_p @ jnp.ones(3), X_h, lam_p=1.0, lam_h=1e-3)
-    >>> theta, omega, record = step(jnp.eye(3), jnp.zeros(3))
+    >>> step(jnp.eye(3), jnp.zeros(3))[2].shape
+    (5,)
     """
     problem, _ = _alg.prepare(
         X_p, y_p, X_h, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr,

@@ -1,23 +1,5 @@
-"""Keep the weight matrices of a JAX model well-conditioned: a penalty over a parameter pytree.
-
-The JAX counterpart of :mod:`condreg.torch.weights`::
-
-    loss = task_loss(params) + 1e-2 * weight_conditioning_loss(params)   # every leaf with ndim >= 2
-
-Which leaves: by default every array leaf with ``ndim >= 2`` (Flax/Haiku/Equinox kernels and
-weights; biases and scales are skipped). ``filter(path, leaf) -> bool`` chooses instead; ``path``
-is the leaf's key path as a string (``jax.tree_util.keystr``, e.g. ``"['params']['Dense_0']
-['kernel']"``). A leaf ``W`` is reshaped to ``(-1, W.shape[-1])`` by default — Flax's and Haiku's
-``(..., in, out)`` convention, so a convolution kernel ``(kh, kw, in, out)`` becomes
-``(kh·kw·in, out)``, the transpose of PyTorch's ``(out, in·kh·kw)`` with the same singular
-values; pass ``matrix=lambda W: W.reshape(W.shape[0], -1)`` for ``(out, ...)`` layouts.
-
-Penalties (per matrix, summed or averaged): ``"r_well"`` (default; ``R_well(W) = ½σ_1² −
-‖W‖_F²/(2p)``, of ``W/‖W‖_F`` when ``normalize=True``, the norm under ``stop_gradient``),
-``"condition_number"`` (κ over the nonzero singular values) and ``"log_condition_number"``.
-Pure and jit-able (the selection depends only on the tree structure and shapes); derivatives are
-condreg's closed-form ``custom_vjp`` rules.
-"""
+"""Keep the weight matrices of a JAX model well-conditioned: a penalty over a parameter pytree,
+the JAX counterpart of :mod:`condreg.torch.weights` (docs/immunization.md). Pure and jit-able."""
 
 from __future__ import annotations
 
@@ -35,14 +17,6 @@ _PENALTIES = ("r_well", "condition_number", "log_condition_number")
 Filter = Callable[[str, Any], bool]
 
 
-def _default_filter(path: str, leaf: Any) -> bool:
-    return getattr(leaf, "ndim", 0) >= 2
-
-
-def _default_matrix(W: jax.Array) -> jax.Array:
-    return jnp.reshape(W, (-1, W.shape[-1]))
-
-
 def weight_matrices(
     params: Any,
     *,
@@ -56,15 +30,14 @@ def weight_matrices(
     params : pytree
         The model's parameters.
     filter : callable, optional
-        ``filter(path, leaf) -> bool``; default ``leaf.ndim >= 2`` (leaves that are not arrays,
-        ``None`` or Python scalars, are skipped).
+        ``filter(path, leaf) -> bool``, ``path`` the ``jax.tree_util.keystr`` of the leaf;
+        default ``leaf.ndim >= 2``.
     matrix : callable, optional
         ``matrix(W)`` → a 2-D array; default ``W.reshape(-1, W.shape[-1])``.
 
     Returns
     -------
     list of (str, jax.Array)
-        The key paths (``jax.tree_util.keystr``) and matrices.
 
     Raises
     ------
@@ -79,8 +52,8 @@ def weight_matrices(
     >>> [(p, W.shape) for p, W in weight_matrices(params)]
     [("['dense']['kernel']", (18, 4))]
     """
-    keep = filter or _default_filter
-    to_matrix = matrix or _default_matrix
+    keep = filter or (lambda path, leaf: getattr(leaf, "ndim", 0) >= 2)
+    to_matrix = matrix or (lambda W: jnp.reshape(W, (-1, W.shape[-1])))
     out = []
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         path = jax.tree_util.keystr(keypath)
@@ -119,7 +92,7 @@ def weight_conditioning_loss(
     params : pytree
         The model's parameters.
     penalty : {"r_well", "condition_number", "log_condition_number"}
-        The per-matrix penalty (see the module documentation).
+        The per-matrix penalty: ``R_well(W)``, ``κ(W)`` or ``log κ(W)``.
     filter, matrix : callable, optional
         The selection and reshaping of :func:`weight_matrices`.
     normalize : bool
@@ -130,22 +103,22 @@ def weight_conditioning_loss(
     Returns
     -------
     jax.Array
-        0-d, differentiable with ``jax.grad`` with respect to ``params`` (unselected leaves get
-        zero gradient); jit-able.
+        0-d, differentiable with ``jax.grad``.
 
     Raises
     ------
     ValueError
         When no leaf is selected or for an unknown ``penalty``/``reduction``.
     condreg.RankError
-        For a zero weight (eagerly; under ``jax.jit`` condreg's value checks are skipped).
+        For a zero weight (eagerly).
 
     Examples
     --------
     >>> import jax, jax.numpy as jnp
     >>> from condreg.jax.weights import weight_conditioning_loss
     >>> params = {"w1": jnp.asarray([[2.0, 0.0], [0.0, 1.0]]), "b": jnp.zeros(2)}
-    >>> grads = jax.grad(weight_conditioning_loss)(params)
+    >>> jax.grad(weight_conditioning_loss)(params)["b"]
+    Array([0., 0.], dtype=float32)
     """
     if penalty not in _PENALTIES:
         raise ValueError(f"penalty must be one of {_PENALTIES}, got {penalty!r}")
@@ -168,7 +141,7 @@ def weight_condition_numbers(
     filter: Filter | None = None,
     matrix: Callable[[jax.Array], jax.Array] | None = None,
 ) -> dict[str, float]:
-    """``{path: κ(W)}`` of the selected leaves (Python floats; for logging, not under jit).
+    """``{path: κ(W)}`` of the selected leaves, as Python floats (for logging, not under jit).
 
     Parameters
     ----------
@@ -180,7 +153,6 @@ def weight_condition_numbers(
     Returns
     -------
     dict of str to float
-        κ over the nonzero singular values of each selected matrix.
 
     Raises
     ------
