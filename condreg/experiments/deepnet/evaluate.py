@@ -48,9 +48,8 @@ def rir_by_group_size(
 def linear_probe_curve(
     F_tr, y_tr, F_te, y_te, *, n_classes: int, steps: int, every: int = 5
 ) -> dict[str, list[float]]:
-    """Linear probing by full-batch GD on cross-entropy from a zero head on ``A = [F_tr, 1]``,
-    step ``1 / λ_max(AᵀA / N)``. Returns ``steps`` (recorded), ``test_acc``, ``train_loss``, ``lr``.
-    """
+    """Linear probing by full-batch GD on cross-entropy from a zero head on ``A = [F_tr, 1]``, step
+    ``1 / λ_max(AᵀA / N)``: ``steps`` (recorded), ``test_acc``, ``train_loss``, ``lr``."""
     dtype = torch.float64
     A, At = _with_ones(F_tr, dtype), _with_ones(F_te, dtype)
     y_tr, y_te = y_tr.long(), y_te.long()

@@ -169,12 +169,11 @@ class _Appended(nn.Module):
 
 def with_theta(parts: Parts) -> Parts:
     """The appended-θ variant: the pre-trained block frozen, a D×D identity layer θ after it."""
-    block = _Appended(parts.block, parts.feature_dim)
+    d = parts.feature_dim
+    block = _Appended(parts.block, d)
     for p in block.frozen.parameters():
         p.requires_grad_(False)
-    return dataclasses.replace(
-        parts, block=block, immunized=f"appended θ ({parts.feature_dim}×{parts.feature_dim})"
-    )
+    return dataclasses.replace(parts, block=block, immunized=f"appended θ ({d}×{d})")
 
 
 def split_resnet(model: nn.Module, n_classes: int | None = None) -> Parts:

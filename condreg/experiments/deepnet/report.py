@@ -56,9 +56,7 @@ def _steps_summary(steps: list[int | None]) -> dict[str, Any]:
 
 def _fmt_steps(st: dict[str, Any], limit: int) -> str:
     n = len(st["per_seed"])
-    if not st["reached"]:
-        return f"> {limit} (0/{n})"
-    return f"{st['median']:.0f} ({st['reached']}/{n})"
+    return f"{st['median']:.0f} ({st['reached']}/{n})" if st["reached"] else f"> {limit} (0/{n})"
 
 
 def _fmt_attack(summ: dict[str, Any], attacker: str, limit: int) -> str:
