@@ -65,46 +65,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _Units:
-    """Every (arch, seed) unit of a run, reused from ``store`` or computed (images read once)."""
+def _units(s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
+    """``(per_arch, sweeps)``: every (arch, seed) unit, reused from ``store`` or computed (images
+    read once); the sweep seed runs first (it chooses the steps), reported only if in ``seeds``."""
+    from condreg.experiments.deepnet import data, study
 
-    def __init__(self, s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
-        self.s, self.store, self.seeds = s, store, seeds
-        self.bars = progress and sys.stderr.isatty()
-        self.order = [s.sweep_seed] + [x for x in seeds if x != s.sweep_seed]
-        self.total, self.done = len(s.arch) * len(self.order), 0
-        self.images: Any = None
-
-    def _unit(self, arch: str, seed: int, steps: dict[str, float] | None) -> dict[str, Any]:
-        from condreg.experiments.deepnet import data, study
-
-        key = f"{arch.replace(':', '_')}-seed{seed}"
-        done, t0, how = self.store.load(key), time.perf_counter(), "reused"
-        if done is None:
-            if self.images is None:
-                self.images = data.load_images(self.s)
-            rec, sw = study.run_seed(arch, self.s, self.images, seed, steps, self.bars)
-            done, how = {"record": rec, "sweep": sw}, "done"
-            self.store.save(key, done)
-        self.done += 1
-        if not self.bars:
-            seconds = time.perf_counter() - t0
-            text = f"{arch} seed {seed} {how} in {seconds:.0f} s ({self.done}/{self.total})"
-            print(f"deepnet: {text}", file=sys.stderr, flush=True)
-        return done
-
-    def arch(self, arch: str) -> tuple[list[dict], dict]:
-        """``(records, sweep_record)`` of ``arch``; the sweep seed runs first (it chooses the
-        steps) and is reported only if it is one of the seeds."""
-        records, sweep_record, steps = {}, None, None
-        units = _report.progress(self.order, enabled=self.bars, desc=f"deepnet {arch} seeds")
-        for seed in units:
-            done = self._unit(arch, seed, steps)
-            if seed == self.s.sweep_seed:
-                sweep_record = done["sweep"]
-                steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
+    bars = progress and sys.stderr.isatty()
+    order = [s.sweep_seed] + [x for x in seeds if x != s.sweep_seed]
+    images, count, total, per_arch, sweeps = None, 0, len(s.arch) * len(order), {}, {}
+    for arch in s.arch:
+        records, steps = {}, None
+        for seed in _report.progress(order, enabled=bars, desc=f"deepnet {arch} seeds"):
+            key = f"{arch.replace(':', '_')}-seed{seed}"
+            done, t0, how = store.load(key), time.perf_counter(), "reused"
+            if done is None:
+                images = data.load_images(s) if images is None else images
+                rec, sw = study.run_seed(arch, s, images, seed, steps, bars)
+                done, how = {"record": rec, "sweep": sw}, "done"
+                store.save(key, done)
+            count += 1
+            if not bars:
+                text = f"{arch} seed {seed} {how} in {time.perf_counter() - t0:.0f} s"
+                print(f"deepnet: {text} ({count}/{total})", file=sys.stderr, flush=True)
+            if seed == s.sweep_seed:
+                sweeps[arch] = done["sweep"]
+                steps = {m: r["chosen"] for m, r in sweeps[arch].items() if isinstance(r, dict)}
             records[seed] = done["record"]
-        return [records[x] for x in self.seeds], sweep_record
+        per_arch[arch] = [records[x] for x in seeds]
+    return per_arch, sweeps
 
 
 def run(
@@ -131,14 +119,11 @@ def run(
     from condreg.experiments.deepnet import report
 
     store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
-    units = _Units(s, store, seed_values, progress)
     old_threads = torch.get_num_threads()
     if s.num_threads is not None:
         torch.set_num_threads(int(s.num_threads))
     try:
-        per_arch, sweeps = {}, {}
-        for arch in s.arch:
-            per_arch[arch], sweeps[arch] = units.arch(arch)
+        per_arch, sweeps = _units(s, store, seed_values, progress)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -149,15 +134,9 @@ def run(
     settings.update(torch_version=torch.__version__, torch_threads=s.num_threads)
     results = {"summary": summaries, "per_seed": per_arch, "sweep": sweeps}
     results.update(setup=report.setup(per_arch, s), paper=_report.PAPER_DEEPNET)
-    return _report.write_outputs(
-        out_dir,
-        experiment="deepnet",
-        settings=settings,
-        seeds=seed_values,
-        results=results,
-        runtime_s=time.perf_counter() - t_start,
-        notes=([report.PAPER_NOTE] if not s.large else []) + failures,
-        table=report.table(summaries, s, per_arch, seed_values, quick=quick)
-        + "".join(f"\n- {line}" for line in failures),
-        title=report.title(quick),
-    )
+    table = report.table(summaries, s, per_arch, seed_values, quick=quick)
+    table += "".join(f"\n- {line}" for line in failures)
+    notes = ([report.PAPER_NOTE] if not s.large else []) + failures
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes, table=table)
+    fields.update(runtime_s=time.perf_counter() - t_start, title=report.title(quick))
+    return _report.write_outputs(out_dir, experiment="deepnet", **fields)

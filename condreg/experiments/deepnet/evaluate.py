@@ -9,24 +9,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F_
 
-from condreg.experiments import _report
-from condreg.experiments.deepnet.training import batched_apply
-
-__all__ = ["ATTACKERS", "attacker_steps", "converged_probe_accuracy", "features"]
+__all__ = ["ATTACKERS", "attacker_steps", "converged_probe_accuracy"]
 __all__ += ["linear_probe_curve", "norm_ratio_curve", "rir_by_group_size", "steps_to_accuracy"]
-
-
-def features(block, S: torch.Tensor, *, device, batch: int = 512) -> torch.Tensor:
-    """``block(S)`` in batches, no gradient, as a CPU tensor."""
-    return batched_apply(block, S, device=device, batch=batch)
 
 
 def _with_ones(F, dtype=torch.float64) -> torch.Tensor:
     return F_.pad(F.to(dtype), (0, 1), value=1.0)
-
-
-def accuracy(logits, y) -> float:
-    return float((logits.argmax(1).cpu() == y.cpu()).float().mean())
 
 
 def rir_by_group_size(
@@ -58,20 +46,10 @@ def rir_by_group_size(
 
 
 def linear_probe_curve(
-    F_tr,
-    y_tr,
-    F_te,
-    y_te,
-    *,
-    n_classes: int,
-    steps: int,
-    every: int = 5,
-    progress: bool = False,
-    desc: str | None = None,
+    F_tr, y_tr, F_te, y_te, *, n_classes: int, steps: int, every: int = 5
 ) -> dict[str, list[float]]:
-    """Linear probing by full-batch GD on cross-entropy from a zero head on ``A = [F_tr, 1]``,
-    step ``1 / λ_max(AᵀA / N)``. Returns ``steps`` (recorded), ``test_acc``, ``train_loss``, ``lr``.
-    """
+    """Linear probing by full-batch GD on cross-entropy from a zero head on ``A = [F_tr, 1]``, step
+    ``1 / λ_max(AᵀA / N)``: ``steps`` (recorded), ``test_acc``, ``train_loss``, ``lr``."""
     dtype = torch.float64
     A, At = _with_ones(F_tr, dtype), _with_ones(F_te, dtype)
     y_tr, y_te = y_tr.long(), y_te.long()
@@ -80,7 +58,7 @@ def linear_probe_curve(
     W = torch.zeros(A.shape[1], n_classes, dtype=dtype)
     onehot = F_.one_hot(y_tr, n_classes).to(dtype)
     rec_steps, accs, losses = [], [], []
-    for t in _report.progress(range(steps + 1), enabled=progress, desc=desc, total=steps + 1):
+    for t in range(steps + 1):
         logits = A @ W
         if t % every == 0 or t == steps:
             rec_steps.append(t)

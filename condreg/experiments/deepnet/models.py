@@ -13,8 +13,8 @@ from torch import nn
 
 from condreg.experiments import UsageError
 
-__all__ = ["Parts", "ResCNN", "Target", "TinyViT", "build_large", "build_small", "precond_targets"]
-__all__ += ["split_resnet", "split_vit", "with_theta"]
+__all__ = ["Parts", "Target", "build_large", "build_small", "precond_targets", "split_resnet"]
+__all__ += ["split_vit", "with_theta"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,24 +86,6 @@ class _Bottleneck(nn.Module):
         return torch.relu(self.expand(h) + self.short(x))
 
 
-class ResCNN(nn.Module):
-    """28×28 → conv(16) → pool → basic(16→32, s2) | basic(32→64, s2, grouped) → bottleneck(64→
-    32→D) → global average pool → D features. The part after ``|`` is the immunized block."""
-
-    def __init__(self, feature_dim: int, n_classes: int):
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), _Basic(16, 32, 2)
-        )  # 28 → 14 → 7
-        self.block = nn.Sequential(
-            _Basic(32, 64, 2, groups=2),  # 7 → 4
-            _Bottleneck(64, 32, feature_dim),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-        )
-        self.head = nn.Linear(feature_dim, n_classes)
-
-
 class _Encoder(nn.Module):
     """One pre-norm transformer layer with explicit ``qkv`` / ``proj`` / MLP ``nn.Linear``s."""
 
@@ -144,27 +126,31 @@ class _ClsBlock(nn.Module):
         return self.ln(self.layer(x))[:, 0]
 
 
-class TinyViT(nn.Module):
-    """16 patch tokens of 7×7 pixels + class token → one transformer layer → normed class token."""
-
-    def __init__(self, feature_dim: int, n_classes: int):
-        super().__init__()
-        self.stem = _Tokens(feature_dim)
-        self.block = _ClsBlock(feature_dim)
-        self.head = nn.Linear(feature_dim, n_classes)
-
-
 def build_small(arch: str, feature_dim: int, n_classes: int) -> Parts:
-    """A fresh ``rescnn`` or ``vit`` (pre-trained on D_P by the study)."""
+    """A fresh ``rescnn`` or ``vit`` (pre-trained on D_P by the study); ``|`` marks the block.
+
+    rescnn: 28×28 → conv(16) → pool → basic(16→32, s2) | basic(32→64, s2, grouped) →
+    bottleneck(64→32→D) → global average pool. vit: 16 patch tokens of 7×7 pixels + class
+    token | one transformer layer → normed class token.
+    """
+    d = feature_dim
     if arch == "rescnn":
-        m: nn.Module = ResCNN(feature_dim, n_classes)
+        stem = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), _Basic(16, 32, 2)
+        )  # 28 → 14 → 7
+        block = nn.Sequential(
+            _Basic(32, 64, 2, groups=2),
+            _Bottleneck(64, 32, d),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )  # 7 → 4 → 1
         what = "last two residual blocks (grouped basic block + bottleneck), 7 conv weights"
     elif arch == "vit":
-        m = TinyViT(feature_dim, n_classes)
+        stem, block = _Tokens(d), _ClsBlock(d)
         what = "the transformer layer (qkv, proj, fc1, fc2 Linear weights)"
     else:
         raise UsageError(f"unknown small arch {arch!r}")
-    return Parts(m.stem, m.block, m.head, feature_dim, n_classes, True, what)
+    return Parts(stem, block, nn.Linear(d, n_classes), d, n_classes, True, what)
 
 
 class _Appended(nn.Module):
@@ -183,12 +169,11 @@ class _Appended(nn.Module):
 
 def with_theta(parts: Parts) -> Parts:
     """The appended-θ variant: the pre-trained block frozen, a D×D identity layer θ after it."""
-    block = _Appended(parts.block, parts.feature_dim)
+    d = parts.feature_dim
+    block = _Appended(parts.block, d)
     for p in block.frozen.parameters():
         p.requires_grad_(False)
-    return dataclasses.replace(
-        parts, block=block, immunized=f"appended θ ({parts.feature_dim}×{parts.feature_dim})"
-    )
+    return dataclasses.replace(parts, block=block, immunized=f"appended θ ({d}×{d})")
 
 
 def split_resnet(model: nn.Module, n_classes: int | None = None) -> Parts:

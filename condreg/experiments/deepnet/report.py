@@ -56,12 +56,11 @@ def _steps_summary(steps: list[int | None]) -> dict[str, Any]:
 
 def _fmt_steps(st: dict[str, Any], limit: int) -> str:
     n = len(st["per_seed"])
-    if not st["reached"]:
-        return f"> {limit} (0/{n})"
-    return f"{st['median']:.0f} ({st['reached']}/{n})"
+    return f"{st['median']:.0f} ({st['reached']}/{n})" if st["reached"] else f"> {limit} (0/{n})"
 
 
-def _fmt_attack(st: dict[str, Any], limit: int) -> str:
+def _fmt_attack(summ: dict[str, Any], attacker: str, limit: int) -> str:
+    st = summ["attacker_steps_h"][attacker]
     red = st["reduction"]["mean"]
     if red < 0:  # the last iterate's loss is above the start (heavy-ball transient)
         return f"{_fmt_steps(st, limit)}; {red:.2g} (loss above the start)"
@@ -117,14 +116,11 @@ def _pct(summ: dict[str, Any], key: str, digits: int = 3) -> str:
 
 
 def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
-    fm = _report.fmt_mean_std
     vs = summ.get("vs_opt_kappa")
     return [
         _name(m),
         "—" if summ["reg_step"] is None else f"{summ['reg_step']:g}",
-        fm(summ["i"], 3),
-        fm(summ["ii"], 3),
-        fm(summ["rir_theta0"], 3),
+        *(_report.fmt_mean_std(summ[k], 3) for k in ("i", "ii", "rir_theta0")),
         "" if vs is None else f"{vs['wins']}/{vs['seeds']}",
         f"{_pct(summ, 'acc_p_before')} → {_pct(summ, 'acc_p_after')}",
         _pct(summ, "probe_h_final_acc"),
@@ -135,37 +131,26 @@ def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
 
 
 def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str]:
-    fm, table = _report.fmt_mean_std, _report.markdown_table
+    """The paragraphs of one arch: the main table, RIR_θ0 by group size, the attackers."""
+    fm, table, items = _report.fmt_mean_std, _report.markdown_table, summary.items()
+    n_att = s.attack_steps
     first = next(iter(summary.values()))
     sizes, atts = first["rir_by_group_size"], list(first["attacker_steps_h"])
     head = ["method", "step", "(i)", "(ii)", "RIR_θ0", "RIR > Opt κ (seeds)"]
     head += ["D_P acc % before → after", f"D_H probe acc @{s.probe_steps}", "steps to target"]
     head += ["converged probe %", "gap vs identity (pts)"]
-    rows = [_row(m, summ, s.probe_steps) for m, summ in summary.items()]
-    g_rows = [
-        [_name(m), *(fm(summ["rir_by_group_size"][k], 3) for k in sizes)]
-        for m, summ in summary.items()
-    ]
-    a_rows = [
-        [_name(m), *(_fmt_attack(summ["attacker_steps_h"][a], s.attack_steps) for a in atts)]
-        for m, summ in summary.items()
-    ]
+    g_rows = [[_name(m), *(fm(x["rir_by_group_size"][k], 3) for k in sizes)] for m, x in items]
+    a_rows = [[_name(m), *(_fmt_attack(x, a, n_att) for a in atts)] for m, x in items]
     return [
         f"### {arch}: {record['immunized']} — {record['immunized_parameters']} immunized weights; "
         f"D = {record['feature_dim']} features, Eq. 17 groups of {s.rir_group_size}",
-        "",
-        table(head, rows),
-        "",
+        table(head, [_row(m, x, s.probe_steps) for m, x in items]),
         f"RIR_θ0 by Eq. 17 group size ({arch}):",
-        "",
         table(["method", *(f"n = {k}" for k in sizes)], g_rows),
-        "",
         f"Steps to 99 % of the achievable loss reduction, least-squares probe on D_H ({arch}; "
-        f"condreg.attacks, at most {s.attack_steps} steps; median over the seeds that reach it; "
-        f"then the mean fraction of the reduction reached at step {s.attack_steps}):",
-        "",
+        f"condreg.attacks, at most {n_att} steps; median over the seeds that reach it; then the "
+        f"mean fraction of the reduction reached at step {n_att}):",
         table(["method", *atts], a_rows),
-        "",
     ]
 
 
@@ -188,14 +173,11 @@ def failures(per_arch: dict[str, list[dict]]) -> list[str]:
 def setup(per_arch: dict[str, list[dict]], s) -> dict[str, dict[str, Any]]:
     """What was immunized, per arch (from the first seed's record)."""
     keys = ("immunized", "immunized_weights", "immunized_parameters", "feature_dim", "n_train")
-    return {
-        a: {k: rows[0][k] for k in keys}
-        | {
-            "rir_group_size": s.rir_group_size,
-            "feature_dim_exceeds_group_size": rows[0]["feature_dim"] > s.rir_group_size,
-        }
-        for a, rows in per_arch.items()
-    }
+    out = {}
+    for a, rows in per_arch.items():
+        out[a] = {k: rows[0][k] for k in keys} | {"rir_group_size": s.rir_group_size}
+        out[a]["feature_dim_exceeds_group_size"] = rows[0]["feature_dim"] > s.rir_group_size
+    return out
 
 
 def _label(m: str) -> str:
@@ -237,10 +219,10 @@ def table(
     quick: bool = False,
 ) -> str:
     """The whole ``table.md``: the ranking, one block per arch and the paper's Table 3."""
-    lines = [QUICK_NOTE, ""] if quick else []
-    lines += ["Ranking by RIR_θ0 (Eq. 17; the paper has Ours best on both networks):", ""]
-    lines += ranking(summaries_by_arch) + [""]
-    lines += [
+    paras = [QUICK_NOTE] if quick else []
+    paras += ["Ranking by RIR_θ0 (Eq. 17; the paper has Ours best on both networks):"]
+    paras.append("\n".join(ranking(summaries_by_arch)))
+    paras.append(
         f"D_P = digits {list(s.pretrain_digits)}, D_H = digits {list(s.harmful_digits)}; "
         f"immunized: {'the block' if s.target == 'block' else 'an appended θ'}; seeds "
         f"{list(seeds)} (mean ± std). Step = each method's relative regularizer step chosen by "
@@ -250,20 +232,19 @@ def table(
         "head on the frozen D_H features; GD at step 1/λ_max; steps to target = median first "
         "step reaching "
         f"{100 * s.probe_target:g}% of the identity's final GD accuracy (seeds reaching it); "
-        "converged = L-BFGS.",
-        "",
-    ]
+        "converged = L-BFGS."
+    )
     for arch, summary in summaries_by_arch.items():
-        lines += _arch_table(arch, summary, s, per_arch[arch][0])
-    lines += ["Paper (Table 3, as reported; ImageNet as D_P, ours = condreg):", ""]
+        paras += _arch_table(arch, summary, s, per_arch[arch][0])
     prow = [
         [k, _report.fmt_number(v["rir_theta0"]), f"{v['acc_before']:.2f}", f"{v['acc_after']:.2f}"]
         for k, v in _report.PAPER_DEEPNET.items()
     ]
     head = ["model / D_H", "RIR_θ0", "acc before %", "acc after %"]
-    note = PAPER_NOTE if not s.large else "Large-model run on user-supplied data."
-    lines += [_report.markdown_table(head, prow), "", note]
-    return "\n".join(lines)
+    paras += ["Paper (Table 3, as reported; ImageNet as D_P, ours = condreg):"]
+    paras += [_report.markdown_table(head, prow)]
+    paras.append(PAPER_NOTE if not s.large else "Large-model run on user-supplied data.")
+    return "\n\n".join(paras)
 
 
 def _figure(n_rows: int, n_cols: int, width: float):
@@ -282,21 +263,19 @@ def _finish(row) -> None:
 
 def _probe_figure(out_dir: pathlib.Path, summaries_by_arch: dict[str, dict], tag: str):
     fig, axes = _figure(len(summaries_by_arch), 3, 15)
+    acc = dict(xlabel="probe GD steps (cross-entropy)", ylabel="held-out accuracy (%, mean ± std)")
     for r, (arch, summary) in enumerate(summaries_by_arch.items()):
         for m, summ in summary.items():
             kw = _style(m)
             for c, key in enumerate(("probe_h", "probe_p")):
                 x = summ[f"{key}_steps"]
-                mu = 100 * np.asarray(summ[f"{key}_mean_curve"])
-                sd = 100 * np.asarray(summ[f"{key}_std_curve"])
+                mu, sd = (100 * np.asarray(summ[f"{key}_{k}_curve"]) for k in ("mean", "std"))
                 axes[r, c].plot(x, mu, **kw)
                 axes[r, c].fill_between(x, mu - sd, mu + sd, color=kw["color"], alpha=0.15)
             d = digits_closed(summ["norm_ratio_h_mean_curve"])
             axes[r, 2].semilogy(np.arange(1, d.size), d[1:], **kw)
         for c, what in enumerate(("D_H (harmful)", "D_P (control)")):
-            axes[r, c].set_title(f"{arch}{tag}: linear probing on {what}")
-            axes[r, c].set_xlabel("probe GD steps (cross-entropy)")
-            axes[r, c].set_ylabel("held-out accuracy (%, mean ± std)")
+            axes[r, c].set(title=f"{arch}{tag}: linear probing on {what}", **acc)
         axes[r, 2].set_title(f"{arch}{tag}: Eq. 16, ℓ2 probe of D_H")
         axes[r, 2].minorticks_off()  # log-axis minor ticks cost more to draw than they show
         axes[r, 2].set_xlabel("probe steps t")

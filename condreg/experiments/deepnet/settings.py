@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -96,24 +97,19 @@ _PATHS = ("mnist_dir", "weights", "pretrain_dir", "harmful_dir")
 _NONE_OK = ("ridge", "imma_inner_lr")
 
 
-def _as_tuple(key: str, value: Any) -> tuple:
+def _coerce(key: str, value: Any) -> Any:
+    if key in _PATHS and value is not None:
+        return pathlib.Path(value)
+    if key not in _TUPLES:
+        return value
     kind = _TUPLES[key]
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     try:
         return tuple(kind(v) for v in value)
     except (TypeError, ValueError):
-        raise UsageError(
-            f"deepnet option {key}={value!r}: expected a list of {kind.__name__}"
-        ) from None
-
-
-def _coerce(key: str, value: Any) -> Any:
-    if key in _TUPLES:
-        return _as_tuple(key, value)
-    if key in _PATHS and value is not None:
-        return pathlib.Path(value)
-    return value
+        msg = f"deepnet option {key}={value!r}: expected a list of {kind.__name__}"
+        raise UsageError(msg) from None
 
 
 def _check_torch(device: str):
@@ -124,9 +120,8 @@ def _check_torch(device: str):
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise UsageError(
-            f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
-        ) from None
+        msg = f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
+        raise UsageError(msg) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device!r}: CUDA is not available on this machine")
     if dev.type == "mps" and not torch.backends.mps.is_available():
@@ -134,17 +129,6 @@ def _check_torch(device: str):
     if dev.type not in ("cpu", "cuda", "mps"):
         raise UsageError(f"--device {device!r}: use cpu, cuda or mps")
     return torch
-
-
-def _check_packages(arch: str) -> None:
-    import importlib.util
-
-    need = "torchvision" if arch in ARCHS else "timm"
-    if importlib.util.find_spec(need) is None:
-        raise UsageError(
-            f"--arch {arch} needs {need} (install the build matching your torch), or use the "
-            "CPU archs rescnn, vit"
-        )
 
 
 def _check(s: Settings) -> None:
@@ -160,7 +144,12 @@ def _check(s: Settings) -> None:
         for key in ("pretrain_dir", "harmful_dir"):
             if getattr(s, key) is None:
                 raise UsageError(f"--arch {s.arch[0]} needs --{key.replace('_', '-')} DIR")
-        _check_packages(s.arch[0])
+        need = "torchvision" if s.arch[0] in ARCHS else "timm"
+        if importlib.util.find_spec(need) is None:
+            raise UsageError(
+                f"--arch {s.arch[0]} needs {need} (install the build matching your torch), or "
+                "use the CPU archs rescnn, vit"
+            )
     if s.target not in TARGETS:
         raise UsageError(f"target={s.target!r}: choose one of {', '.join(TARGETS)}")
     bad = [m for m in s.methods if m not in METHODS]
@@ -181,9 +170,8 @@ def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
     ``options`` (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``)."""
     unknown = sorted(set(options) - set(_FIELDS))
     if unknown:
-        raise UsageError(
-            f"unknown deepnet option(s): {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
-        )
+        known = ", ".join(sorted(_FIELDS))
+        raise UsageError(f"unknown deepnet option(s): {', '.join(unknown)}; known: {known}")
     values: dict[str, Any] = dict(QUICK) if quick else {}
     values.update({k: v for k, v in options.items() if v is not None or k in _NONE_OK})
     values = {k: _coerce(k, v) for k, v in values.items()}

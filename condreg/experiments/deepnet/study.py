@@ -26,7 +26,6 @@ class Prepared:
     """One arch and seed after pre-training: cached stem outputs ``S``, labels ``Y`` and the
     pre-trained features ``F0`` (keys ``p_tr``, ``p_val``, ``p_te``, ``h_tr``, ``h_te``)."""
 
-    arch: str
     seed: int
     parts: models.Parts
     S: dict[str, torch.Tensor]
@@ -68,16 +67,16 @@ def prepare(arch: str, s: Settings, images: _data.Images, seed: int, progress: b
     Y = {k: torch.as_tensor(y) for k, (_, y) in arrays.items()}
     F0 = _features(parts.block, S, device)
     acc, acc_val = (_accuracy(parts.head, F0[k], Y[k], device) for k in ("p_te", "p_val"))
-    return Prepared(arch, seed, parts, S, Y, F0, P.n_classes, H.n_classes, acc, acc_val, device)
+    return Prepared(seed, parts, S, Y, F0, P.n_classes, H.n_classes, acc, acc_val, device)
 
 
 def _features(block, S: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
-    return {k: ev.features(block, v, device=device) for k, v in S.items()}
+    return {k: training.batched_apply(block, v, device=device) for k, v in S.items()}
 
 
 def _accuracy(head, F: torch.Tensor, y: torch.Tensor, device) -> float:
     with torch.no_grad():
-        return ev.accuracy(head(F.to(device)), y)
+        return float((head(F.to(device)).argmax(1).cpu() == y.cpu()).float().mean())
 
 
 def _immunize(prep: Prepared, method: str, s: Settings, reg_step: float, progress: bool):
@@ -104,7 +103,7 @@ def sweep(prep: Prepared, s: Settings, progress: bool) -> tuple[dict[str, Any], 
             except METHOD_FAILURES as exc:
                 fails[str(step)] = f"{type(exc).__name__}: {exc}"
                 continue
-            F = ev.features(imm.block, prep.S["p_val"], device=prep.device)
+            F = training.batched_apply(imm.block, prep.S["p_val"], device=prep.device)
             accs[str(step)] = _accuracy(imm.head, F, prep.Y["p_val"], prep.device)
             models_[step] = imm
         ok = [st for st in models_ if accs[str(st)] >= prep.acc_before_val - s.acc_tolerance]
@@ -175,13 +174,11 @@ def run_seed(
     sweep seed; the sweep runs first and its chosen models are this seed's results."""
     t0 = time.perf_counter()
     prep = prepare(arch, s, images, seed, progress)
-    sweep_record, ready = (None, {})
+    sweep_record, ready = None, {}
+    methods, failed, target = {}, {}, None
     if steps is None:
         sweep_record, ready = sweep(prep, s, progress)
         steps = {m: r["chosen"] for m, r in sweep_record.items() if isinstance(r, dict)}
-    methods: dict[str, Any] = {}
-    failed: dict[str, str] = {}
-    target = None
     for method in s.methods:
         t1 = time.perf_counter()
         step = steps.get(method)
@@ -208,7 +205,7 @@ def run_seed(
         "feature_dim": prep.parts.feature_dim,
         "immunized": prep.parts.immunized,
         "immunized_weights": [t.name for t in targets],
-        "immunized_parameters": training.param_count(targets),
+        "immunized_parameters": sum(t.param.numel() for t in targets),
         "n_train": {"p": int(prep.S["p_tr"].shape[0]), "h": int(prep.S["h_tr"].shape[0])},
         "seconds": time.perf_counter() - t0,
     }

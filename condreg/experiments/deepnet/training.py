@@ -140,15 +140,6 @@ def _record_inputs(targets: Sequence[Target], store: dict[int, torch.Tensor]):
             h.remove()
 
 
-def _precondition(targets, grads, inputs, ridge) -> list[torch.Tensor]:
-    out = []
-    for t, g in zip(targets, grads, strict=True):
-        K = layer_gram(t.shape, inputs[id(t.module)])
-        r = None if ridge is None else ridge * float(K.diagonal(dim1=-2, dim2=-1).mean())
-        out.append(left_precondition(t.shape, g, K, r))
-    return out
-
-
 def _term_grads(method: Method, terms: Terms, targets, inputs, ridge) -> dict[str, list]:
     weights = [t.param for t in targets]
     out = {}
@@ -156,9 +147,17 @@ def _term_grads(method: Method, terms: Terms, targets, inputs, ridge) -> dict[st
         gs = torch.autograd.grad(value, weights, retain_graph=True, allow_unused=True)
         gs = [torch.zeros_like(w) if g is None else g for g, w in zip(gs, weights, strict=True)]
         if method.preconditioned:
-            gs = _precondition(targets, gs, inputs[name], ridge)
+            gs = [
+                _precondition(t, g, inputs[name], ridge) for t, g in zip(targets, gs, strict=True)
+            ]
         out[name] = gs
     return out
+
+
+def _precondition(t: Target, g: torch.Tensor, inputs: dict, ridge) -> torch.Tensor:
+    K = layer_gram(t.shape, inputs[id(t.module)])
+    r = None if ridge is None else ridge * float(K.diagonal(dim1=-2, dim2=-1).mean())
+    return left_precondition(t.shape, g, K, r)
 
 
 def _norm(ts: Sequence[torch.Tensor]) -> float:
@@ -178,8 +177,8 @@ class Immunized:
 def _copies(parts: Parts, device, dtype):
     block = copy.deepcopy(parts.block).to(device, dtype).eval()  # BN / dropout frozen
     head = copy.deepcopy(parts.head).to(device, dtype)
-    frozen_part = getattr(block, "frozen", None)  # the appended-θ variant
-    frozen = {id(p) for p in frozen_part.parameters()} if frozen_part is not None else set()
+    frozen_part = getattr(block, "frozen", torch.nn.Module())  # the appended-θ variant
+    frozen = {id(p) for p in frozen_part.parameters()}
     for p in block.parameters():
         p.requires_grad_(id(p) not in frozen)
     for p in head.parameters():
@@ -211,7 +210,12 @@ def immunize(
     gen = torch.Generator().manual_seed(seed + 1)
     extra = dict(n_h=int(y_H.max()) + 1, inner_steps=s.imma_inner_steps, inner_lr=s.imma_inner_lr)
 
-    def step_terms():
+    weights = [t.param for t in targets]
+    idx = {id(w): i for i, w in enumerate(weights)}
+    lam: dict[str, float] = {}
+    history: list[dict[str, float]] = []
+    steps = range(int(s.immunize_steps))
+    for t in _report.progress(steps, enabled=progress, desc=f"immunize [{method_name}]"):
         ix, F, inputs = {}, {}, {"p": {}, "h": {}}
         for key, S in (("p", S_P), ("h", S_H)):
             ix[key] = torch.randint(S.shape[0], (min(s.batch_size, S.shape[0]),), generator=gen)
@@ -221,14 +225,6 @@ def immunize(
                 raise FloatingPointError(f"immunization [{method_name}]: the features overflowed")
         sup = F_.cross_entropy(head(F["p"]), y_P[ix["p"]].to(device))
         terms = method.terms(F["p"], F["h"], y_H[ix["h"]].to(device), extra)
-        return F["p"], F["h"], sup, terms, inputs
-
-    weights = [t.param for t in targets]
-    lam: dict[str, float] = {}
-    history: list[dict[str, float]] = []
-    steps = range(int(s.immunize_steps))
-    for t in _report.progress(steps, enabled=progress, desc=f"immunize [{method_name}]"):
-        F_p, F_h, sup, terms, inputs = step_terms()
         reg = _term_grads(method, terms, targets, inputs, s.ridge)
         if not lam:  # balance on the first batch
             cap = reg_step * _norm(weights) / s.lr
@@ -241,7 +237,6 @@ def immunize(
                 if g > cap:
                     reg[name] = [x * (cap / g) for x in gs]
         sup_g = torch.autograd.grad(sup, params)
-        idx = {id(w): i for i, w in enumerate(weights)}
         for p, g in zip(params, sup_g, strict=True):
             total = g.clone()
             if id(p) in idx:
@@ -252,7 +247,7 @@ def immunize(
         if not all(bool(torch.isfinite(p).all()) for p in params):
             raise FloatingPointError(f"immunization [{method_name}] diverged at step {t}")
         if t % 10 == 0 or t == int(s.immunize_steps) - 1:
-            history.append(_history_row(t, sup, F_p, F_h, terms))
+            history.append(_history_row(t, sup, F["p"], F["h"], terms))
     return Immunized(block, head, lam, history)
 
 
@@ -265,8 +260,3 @@ def _history_row(t, sup, F_p, F_h, terms) -> dict[str, float]:
             "kappa_h": float(condreg.condition_number(F_h.detach(), gram=True)),
             **{f"reg_{n}": float(v) for n, v in terms},
         }
-
-
-def param_count(targets: Sequence[Target]) -> int:
-    """Number of entries of the immunized (preconditioned) weights."""
-    return sum(t.param.numel() for t in targets)
