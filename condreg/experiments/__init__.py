@@ -1,9 +1,6 @@
-"""Reproductions of the paper's experiments (docs/math.md §8), one module per experiment.
-
-Each module of :data:`EXPERIMENTS` exposes ``HELP`` (one line for ``condreg reproduce --help``),
-``add_arguments(parser)`` (its options; needs no array framework) and ``run(out_dir, *, quick,
-seeds, progress, **options) -> dict``, which writes ``results.json``, ``table.md`` and PNG plots
-into ``out_dir`` and returns the ``results.json`` payload. Modules are imported on demand.
+"""Reproductions of the paper's experiments (docs/math.md §8), one module per experiment, each with
+``HELP``, ``add_arguments(parser)`` and ``run(out_dir, *, quick, seeds, progress, **options)``
+(writes ``results.json``, ``table.md`` and plots; returns the ``results.json`` payload).
 """
 
 from __future__ import annotations

@@ -106,12 +106,11 @@ def _cross_check_svd(
 ) -> tuple[tuple[np.ndarray, ...], tuple[tuple[int, int], ...]]:
     """NumPy singular values of ``X_p``, ``X_h``, ``X_pθ``, ``X_hθ`` (θ = None: I), and shapes."""
     s_kp, s_kh = _pair_of(pair, X_p, X_h).svd()
-    d = X_p.shape[1] if theta is None else np.shape(theta)[1]
-    shapes = X_p.shape, X_h.shape, (X_p.shape[0], d), (X_h.shape[0], d)
     if theta is None:
-        return (s_kp, s_kh, s_kp, s_kh), shapes
+        return (s_kp, s_kh, s_kp, s_kh), (X_p.shape, X_h.shape) * 2
     theta = np.asarray(theta, dtype=np.float64)
-    return (s_kp, s_kh, _svdvals(X_p @ theta), _svdvals(X_h @ theta)), shapes
+    F_p, F_h = X_p @ theta, X_h @ theta
+    return (s_kp, s_kh, _svdvals(F_p), _svdvals(F_h)), (X_p.shape, X_h.shape, F_p.shape, F_h.shape)
 
 
 _KAPPAS = ("kappa_K_P", "kappa_K_H", "kappa_H_P", "kappa_H_H")
@@ -137,11 +136,6 @@ def spectrum_numbers(
 ) -> dict[str, Any]:
     """κ's, ranks, (i), (ii) and RIR from NumPy SVDs of ``Xθ`` (``theta=None``: θ = I, RIR = 1)."""
     return _numbers(*_cross_check_svd(theta, X_p, X_h, pair), rtol)
-
-
-def _relative_difference(official: Mapping[str, float], check: Mapping[str, Any]) -> float:
-    keys = ("i", "ii", "rir")
-    return float(max(abs(official[k] - check[k]) / max(abs(check[k]), 1e-300) for k in keys))
 
 
 def _engine_numbers(spectra: Any) -> dict[str, Any]:
@@ -170,17 +164,17 @@ def score(
     elif not isinstance(spectra, metrics.RIRSpectra) or spectra.rtol != float(rtol):
         raise ValueError("score: spectra must be the RIRSpectra of theta at this rtol")
     tolerance = tolerance_robustness(theta, X_p, X_h, rtol=rtol, spectra=spectra)
-    numbers = _engine_numbers(spectra)
-    numbers.update({k: tolerance["1x"][k] for k in ("i", "ii", "rir")})
+    keys = ("i", "ii", "rir")
+    numbers = _engine_numbers(spectra) | {k: tolerance["1x"][k] for k in keys}
     svd = _cross_check_svd(theta, X_p, X_h, pair) if cross_check else None
     for f in TOLERANCE_FACTORS:
-        entry = tolerance[f"{f}x"]
-        check = None if svd is None else _numbers(*svd, f * rtol)
-        entry["check_rel_diff"] = None if check is None else _relative_difference(entry, check)
-    numbers["check_rel_diff"] = tolerance["1x"]["check_rel_diff"]
-    numbers["rtol"] = float(rtol)
-    numbers["tolerance"] = tolerance
-    return numbers
+        entry, diff = tolerance[f"{f}x"], None
+        if svd is not None:
+            check = _numbers(*svd, f * rtol)
+            diff = float(max(abs(entry[k] - check[k]) / max(abs(check[k]), 1e-300) for k in keys))
+        entry["check_rel_diff"] = diff
+    check_rel_diff = tolerance["1x"]["check_rel_diff"]
+    return numbers | {"check_rel_diff": check_rel_diff, "rtol": float(rtol), "tolerance": tolerance}
 
 
 def tolerance_robustness(
@@ -235,32 +229,29 @@ def immunize_method(
     if not (isinstance(spectra, metrics.RIRSpectra) and spectra.rtol == rtol):
         spectra = None
     out = score(theta, X_p, X_h, rtol=rtol, pair=pair, spectra=spectra, cross_check=cross_check)
-    # the loop's own final report must be the same number (one κ per run)
-    out["rir_reported_by_immunize"] = float(result.rir)
-    out["runtime_s"] = runtime
-    # every warning is kept; "did not succeed" is also in ``success`` and the tables' counts
-    out["warnings"] = sorted({str(w.message) for w in caught})
-    out["history"] = {
+    history = {
         str(k): np.asarray(v, dtype=np.float64).reshape(-1).tolist()
         for k, v in (result.history or {}).items()
     }
-    # task loss on D_P at (θ_t, ω_t): first and last epoch (Definition 3.1 (c))
-    losses = out["history"].get("loss") or [float("nan")]
-    out["loss_initial"], out["loss_final"] = float(losses[0]), float(losses[-1])
-    # the best any head reaches on X_pθ (Definition 3.1 (c), min over ω; :func:`best_loss`)
-    out["loss_best"] = best_loss(X_p @ theta, y_p, task=task, rtol=rtol, rank=out["rank_H_P"])
-    out["theta_finite"] = bool(np.all(np.isfinite(theta)))
+    losses = history.get("loss") or [float("nan")]  # on D_P at (θ_t, ω_t), Definition 3.1 (c)
     out.update(
+        rir_reported_by_immunize=float(result.rir),  # one κ per run: equal to out["rir"]
+        runtime_s=runtime,
+        warnings=sorted({str(w.message) for w in caught}),
+        history=history,
+        loss_initial=float(losses[0]),
+        loss_final=float(losses[-1]),
+        loss_best=best_loss(X_p @ theta, y_p, task=task, rtol=rtol, rank=out["rank_H_P"]),
+        theta_finite=bool(np.all(np.isfinite(theta))),
         lam_p=float(result.lam_p),
         lam_h=float(result.lam_h),
         epochs_run=int(result.epochs_run),
         stopped=str(result.stopped),
         max_step=float(result.max_step),
         imma_lr=None if result.imma_lr is None else float(result.imma_lr),
+        seed=seed,
     )
-    out["seed"] = seed
-    out["success"] = success(out)
-    out["scoring_s"] = time.perf_counter() - start
+    out.update(success=success(out), scoring_s=time.perf_counter() - start)
     out["_theta"] = theta  # removed before writing results.json
     return out
 

@@ -129,11 +129,11 @@ def immunize_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return lams | {"options": {k: v for k, v in options.items() if k not in lams}}
 
 
-def seed_list(seeds: int, base: int = 0) -> list[int]:
-    """The seeds ``base, base + 1, …, base + seeds - 1`` of a repeated run (``seeds >= 1``)."""
+def seed_list(seeds: int) -> list[int]:
+    """The seeds ``0, 1, …, seeds - 1`` of a repeated run (``seeds >= 1``)."""
     if int(seeds) < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    return [int(base) + i for i in range(int(seeds))]
+    return list(range(int(seeds)))
 
 
 def progress(
@@ -142,7 +142,6 @@ def progress(
     enabled: bool = True,
     desc: str | None = None,
     total: int | None = None,
-    leave: bool = False,
 ) -> Iterable[Any]:
     """Wrap ``iterable`` in a tqdm progress bar on stderr when ``enabled`` (else return it)."""
     if not enabled:
@@ -151,7 +150,7 @@ def progress(
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is in the experiments extra
         return iterable
-    return tqdm(iterable, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(iterable, desc=desc, total=total, leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def mean_std(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
@@ -213,9 +212,7 @@ def to_jsonable(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
-        if math.isfinite(f):
-            return f
-        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
+        return f if math.isfinite(f) else json.dumps(f)  # "NaN", "Infinity" or "-Infinity"
     if isinstance(obj, pathlib.PurePath):
         return str(obj)
     if obj is None or isinstance(obj, str):
@@ -245,13 +242,9 @@ class UnitStore:
         self.resume = bool(resume)
         self.loaded: list[str] = []
 
-    def path(self, key: str) -> pathlib.Path:
-        """The file of unit ``key``."""
-        return self.dir / f"{key}.json"
-
     def load(self, key: str) -> Any | None:
         """The saved unit ``key`` (``resume=True``, same settings), else None."""
-        path = self.path(key)
+        path = self.dir / f"{key}.json"
         if not (self.resume and path.is_file()):
             return None
         try:
@@ -271,8 +264,7 @@ class UnitStore:
 
     def save(self, key: str, unit: Any) -> None:
         """Write unit ``key`` (creates ``out_dir/units/``)."""
-        prepare_out_dir(self.dir)
-        path = self.path(key)
+        path = prepare_out_dir(self.dir) / f"{key}.json"
         tmp = path.with_suffix(".json.tmp")
         payload = {"settings": self.settings, "unit": to_jsonable(unit)}
         tmp.write_text(json.dumps(payload, allow_nan=False, ensure_ascii=False), encoding="utf-8")
@@ -340,7 +332,6 @@ def new_figure(
     *,
     figsize: tuple[float, float] | None = None,
     squeeze: bool = True,
-    **subplot_kw: Any,
 ):
     """A ``(fig, axes)`` pair on a headless Agg canvas (``axes`` as ``Figure.subplots``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -350,15 +341,14 @@ def new_figure(
         figsize = (4.5 * ncols, 3.6 * nrows)
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=squeeze, **subplot_kw)
-    return fig, axes
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
 
-def save_figure(fig: Any, path: str | pathlib.Path, *, dpi: int = 120) -> pathlib.Path:
+def save_figure(fig: Any, path: str | pathlib.Path) -> pathlib.Path:
     """Save ``fig`` as PNG at ``path`` (parents created) and return the path."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png")
+    fig.savefig(path, dpi=120, format="png")
     return path
 
 

@@ -34,10 +34,9 @@ TARGET_H = "SalePrice"
 
 
 def read_csv_table(path: str | pathlib.Path) -> tuple[list[str], list[list[str]]]:
-    """Read a comma-separated file with a header row: ``(header, rows)`` of strings.
+    """``(header, rows)`` of strings of a comma-separated file with a header row.
 
-    Raises ``FileNotFoundError``, ``IsADirectoryError``, and :class:`DataError` for an empty file,
-    a bad header or a row of the wrong length (the message names the file and line).
+    Raises ``FileNotFoundError``, ``IsADirectoryError``, or :class:`DataError` (naming the line).
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -77,19 +76,7 @@ def read_csv_table(path: str | pathlib.Path) -> tuple[list[str], list[list[str]]
 
 @dataclasses.dataclass(frozen=True)
 class HousePrices:
-    """The two house-price tasks after preprocessing (float64 arrays).
-
-    Attributes
-    ----------
-    X_p, y_p, X_h, y_h : arrays
-        D_P inputs (N_p = 309, D) and target LotArea; D_H inputs (N_h = 1151, D) and SalePrice.
-    feature_names : list of str
-        Name of each input column (``"Col"`` or ``"Col=category"`` for one-hot).
-    ids_p, ids_h : int arrays
-        The ``Id`` of each row (dropped from the inputs).
-    info : dict
-        How the data were built (files, split, column kinds, imputation, statistics).
-    """
+    """The preprocessed tasks D_P (target LotArea) and D_H (SalePrice), how they were built."""
 
     X_p: np.ndarray
     y_p: np.ndarray
@@ -118,10 +105,7 @@ def _require_columns(path: pathlib.Path, header: Sequence[str], needed: Sequence
 
 
 def house_price_dir() -> pathlib.Path:
-    """The folder of the house-price data shipped inside the package (with a provenance README).
-
-    Raises ``FileNotFoundError`` if the installation lacks them.
-    """
+    """The folder of the house-price data shipped in the package (``FileNotFoundError`` if not)."""
     from importlib import resources
 
     folder = resources.files("condreg").joinpath("datasets", "house_price")
@@ -146,15 +130,13 @@ def load_house_prices(
     Parameters
     ----------
     data_dir : path, optional
-        A directory holding ``train.csv`` and optionally ``D1.csv`` (D_P) and ``D2.csv`` (D_H);
-        default :func:`house_price_dir`.
+        Holds ``train.csv`` and optionally ``D1.csv``, ``D2.csv``; default :func:`house_price_dir`.
     use_split_files : bool, optional
-        None (default): use D1.csv/D2.csv when both exist, else split train.csv by MSZoning
-        (D_P: ≠ RL, D_H: = RL). True: require them. False: always split train.csv.
+        Use D1/D2.csv (None: when both exist) or split train.csv by MSZoning (D_P: ≠ RL).
     encoding : {"ordinal", "onehot"}
         Categorical encoding, fit on the union of both tasks.
     standardize : bool
-        Standardise inputs over the union of both tasks' rows and each target per task.
+        Standardise inputs over both tasks' rows and each target per task.
 
     Raises
     ------
@@ -187,13 +169,11 @@ def load_house_prices(
     if use_split_files:
         if not have_split:
             raise FileNotFoundError(f"{data_dir}: D1.csv and D2.csv are required but missing")
-        header_p, rows_p = read_csv_table(d1)
-        header_h, rows_h = read_csv_table(d2)
-        for path, head in ((d1, header_p), (d2, header_h)):
+        (header, rows_p), (header_h, rows_h) = read_csv_table(d1), read_csv_table(d2)
+        for path, head in ((d1, header), (d2, header_h)):
             _require_columns(path, head, [ID_COLUMN, TARGET_P, TARGET_H])
-        if header_p != header_h:
+        if header != header_h:
             raise DataError(f"{d1} and {d2} have different headers")
-        header = header_p
         source = {"D_P": str(d1), "D_H": str(d2), "split": "files D1.csv / D2.csv"}
     else:
         if not train.is_file():
@@ -243,7 +223,7 @@ def preprocess_house_prices(
     if standardize:
         X, y_p, y_h, more = _standardize(X, names, y_p, y_h)
         stats.update(more)
-    X_p, X_h = X[:n_p], X[n_p:]
+    X_p, X_h = np.ascontiguousarray(X[:n_p]), np.ascontiguousarray(X[n_p:])
     info: dict[str, Any] = {
         "n_p": int(n_p),
         "n_h": len(rows_h),
@@ -258,9 +238,7 @@ def preprocess_house_prices(
         "constant_in_D_H": [n for n, c in zip(names, np.ptp(X_h, 0) == 0, strict=True) if c],
         **stats,
     }
-    ids_p, ids_h = _ids(rows_p, idx), _ids(rows_h, idx)
-    X_p, X_h = np.ascontiguousarray(X_p), np.ascontiguousarray(X_h)
-    return HousePrices(X_p, y_p, X_h, y_h, names, ids_p, ids_h, info)
+    return HousePrices(X_p, y_p, X_h, y_h, names, _ids(rows_p, idx), _ids(rows_h, idx), info)
 
 
 def _target(rows: Sequence[Sequence[str]], idx: dict[str, int], col: str, task: str) -> np.ndarray:

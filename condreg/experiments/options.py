@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["parse_pairs", "positive", "positive_int", "positive_float", "fraction", "method_list"]
+__all__ = ["parse_pairs", "positive_int", "positive_float", "fraction", "method_list"]
 __all__ += ["add_linear_options", "add_resume_option"]
 
 
@@ -35,34 +35,29 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def positive(convert: Callable[[str], Any], kind: str) -> Callable[[str], Any]:
-    """An argparse type: ``convert(text)``, required to be > 0 (``kind`` names it in errors)."""
+def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str):
+    """An argparse type: ``convert(text)`` if ``ok`` of it, else "expected ``expected``"."""
 
     def parse(text: str):
         try:
             value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
     return parse
 
 
-positive_int = positive(int, "integer")
-positive_float = positive(float, "finite number")
+def _positive(value: float) -> bool:
+    return value > 0 and math.isfinite(value)
 
 
-def fraction(text: str) -> float:
-    """An argparse type: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return value
+positive_int = _checked(int, _positive, "a positive integer")
+positive_float = _checked(float, _positive, "a positive finite number")
+#: An argparse type: a number in [0, 1).
+fraction = _checked(float, lambda value: 0 <= value < 1, "a fraction in [0, 1)")
 
 
 def method_list(text: str) -> list[str]:

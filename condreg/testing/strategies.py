@@ -1,7 +1,5 @@
-"""Hypothesis strategies for matrices ``U diag(s) Vᵀ`` whose spectrum the test knows exactly.
-
-Only this module imports ``hypothesis`` (``pip install 'condreg-ml[test]'``). Every size argument
-accepts a fixed value, an inclusive ``(low, high)`` range, or a hypothesis strategy.
+"""Hypothesis strategies (``pip install 'condreg-ml[test]'``) for matrices ``U diag(s) Vᵀ`` whose
+spectrum is known exactly; a size is a value, an inclusive ``(low, high)`` range or a strategy.
 """
 
 from __future__ import annotations
@@ -25,9 +23,7 @@ FloatSpec = float | tuple[float, float] | SearchStrategy
 def _ints(spec: Any, name: str, minimum: int = 0) -> SearchStrategy:
     if isinstance(spec, SearchStrategy):
         return spec
-    if isinstance(spec, bool):
-        raise TypeError(f"{name} must be an int, a (low, high) pair or a strategy, got a bool")
-    if isinstance(spec, int):
+    if isinstance(spec, int) and not isinstance(spec, bool):
         if spec < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {spec}")
         return st.just(spec)
@@ -114,20 +110,15 @@ def spectra(
     bottom_ties: IntSpec = 1,
     gap: float = 0.0,
 ) -> SearchStrategy[np.ndarray]:
-    """Descending nonzero singular values (float64 NumPy, length ``rank``) with a given spectrum.
+    """Descending nonzero singular values (float64, length ``k``) with exactly known ties.
 
-    ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0``: exactly ``t`` and ``b``
-    bit-identical ties (clipped to ``t ≤ k − 1``, ``b ≤ k − t``), the middle values log-uniform
-    between. κ = 1 (with ``gap == 0``) or ``k = 1`` gives ``k`` equal values (``t = b = k``).
+    ``σ_1 = … = σ_t > σ_{t+1} ≥ … ≥ σ_{k−b} > σ_{k−b+1} = … = σ_k > 0``, the middle log-uniform;
+    ``t ≤ k − 1``, ``b ≤ k − t`` are clipped; κ = 1 (``gap == 0``) or ``k = 1``: ``k`` equal values.
 
     Parameters
     ----------
-    rank : int, (int, int) or SearchStrategy
-        ``k ≥ 1``.
-    kappa : float, (float, float) or SearchStrategy
-        ``κ = σ_1/σ_k ≥ 1``.
-    sigma_min : float, (float, float) or SearchStrategy
-        ``σ_k > 0``.
+    rank, kappa, sigma_min : int or float, (low, high) or SearchStrategy
+        ``k ≥ 1``, ``κ = σ_1/σ_k ≥ 1`` and ``σ_k > 0``.
     top_ties, bottom_ties : int, (int, int) or SearchStrategy
         ``t`` and ``b``, ``≥ 1``.
     gap : float
@@ -136,7 +127,6 @@ def spectra(
     Returns
     -------
     SearchStrategy
-        Of float64 NumPy arrays.
 
     Raises
     ------
@@ -153,13 +143,7 @@ def spectra(
 
 
 class SpectralCase(NamedTuple):
-    """A drawn matrix with everything the strategy knows about it.
-
-    ``matrix``: ``batch_shape + (m, n)``; ``singular_values``: float64, ``batch_shape +
-    (min(m, n),)``, descending, zero-padded; ``rank``: ``k``; ``top_ties``/``bottom_ties``: the
-    exact tie counts (int arrays of ``batch_shape`` for a batch); ``seed``: the seed given to
-    :func:`condreg.testing.matrix_with_spectrum`.
-    """
+    """A drawn matrix, its zero-padded singular values, rank, exact tie counts and seed."""
 
     matrix: Any
     singular_values: np.ndarray
@@ -227,13 +211,10 @@ def _case(draw, rank, rows, cols, spectrum_args, batch_shape, xp, dtype, device)
     values = np.zeros((count, p))
     values[:, :k] = np.stack(rows_of_values)
     dt = draw(dtype) if isinstance(dtype, SearchStrategy) else dtype
-    S = matrix_with_spectrum(values[0] if not shape else values, m, n, seed=seed)
-    S = np.reshape(S, shape + (m, n))
-    if xp is None or xp is np:
-        out = np.asarray(S, dtype=dt)
-    else:
-        kwargs = {"dtype": dt, "device": device}
-        out = xp.asarray(S, **{key: v for key, v in kwargs.items() if v is not None})
+    S = values[0] if not shape else values
+    out = matrix_with_spectrum(S, m, n, seed=seed, xp=xp, dtype=dt, device=device)
+    if len(shape) > 1:
+        out = (np if xp is None else xp).reshape(out, shape + (m, n))
     if shape:
         tie_arr = np.asarray(ties, dtype=np.int64).reshape(shape + (2,))
         t_out, b_out = tie_arr[..., 0], tie_arr[..., 1]
@@ -259,30 +240,22 @@ def spectral_cases(
 ) -> SearchStrategy[SpectralCase]:
     """:class:`SpectralCase` draws: a matrix ``U diag(s) Vᵀ`` with the spectrum of :func:`spectra`.
 
-    A batch shares ``m``, ``n``, ``k`` and the tie pattern; every matrix draws its own κ, ``σ_k``,
-    middle values and factors. The float64 matrix is converted with ``xp.asarray(S, dtype=dtype,
-    device=device)``.
+    A batch shares ``m``, ``n``, ``k`` and the tie pattern, not κ, ``σ_k`` or the factors.
 
     Parameters
     ----------
     rank, kappa, sigma_min, top_ties, bottom_ties, gap
         The spectrum, as in :func:`spectra`.
     rows, cols : int, (int, int) or SearchStrategy, optional
-        ``m`` and ``n``; default ``k + 0…2`` each (rank-deficient about a third of the time);
-        given explicitly, the rank is clipped to ``min(m, n)``.
+        ``m`` and ``n`` (the rank clipped to ``min(m, n)``); default ``k + 0…2`` each.
     batch_shape : tuple of int or SearchStrategy
         ``()`` (default) for one matrix.
-    xp : module, optional
-        Any Array API namespace (default NumPy).
-    dtype : optional
-        A dtype of ``xp`` or a strategy of them; ``None`` keeps float64 where the library allows it.
-    device : optional
-        A device of ``xp`` (``None``: the library's default).
+    xp, dtype, device : optional
+        Convert with ``xp.asarray(S, dtype=dtype, device=device)``; ``dtype`` may be a strategy.
 
     Returns
     -------
     SearchStrategy
-        Of :class:`SpectralCase`.
 
     Raises
     ------
@@ -318,7 +291,6 @@ def matrices(**kwargs: Any) -> SearchStrategy[Any]:
     Returns
     -------
     SearchStrategy
-        Of arrays in the requested namespace, dtype and device.
 
     Raises
     ------
