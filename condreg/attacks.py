@@ -13,6 +13,7 @@ from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
 from condreg import _validation
+from condreg.metrics import check_matrix, exact_descent, safe_div
 
 Array = Any
 
@@ -68,44 +69,17 @@ class _Problem(NamedTuple):
     A: Array
     y: Array
     w0: Array
-    s: Array  # singular values of A, descending
-    rank: int
-    rtol: float
+    L: float  # largest eigenvalue of ∇²L = 2AᵀA
+    mu: float  # smallest nonzero eigenvalue of ∇²L (0 for A = 0)
     eps: float
     w_star: Array
 
     def grad(self, w: Array) -> Array:
         return 2.0 * (self.A.T @ (self.A @ w - self.y))
 
-    @property
-    def L(self) -> float:
-        """Largest eigenvalue of ∇²L = 2AᵀA."""
-        return 2.0 * float(self.s[0]) ** 2
-
-    @property
-    def mu(self) -> float:
-        """Smallest nonzero eigenvalue of ∇²L (0 for A = 0)."""
-        return 2.0 * float(self.s[self.rank - 1]) ** 2 if self.rank else 0.0
-
-
-class _Attacker(NamedTuple):
-    run: Callable[..., Iterator[Array]]
-    defaults: Mapping[str, Any]
-
-
-def _safe_div(xp: Any, num: Array, den: Array) -> Array:
-    """``num/den``, 0 where ``den`` is 0 (a vanished gradient or direction: stay put)."""
-    ok = den > 0
-    return xp.where(ok, num / xp.where(ok, den, xp.ones_like(den)), xp.zeros_like(num))
-
 
 def _gd_exact(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
-    xp, w = p.xp, p.w0
-    for _ in range(steps):
-        g = p.grad(w)
-        Ag = p.A @ g
-        w = w - _safe_div(xp, xp.sum(g * g), 2.0 * xp.sum(Ag * Ag)) * g
-        yield w
+    return exact_descent(p.xp, p.A, p.y, p.w0, steps)
 
 
 def _gd(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
@@ -172,7 +146,7 @@ def _lbfgs(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
             alphas.append(a)
         if pairs:
             s, yv, _ = pairs[-1]
-            q = q * _safe_div(xp, xp.sum(s * yv), xp.sum(yv * yv))
+            q = q * safe_div(xp, xp.sum(s * yv), xp.sum(yv * yv))
         for (s, yv, rho), a in zip(pairs, reversed(alphas), strict=True):
             b = rho * xp.sum(yv * q)
             q = q + (a - b) * s
@@ -180,7 +154,7 @@ def _lbfgs(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
         Ad = A @ d
         r = A @ w - p.y
         # exact minimiser of L(w + αd) = ‖(Aw − y) + αAd‖²
-        alpha = _safe_div(xp, -xp.sum(r * Ad), xp.sum(Ad * Ad))
+        alpha = safe_div(xp, -xp.sum(r * Ad), xp.sum(Ad * Ad))
         step = alpha * d
         w_new = w + step
         r_new = A @ w_new - p.y
@@ -195,7 +169,7 @@ def _lbfgs(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
         sy = xp.sum(step * yv)
         # curvature pairs with sᵀy ≤ eps·‖s‖‖y‖ carry no information (rho = 0 disables them)
         tiny = p.eps * xp.sqrt(xp.sum(step * step) * xp.sum(yv * yv))
-        rho = xp.where(sy > tiny, _safe_div(xp, xp.ones_like(sy), sy), xp.zeros_like(sy))
+        rho = xp.where(sy > tiny, safe_div(xp, xp.ones_like(sy), sy), xp.zeros_like(sy))
         pairs.append((step, yv, xp.where(xp.isfinite(rho), rho, xp.zeros_like(rho))))
         if len(pairs) > history:
             pairs.pop(0)
@@ -208,15 +182,15 @@ def _lstsq(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
         yield p.w_star
 
 
-#: The attackers with their options and defaults (``None``: derived from the spectrum of ``A``).
-_REGISTRY: dict[str, _Attacker] = {
-    "gd_exact": _Attacker(_gd_exact, {}),
-    "gd": _Attacker(_gd, {"lr": None}),
-    "momentum": _Attacker(_momentum, {"lr": None, "beta": None}),
-    "nesterov": _Attacker(_nesterov, {"lr": None}),
-    "adam": _Attacker(_adam, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}),
-    "lbfgs": _Attacker(_lbfgs, {"history": 10}),
-    "lstsq": _Attacker(_lstsq, {}),
+#: Each attacker's iterates and its options' defaults (``None``: derived from ``A``'s spectrum).
+_REGISTRY: dict[str, tuple[Callable[..., Iterator[Array]], dict[str, Any]]] = {
+    "gd_exact": (_gd_exact, {}),
+    "gd": (_gd, {"lr": None}),
+    "momentum": (_momentum, {"lr": None, "beta": None}),
+    "nesterov": (_nesterov, {"lr": None}),
+    "adam": (_adam, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}),
+    "lbfgs": (_lbfgs, {"history": 10}),
+    "lstsq": (_lstsq, {}),
 }
 
 #: Names accepted by ``probe(..., attacker=)``, in the order docs and tables use.
@@ -236,10 +210,8 @@ def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0
 
     Parameters
     ----------
-    loss : Array
-        A 1-D loss curve ``L(w_t)``, ``t = 0..steps`` (``ProbeResult.loss``).
-    loss_min : Array or float
-        The achievable loss ``L(w*)`` (``ProbeResult.loss_min``).
+    loss, loss_min : Array, and Array or float
+        The loss curve ``L(w_t)``, ``t = 0..steps``, and ``L(w*)`` (as in :class:`ProbeResult`).
     fraction : float
         The share of the achievable reduction to reach, ``0 < fraction ≤ 1``.
 
@@ -255,9 +227,8 @@ def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from condreg.attacks import steps_to_reduction
-    >>> steps_to_reduction(np.asarray([4.0, 2.0, 1.1, 1.0]), 1.0, 0.9)
+    >>> import numpy as np, condreg.attacks
+    >>> condreg.attacks.steps_to_reduction(np.asarray([4.0, 2.0, 1.1, 1.0]), 1.0, 0.9)
     2
     """
     if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
@@ -268,12 +239,6 @@ def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0
     if not bool(xp.any(hit)):
         return None
     return int(xp.argmax(xp.astype(hit, xp.int32)))
-
-
-def _matrix(a: Array, name: str) -> None:
-    shape = tuple(getattr(a, "shape", ()))
-    if getattr(a, "ndim", None) != 2 or 0 in shape:
-        raise ValueError(f"probe: {name} must be a non-empty 2-D array, got shape {shape}")
 
 
 def _float_dtype(xp: Any, a: Array, name: str) -> Array:
@@ -288,13 +253,12 @@ def _inputs(theta: Array | None, X: Array, y: Array, w0: Array | None) -> tuple:
     """``(xp, A = Xθ, y, w0)`` checked: shapes, dtypes (integers promoted), finite values."""
     named = {"theta": theta, "X": X, "y": y, "w0": w0}
     xp = _validation.named_namespace("probe", {k: a for k, a in named.items() if a is not None})
-    _matrix(X, "X")
+    check_matrix(X, "X", "probe")
     X = _float_dtype(xp, X, "X")
     N, D = X.shape
-    if theta is None:
-        A = X
-    else:
-        _matrix(theta, "theta")
+    A = X
+    if theta is not None:
+        check_matrix(theta, "theta", "probe")
         if theta.shape[0] != D:
             raise ValueError(
                 f"probe: theta must have D = {D} rows (X is {N}×{D}), got shape "
@@ -346,21 +310,18 @@ def probe(
     ----------
     theta : array of shape (D, K) or None
         The immunized map; ``None`` for θ = I (``A = X``).
-    X : array of shape (N, D)
-        Inputs, same namespace and device as ``theta`` (integers are promoted).
-    y : array of shape (N,) or (N, 1)
-        Probing targets.
-    attacker : str, default "gd_exact"
+    X, y : array of shape (N, D) and (N,) or (N, 1)
+        Inputs and probing targets, of ``theta``'s namespace (integers are promoted).
+    attacker : str
         One of :data:`ATTACKERS`.
-    steps : int, default 100
+    steps : int
         Number of iterations, ``≥ 1``.
     w0 : array of shape (K,), optional
         The start (default zeros).
     rtol : float, optional
         Rank tolerance on the singular values of ``A`` (default ``max(N, K)·eps``).
     **options
-        The attacker's settings: ``lr``, ``beta`` (momentum), ``betas``, ``eps`` (adam),
-        ``history`` (lbfgs).
+        ``lr``, ``beta`` (momentum), ``betas``, ``eps`` (adam), ``history`` (lbfgs).
 
     Returns
     -------
@@ -387,15 +348,15 @@ def probe(
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise ValueError(f"probe: steps must be an integer >= 1, got {steps!r}")
     steps = int(steps)
-    spec = _REGISTRY[attacker]
-    unknown = sorted(set(options) - set(spec.defaults))
+    run, defaults = _REGISTRY[attacker]
+    unknown = sorted(set(options) - set(defaults))
     if unknown:
-        allowed = ", ".join(spec.defaults) or "none"
+        allowed = ", ".join(defaults) or "none"
         raise TypeError(
             f"probe: attacker {attacker!r} takes no option(s) {', '.join(unknown)} "
             f"(its options: {allowed})"
         )
-    params = {**spec.defaults, **options}
+    params = {**defaults, **options}
     _check_params(attacker, params)
 
     xp, A, y, w0 = _inputs(theta, X, y, w0)
@@ -404,37 +365,24 @@ def probe(
     if not (math.isfinite(rtol) and 0 <= rtol < 1):
         raise ValueError(f"probe: rtol must be in [0, 1), got {rtol!r}")
     s, rank, w_star = _least_squares(xp, A, y, rtol)
-    kappa = (float(s[0]) / float(s[rank - 1])) ** 2 if rank else math.nan
+    s1, s_min = float(s[0]), (float(s[rank - 1]) if rank else 0.0)
+    kappa = (s1 / s_min) ** 2 if rank else math.nan
 
-    def loss_of(w: Array) -> Array:
-        r = A @ w - y
-        return xp.sum(r * r)
-
-    def size(w: Array) -> Array:
-        e = w - w_star
-        return xp.sum(e * e)
+    def sq(v: Array) -> Array:
+        return xp.sum(v * v)
 
     # ‖w_0 − w*‖ at the rounding level of w* itself: no distance to measure a ratio against
-    e0 = size(w0)
-    scale = xp.maximum(xp.sum(w_star * w_star), xp.sum(w0 * w0))
+    e0 = sq(w0 - w_star)
+    scale = xp.maximum(sq(w_star), sq(w0))
     nan = xp.asarray(math.nan, dtype=A.dtype, device=_device(A))
     e0_safe = xp.where(e0 > (100.0 * eps) ** 2 * scale, e0, nan)
-    losses, ratios, w = [loss_of(w0)], [e0 / e0_safe], w0
-    for w in spec.run(_Problem(xp, A, y, w0, s, rank, rtol, eps, w_star), steps, params):
-        losses.append(loss_of(w))
-        ratios.append(size(w) / e0_safe)
-    return ProbeResult(
-        attacker=attacker,
-        loss=xp.stack(losses),
-        norm_ratio=xp.stack(ratios),
-        loss_min=loss_of(w_star),
-        w=w,
-        w_star=w_star,
-        kappa=kappa,
-        rank=rank,
-        rtol=rtol,
-        params=params,
-    )
+    losses, ratios, w = [sq(A @ w0 - y)], [e0 / e0_safe], w0
+    problem = _Problem(xp, A, y, w0, 2.0 * s1**2, 2.0 * s_min**2, eps, w_star)
+    for w in run(problem, steps, params):
+        losses.append(sq(A @ w - y))
+        ratios.append(sq(w - w_star) / e0_safe)
+    loss, norm_ratio, loss_min = xp.stack(losses), xp.stack(ratios), sq(A @ w_star - y)
+    return ProbeResult(attacker, loss, norm_ratio, loss_min, w, w_star, kappa, rank, rtol, params)
 
 
 def _check_params(attacker: str, params: dict[str, Any]) -> None:
@@ -445,8 +393,7 @@ def _check_params(attacker: str, params: dict[str, Any]) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
             raise ValueError(f"probe: {attacker} needs a positive finite {name}, got {v!r}")
 
-    if "lr" in params:
-        positive("lr")
+    positive("lr")
     if "beta" in params and params["beta"] is not None:
         b = params["beta"]
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < 1:

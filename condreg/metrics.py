@@ -1,12 +1,11 @@
-"""The paper's immunization metrics (docs/math.md §6), on any Array API array: RIR (Eq. 15,
-Eq. 17) and the probing convergence curve (Eq. 16); κ as :func:`condreg.condition_number`
-(``gram=True``)."""
+"""The paper's immunization metrics (docs/math.md §6) on any Array API array: RIR (Eq. 15, 17) and
+the probing convergence curve (Eq. 16); κ as :func:`condreg.condition_number` (``gram=True``)."""
 
 from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,16 +17,8 @@ from condreg._api import condition_number
 
 Array = Any
 
-__all__ = [
-    "RIR",
-    "RIRSpectra",
-    "RIRTheta0",
-    "rir",
-    "rir_spectra",
-    "run_rtol",
-    "rir_theta0",
-    "probe_convergence",
-]
+__all__ = ["RIR", "RIRSpectra", "RIRTheta0", "rir", "rir_spectra", "run_rtol", "rir_theta0"]
+__all__ += ["probe_convergence"]
 
 
 class RIR(NamedTuple):
@@ -45,8 +36,8 @@ class RIR(NamedTuple):
 
 
 class RIRTheta0(NamedTuple):
-    """Eq. 17: ``rir`` is the mean of the per-group ratios ``ratios`` (one per group); ``i`` and
-    ``ii`` are the means of the per-group numerators and denominators (for reporting)."""
+    """Eq. 17: ``rir``, the mean of the per-group ``ratios``; ``i`` and ``ii``, the means of their
+    numerators and denominators."""
 
     rir: float
     i: float
@@ -54,7 +45,8 @@ class RIRTheta0(NamedTuple):
     ratios: list[float]
 
 
-def _as_matrix(X: Array, name: str, where: str) -> None:
+def check_matrix(X: Array, name: str, where: str) -> None:
+    """Raise ``ValueError`` unless ``X`` is a non-empty 2-D array."""
     if getattr(X, "ndim", None) != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(
             f"{where}: {name} must be a non-empty 2-D array, got shape "
@@ -75,7 +67,7 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
     Returns
     -------
     float
-        The tolerance relative to ``σ₁``: the default of :func:`rir` and :func:`condreg.immunize`.
+        Relative to ``σ₁``: the default of :func:`rir` and :func:`condreg.immunize`.
 
     Examples
     --------
@@ -92,10 +84,8 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
 
 
 class RIRSpectra:
-    """The singular values behind Eq. 15, decomposed once: re-thresholded for any tolerance.
-
-    Built by :func:`rir_spectra`; the singular values (rescaled by a power of two) are resolved
-    above ``rtol·σ₁``, so valid for any tolerance ``>= rtol``. ``.rir()`` is ``rir`` at ``rtol``.
+    """The singular values behind Eq. 15 (from :func:`rir_spectra`), resolved above
+    ``rtol·σ₁`` and so re-thresholded for any tolerance ``>= rtol``.
 
     Parameters
     ----------
@@ -131,16 +121,6 @@ class RIRSpectra:
         """Singular values of ``X_h`` (descending)."""
         return self._parts[1].sp.s
 
-    @property
-    def s_hp(self) -> Array:
-        """Singular values of ``X_p θ`` (descending; ``s_kp`` itself when θ = I)."""
-        return self._parts[2].sp.s
-
-    @property
-    def s_hh(self) -> Array:
-        """Singular values of ``X_h θ`` (descending; ``s_kh`` itself when θ = I)."""
-        return self._parts[3].sp.s
-
     def _checked(self, rtol: float | None, where: str) -> float:
         if rtol is None:
             return self.rtol
@@ -157,7 +137,7 @@ class RIRSpectra:
         return rtol
 
     def rir(self, rtol: float | None = None) -> RIR:
-        """Eq. 15 with the singular values ``σ_i > rtol·σ₁`` counted: :func:`rir` at ``rtol``.
+        """:func:`rir` (Eq. 15) with the singular values ``σ_i > rtol·σ₁`` counted.
 
         Parameters
         ----------
@@ -224,13 +204,10 @@ def rir_spectra(
     ----------
     theta : array or None
         ``(D, D_out)``; ``None`` means θ = I (two decompositions, RIR exactly 1).
-    X_p, X_h : array
+    X_p, X_h, rtol
         As in :func:`rir`.
-    rtol : float, optional
-        Rank tolerance, ``σ_i > rtol·σ₁`` counts (default :func:`run_rtol`).
     tasks : RIRSpectra, optional
-        An earlier result on the same ``X_p``, ``X_h`` at a tolerance ``<= rtol``, whose spectra
-        of ``X_p``, ``X_h`` are reused.
+        An earlier result on the same ``X_p``, ``X_h`` at a tolerance ``<= rtol``, to reuse.
 
     Returns
     -------
@@ -239,8 +216,7 @@ def rir_spectra(
     Raises
     ------
     ValueError, TypeError
-        What :func:`rir` raises; ``ValueError`` when ``tasks`` was computed on other data or at a
-        tolerance above ``rtol``, ``TypeError`` when it is not an :class:`RIRSpectra`.
+        What :func:`rir` raises, and for a ``tasks`` of other data, a coarser tolerance or type.
 
     Examples
     --------
@@ -254,7 +230,7 @@ def rir_spectra(
     arrays = {"X_p": X_p, "X_h": X_h} if theta is None else {"theta": theta, "X_p": X_p, "X_h": X_h}
     xp = _validation.named_namespace("rir", arrays)
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        _as_matrix(X, name, "rir")
+        check_matrix(X, name, "rir")
     if theta is not None:
         if getattr(theta, "ndim", None) != 2:
             shape = tuple(getattr(theta, "shape", ()))
@@ -275,11 +251,8 @@ def rir_spectra(
     # κ is scale-invariant: bring θ and the data near 1 by powers of two (exact)
     X_p, X_h = _unit(X_p, xp), _unit(X_h, xp)
     fingerprint = _fingerprint(X_p, X_h, xp)
-    if theta is None:
-        F_p, F_h = X_p, X_h
-    else:
-        theta = _unit(theta, xp)
-        F_p, F_h = X_p @ theta, X_h @ theta
+    theta = None if theta is None else _unit(theta, xp)
+    F_p, F_h = (X_p, X_h) if theta is None else (X_p @ theta, X_h @ theta)
     if rtol is None:
         rtol = run_rtol(X_p, X_h, F_p.dtype)
     rtol = _spectrum.resolve_rtol(rtol, F_p.shape, F_p.dtype, xp)
@@ -300,15 +273,12 @@ def rir_spectra(
         k_p, k_h = task_parts[:2]
         if task_rtol != rtol:
             k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in (k_p, k_h))
-    if theta is None:
-        h_p, h_h = k_p, k_h
-    else:
-        h_p, h_h = _decompose(F_p, rtol), _decompose(F_h, rtol)
+    h_p, h_h = (k_p, k_h) if theta is None else (_decompose(F_p, rtol), _decompose(F_h, rtol))
     return RIRSpectra((k_p, k_h, h_p, h_h), fingerprint, xp, rtol)
 
 
 class _Part(NamedTuple):
-    """One matrix of Eq. 15: its spectrum (from the engine) and the dtype κ is returned in."""
+    """One matrix of Eq. 15: its spectrum and the dtype κ is returned in."""
 
     sp: Any
     dtype: Any
@@ -338,11 +308,9 @@ def _fingerprint(X_p: Array, X_h: Array, xp: Any) -> tuple:
 
 
 def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> RIR:
-    """Relative immunization ratio of a linear extractor (Eq. 15).
+    """Relative immunization ratio of a linear extractor (Eq. 15), as ``immunize``'s metrics:
 
-    ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]`` with ``H(θ) = θᵀXᵀXθ`` and ``K = XᵀX``,
-    each κ ``condition_number(X @ θ, gram=True, rtol=rtol)``, one tolerance for all four (as in
-    :func:`condreg.immunize`, whose ``res.metrics`` this reproduces).
+    ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]``, ``H(θ) = θᵀXᵀXθ``, ``K = XᵀX``.
 
     Parameters
     ----------
@@ -351,7 +319,7 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     X_p, X_h : array
         The pre-training and harmful data, ``N_P×D`` and ``N_H×D``, of ``theta``'s namespace.
     rtol : float, optional
-        A singular value counts when ``σ_i > rtol·σ₁``; default :func:`run_rtol`.
+        One tolerance for all four κ: ``σ_i > rtol·σ₁`` counts; default :func:`run_rtol`.
 
     Returns
     -------
@@ -359,26 +327,21 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
 
     Raises
     ------
-    ValueError, TypeError
-        ``ValueError`` for mismatched shapes, empty or non-finite input, zero matrices, an
-        ``rtol`` outside ``[0, 1)``; ``TypeError`` for ``theta=None`` or mixed libraries.
+    ValueError
+        For mismatched shapes, empty or non-finite input, zero matrices, ``rtol`` not in [0, 1).
+    TypeError
+        For ``theta=None`` or mixed libraries.
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from condreg.metrics import rir
+    >>> import numpy as np, condreg.metrics
     >>> rng = np.random.default_rng(0)
-    >>> rir(np.eye(3), rng.standard_normal((20, 3)), rng.standard_normal((10, 3))).rir
+    >>> condreg.metrics.rir(np.eye(3), rng.normal(size=(20, 3)), rng.normal(size=(10, 3))).rir
     1.0
     """
     if theta is None:
         raise TypeError("rir: theta must be an array, got NoneType")
     return rir_spectra(theta, X_p, X_h, rtol=rtol).rir()
-
-
-def _features(f: Callable[[Array], Array], X: Array, xp: Any) -> Array:
-    F = f(X)
-    return xp.reshape(F, (F.shape[0], -1))
 
 
 def rir_theta0(
@@ -392,23 +355,18 @@ def rir_theta0(
     *,
     rtol: float | None = None,
 ) -> RIRTheta0:
-    """RIR relative to the initial model θ_0, for non-linear feature maps (Eq. 17).
-
-    The mean over ``groups`` random groups of samples of
-    ``[κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]``, ``H̃ = FᵀF`` of the features
-    ``F`` (flattened to ``(n, -1)``).
+    """RIR relative to the initial model θ_0, for non-linear feature maps (Eq. 17): the mean over
+    random groups of ``[κ(H̃_H(θ_I)) / κ(H̃_H(θ_0))] / [κ(H̃_P(θ_I)) / κ(H̃_P(θ_0))]``,
+    ``H̃ = FᵀF`` of the features flattened to ``(n, -1)``.
 
     Parameters
     ----------
     f_I, f_0 : callable
-        The immunized and the initial feature map (two objects): a batch (axis 0) to features of
-        the same namespace.
+        The immunized and the initial feature map (two objects), batch → features.
     X_p, X_h : array
         The pre-training and harmful samples (axis 0), of one namespace.
-    groups : int
-        Number of groups, ``>= 1``.
-    group_size : int
-        Samples drawn from each of ``X_p``, ``X_h`` per group, ``>= 2`` (all if fewer).
+    groups, group_size : int
+        Number of groups (``>= 1``); samples per task and group (``>= 2``; all if fewer).
     seed : int
         Seed of the ``numpy.random.default_rng`` that draws the groups.
     rtol : float, optional
@@ -420,10 +378,10 @@ def rir_theta0(
 
     Raises
     ------
-    ValueError, TypeError
-        ``ValueError`` when ``f_I is f_0`` (every ratio would be 1, docs/math.md §9.6), for
-        ``groups < 1``, ``group_size < 2`` or empty data; ``TypeError`` when a map is not
-        callable or the data are of different libraries.
+    ValueError
+        When ``f_I is f_0`` (docs/math.md §9.6), ``groups < 1``, ``group_size < 2`` or empty data.
+    TypeError
+        When a map is not callable or the data are of different libraries.
 
     Warns
     -----
@@ -432,10 +390,9 @@ def rir_theta0(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from condreg.metrics import rir_theta0
+    >>> import numpy as np, condreg.metrics
     >>> X = np.random.default_rng(0).normal(size=(50, 4))
-    >>> rir_theta0(lambda x: x, lambda x: 2 * x, X, X, groups=2, group_size=10).rir
+    >>> condreg.metrics.rir_theta0(lambda x: x, lambda x: 2 * x, X, X, groups=2, group_size=10).rir
     1.0
     """
     if f_I is f_0:
@@ -454,12 +411,11 @@ def rir_theta0(
     rng = np.random.default_rng(seed)
     nums, dens = [], []
     for g in range(int(groups)):
-        parts = {}
-        for X, name in ((X_p, "p"), (X_h, "h")):
+        for X, out in ((X_p, dens), (X_h, nums)):
             n = X.shape[0]
             idx = rng.choice(n, size=min(int(group_size), n), replace=False)
             batch = xp.take(X, xp.asarray(idx, device=_device(X)), axis=0)
-            F_I, F_0 = _features(f_I, batch, xp), _features(f_0, batch, xp)
+            F_I, F_0 = (xp.reshape(F, (F.shape[0], -1)) for F in (f_I(batch), f_0(batch)))
             if g == 0 and tuple(F_I.shape) == tuple(F_0.shape):
                 if bool(array_namespace(F_I).all(F_I == F_0)):
                     warnings.warn(
@@ -468,9 +424,7 @@ def rir_theta0(
                         stacklevel=2,
                     )
             k_I, k_0 = (float(condition_number(F, gram=True, rtol=rtol)) for F in (F_I, F_0))
-            parts[name] = k_I / k_0
-        nums.append(parts["h"])
-        dens.append(parts["p"])
+            out.append(k_I / k_0)
     ratios = [h / p for h, p in zip(nums, dens, strict=True)]
     return RIRTheta0(float(np.mean(ratios)), float(np.mean(nums)), float(np.mean(dens)), ratios)
 
@@ -489,18 +443,13 @@ def _unit(a: Array, xp: Any) -> Array:
 
 
 def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean") -> Array:
-    """Norm-ratio curve of linear probing with exact line search (Eq. 16).
-
-    Gradient descent on ``L(w) = ‖Aw − y‖²`` from ``w_0 = 0`` with the exact step
-    ``α = gᵀg / (2 gᵀAᵀA g)``; the curve is ``‖w_t − w*‖² / ‖w_0 − w*‖²``, ``w* = pinv(A) y``.
-    Jit-able (no host synchronisation).
+    """Norm-ratio curve ``‖w_t − w*‖² / ‖w_0 − w*‖²`` (``w* = pinv(A) y``) of gradient descent
+    on ``‖Aw − y‖²`` from ``w_0 = 0`` with exact line search (Eq. 16). Jit-able.
 
     Parameters
     ----------
-    A : array
-        ``N×D``.
-    y : array
-        ``(N,)`` or ``(N, 1)``, of ``A``'s namespace.
+    A, y : array
+        ``N×D``, and ``(N,)`` or ``(N, 1)`` of ``A``'s namespace.
     steps : int
         Number of descent steps, ``>= 0``.
     norm : {"euclidean", "hessian"}
@@ -513,19 +462,19 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
 
     Raises
     ------
-    ValueError, TypeError
-        ``ValueError`` for other shapes, an unknown ``norm``, an invalid ``steps``, NaN/Inf
-        entries; ``TypeError`` for arrays of different libraries.
+    ValueError
+        For other shapes, an unknown ``norm``, an invalid ``steps``, NaN/Inf entries.
+    TypeError
+        For arrays of different libraries.
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from condreg.metrics import probe_convergence
-    >>> probe_convergence(np.eye(2), np.ones(2), 1)
+    >>> import numpy as np, condreg.metrics
+    >>> condreg.metrics.probe_convergence(np.eye(2), np.ones(2), 1)
     array([1., 0.])
     """
     xp = _validation.named_namespace("probe_convergence", {"A": A, "y": y})
-    _as_matrix(A, "A", "probe_convergence")
+    check_matrix(A, "A", "probe_convergence")
     N, D = A.shape
     if tuple(y.shape) == (N, 1):
         y = xp.reshape(y, (N,))
@@ -543,7 +492,7 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     # the ratios are invariant under A → aA, y → by: scale both by powers of two (exact)
     A, y = A * _pow2(xp.max(xp.abs(A)), xp), y * _pow2(xp.max(xp.abs(y)), xp)
     w_star = xp.linalg.pinv(A) @ y
-    w = xp.zeros((D,), dtype=A.dtype, device=_device(A))
+    w0 = xp.zeros((D,), dtype=A.dtype, device=_device(A))
 
     def size(e):
         if norm == "hessian":
@@ -551,14 +500,20 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
         return xp.sum(e * e)
 
     e0 = size(w_star)
-    ratios = [xp.ones_like(e0)]
-    for _ in range(int(steps)):
+    ratios = [size(w - w_star) / e0 for w in exact_descent(xp, A, y, w0, int(steps))]
+    return xp.stack([xp.ones_like(e0), *ratios])
+
+
+def safe_div(xp: Any, num: Array, den: Array) -> Array:
+    """``num/den``, 0 where ``den`` is 0 (a vanished gradient or direction: stay put)."""
+    ok = den > 0
+    return xp.where(ok, num / xp.where(ok, den, xp.ones_like(den)), xp.zeros_like(num))
+
+
+def exact_descent(xp: Any, A: Array, y: Array, w: Array, steps: int) -> Iterator[Array]:
+    """The iterates of steepest descent on ``‖Aw − y‖²`` from ``w`` with exact line search."""
+    for _ in range(steps):
         g = 2.0 * (A.T @ (A @ w - y))
         Ag = A @ g
-        den = 2.0 * xp.sum(Ag * Ag)
-        ok = den > 0
-        safe = xp.where(ok, den, xp.ones_like(den))
-        alpha = xp.where(ok, xp.sum(g * g) / safe, xp.zeros_like(den))
-        w = w - alpha * g
-        ratios.append(size(w - w_star) / e0)
-    return xp.stack(ratios)
+        w = w - safe_div(xp, xp.sum(g * g), 2.0 * xp.sum(Ag * Ag)) * g
+        yield w

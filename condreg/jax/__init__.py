@@ -1,10 +1,5 @@
-"""JAX adapter: condreg's closed-form rules through ``jax.custom_vjp``.
-
-JAX arrays passed to ``condreg.condition_number``, ``r_well`` and ``r_ill`` get the closed-form
-minimum-norm (sub)gradient in reverse mode, under ``jax.jit`` and ``jax.vmap``; forward mode of
-the functions themselves raises JAX's ``TypeError`` (forward-over-reverse works). Second order
-and the value checks: docs/autodiff.md.
-"""
+"""JAX adapter: condreg's closed-form (sub)gradients through ``jax.custom_vjp`` (reverse mode,
+under ``jit`` and ``vmap``; forward mode raises JAX's ``TypeError``). Details: docs/autodiff.md."""
 
 from __future__ import annotations
 
@@ -32,13 +27,11 @@ def concrete(x: jax.Array) -> bool | None:
     Returns
     -------
     bool or None
-        Its value, or ``None`` for a tracer.
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> from condreg.jax import concrete
-    >>> concrete(jnp.asarray(True))
+    >>> import jax.numpy as jnp, condreg.jax
+    >>> condreg.jax.concrete(jnp.asarray(True))
     True
     """
     try:
@@ -74,17 +67,13 @@ def _fwd(quantity, S, rtol, tie_rtol, gram, check):
 def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
     S, s, A, B, tols = residuals
     mu_err, tie_default = tols[..., :1], tols[..., 1:]
-    if gram:
-        U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
-        shape = (S.shape[-2], S.shape[-1])
-    else:
-        U, Vh = A, B
-        shape = (U.shape[-2], Vh.shape[-1])
+    shape = tuple(S.shape[-2:]) if gram else (A.shape[-2], B.shape[-1])
     mask, k = _spectrum.rank(s, _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp), jnp)
     if gram:
+        U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
         sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S, tie_default)
     else:
-        sp = _core.Spectrum(U, s, Vh, s, mask, k, min(shape), False, 0.0, None, tie_default)
+        sp = _core.Spectrum(A, s, B, s, mask, k, min(shape), False, 0.0, None, tie_default)
     tie, read = _core.check_tie_rtol(tie_rtol), _concrete_or_skip(check)
     G = _core.gradient_from_spectrum(
         quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=read, weight=g
@@ -104,21 +93,17 @@ def value(
     gram: bool,
     check: bool,
 ) -> jax.Array:
-    """Differentiable value of ``quantity`` for a validated JAX array ``S`` (what
-    :func:`condreg.r_ill` etc. call for JAX arrays), with the closed-form backward.
+    """Differentiable ``quantity`` of a validated JAX array ``S`` with the closed-form backward
+    (what :func:`condreg.r_ill` etc. call for JAX arrays).
 
     Parameters
     ----------
     quantity : {"condition_number", "r_well", "r_ill"}
         The quantity.
-    S : jax.Array, shape (..., m, n)
-        A matrix or a batch of them.
-    rtol, tie_rtol : float or None
-        Rank and tie tolerances (``None``: the defaults).
-    gram : bool
-        The quantity of ``H = SᵀS``.
+    S, rtol, tie_rtol, gram
+        As in :func:`condreg.r_ill` (``S`` validated, ``(..., m, n)``).
     check : bool
-        Run the value checks where values are concrete.
+        Run the value checks where values are concrete (``check_finite``).
 
     Returns
     -------

@@ -65,22 +65,17 @@ def condition_regularizer(
     ridge: float | None = None,
     axis_name: Hashable | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-    """An ``optax`` transformation adding Algorithm 1's preconditioned regularizer gradient.
-
-    ``update(updates, state, params, *, x_p=None, x_h=None, **extra)`` takes the input batches
-    of θ; each term of nonzero weight needs its batch (other extra arguments are ignored).
+    """An ``optax`` transformation adding Algorithm 1's preconditioned regularizer gradient;
+    ``update(updates, state, params, *, x_p=None, x_h=None)`` takes the input batches of θ.
 
     Parameters
     ----------
     lam_p, lam_h : float
-        Weights of ``R_well`` (pre-training batch) and ``R_ill`` (harmful batch), ``>= 0``.
+        Weights (``>= 0``) of ``R_well`` (batch ``x_p``) and ``R_ill`` (batch ``x_h``).
     key : optional
-        Where θ (``D_in×D``) sits in the parameter pytree: ``None`` when the parameters are θ, a
-        key or index, or a tuple of them for a nested path; other leaves pass through.
-    ridge : float, optional
-        ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
-    axis_name : hashable, optional
-        Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis (``None``: whole).
+        θ's key, index or tuple path in the parameter pytree (``None``: the parameters are θ).
+    ridge, axis_name : float and hashable, optional
+        As :func:`condreg.jax.train.preconditioned_update`.
 
     Returns
     -------
@@ -90,15 +85,13 @@ def condition_regularizer(
     Raises
     ------
     ValueError
-        For negative weights or a ridge that is not ``> 0``; from ``update``: without ``params``,
-        without the batch of a term of nonzero weight, or for a batch or θ of the wrong shape.
+        For a negative weight, ``ridge <= 0``, or a missing ``params``/batch or wrong shape.
 
     Examples
     --------
-    >>> import jax.numpy as jnp, optax
-    >>> from condreg.jax.optax import condition_regularizer
+    >>> import jax.numpy as jnp, optax, condreg.jax.optax
     >>> params, x = {"theta": jnp.eye(2)}, jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    >>> tx = optax.chain(condition_regularizer(1.0, 1.0, key="theta"), optax.sgd(1e-2))
+    >>> tx = optax.chain(condreg.jax.optax.condition_regularizer(key="theta"), optax.sgd(1e-2))
     >>> tx.update(params, tx.init(params), params, x_p=x, x_h=x)[0]["theta"].shape
     (2, 2)
     """
@@ -110,9 +103,6 @@ def condition_regularizer(
         raise ValueError(f"ridge must be > 0 (None: the pseudo-inverse), got {ridge}")
     path = _path(key)
 
-    def init(params: Any) -> ConditionRegularizerState:
-        return ConditionRegularizerState()
-
     def update(updates, state, params=None, *, x_p=None, x_h=None, **extra):
         if params is None:
             raise ValueError("condition_regularizer needs params (θ is read from them)")
@@ -122,4 +112,4 @@ def condition_regularizer(
         g = _get(updates, path)
         return _set(updates, path, g + reg.astype(g.dtype)), state
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return optax.GradientTransformationExtraArgs(lambda params: ConditionRegularizerState(), update)

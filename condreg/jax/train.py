@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import condreg
 from condreg import _precondition as _precondition_home
 from condreg import algorithm as _alg
+from condreg.jax.weights import normalized
 
 __all__ = ["regularizer_loss", "precondition", "preconditioned_update", "algorithm1_step"]
 
 
 def _rows(F: jax.Array, name: str = "features") -> jax.Array:
-    """``(N, D)`` as is, ``(B, T, D)`` as ``(B·T, D)`` (tokens as rows); other shapes raise."""
+    """``(N, D)`` as is, ``(B, T, D)`` as ``(B·T, D)``; other shapes raise."""
     ndim = getattr(F, "ndim", None)
     if ndim == 2:
         return F
@@ -42,13 +43,10 @@ def regularizer_loss(
 
     Parameters
     ----------
-    features_p, features_h : jax.Array or None
-        ``(N, D)`` or ``(B, T, D)`` features; ``None`` (or a weight of 0) leaves a term out.
-    lam_p, lam_h : float
-        Weights of the two terms.
+    features_p, features_h, lam_p, lam_h : jax.Array or None, float
+        ``(N, D)`` or ``(B, T, D)`` features and their weights (``None`` or 0: no term).
     normalize : bool
-        Use ``H / tr(H)`` (the norm under ``stop_gradient``; default) or the plain ``H`` of
-        Eq. 11.
+        Use ``H / tr(H)`` (the norm under ``stop_gradient``) or the plain ``H`` of Eq. 11.
 
     Returns
     -------
@@ -64,21 +62,15 @@ def regularizer_loss(
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> from condreg.jax.train import regularizer_loss
-    >>> F = jnp.asarray([[1.0, 0.0], [0.0, 1.0]])
-    >>> float(regularizer_loss(F, None))
+    >>> import jax.numpy as jnp, condreg.jax.train
+    >>> float(condreg.jax.train.regularizer_loss(jnp.eye(2), None))
     0.0
     """
     total = jnp.zeros(())
     for F, lam, name in ((features_p, lam_p, "features_p"), (features_h, lam_h, "features_h")):
         if F is None or lam == 0:
             continue
-        F = _rows(F, name)
-        if normalize:
-            nrm = jax.lax.stop_gradient(jnp.linalg.norm(F))
-            # a zero batch stays zero (the core raises RankError for it), never 0/0 = NaN
-            F = F / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
+        F = normalized(_rows(F, name)) if normalize else _rows(F, name)
         fn = condreg.r_well if name == "features_p" else condreg.r_ill
         total = total + lam * fn(F, gram=True)
     return total
@@ -89,17 +81,13 @@ def _precondition(features: jax.Array, inputs: jax.Array, ridge: float) -> jax.A
     return features
 
 
-def _precondition_fwd(features, inputs, ridge):
-    return features, inputs
-
-
 def _precondition_bwd(ridge, inputs, g):
     pre = _precondition_home.sample_preconditioner(_rows(inputs, "inputs"), ridge=ridge, xp=jnp)
     out = pre.apply(jnp.reshape(g, (-1, g.shape[-1])))
     return jnp.reshape(out, g.shape).astype(g.dtype), jnp.zeros_like(inputs)
 
 
-_precondition.defvjp(_precondition_fwd, _precondition_bwd)
+_precondition.defvjp(lambda features, inputs, ridge: (features, inputs), _precondition_bwd)
 
 
 def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) -> jax.Array:
@@ -108,10 +96,8 @@ def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) ->
 
     Parameters
     ----------
-    features : jax.Array
-        ``F = inputs @ θ``: ``(N, D)`` or ``(B, T, D)``.
-    inputs : jax.Array
-        ``x``: ``(N, D_in)`` or ``(B, T, D_in)``, the same rows (it receives no gradient).
+    features, inputs : jax.Array
+        ``F = x @ θ`` and ``x`` (no gradient), ``(N, ·)`` or ``(B, T, ·)`` with the same rows.
     ridge : float
         ``>= 0`` (0: the pseudo-inverse).
 
@@ -167,17 +153,15 @@ def preconditioned_update(
     ridge: float | None = None,
     axis_name: Any = None,
 ) -> jax.Array:
-    """``λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` for the input batches ``x_p``, ``x_h``
-    of θ (:func:`condreg.algorithm.preconditioned_gradient`): Algorithm 1's regularizer step.
+    """Algorithm 1's regularizer step ``λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` for the
+    input batches ``x_p``, ``x_h`` of θ (:func:`condreg.algorithm.preconditioned_gradient`).
 
     Parameters
     ----------
     theta : jax.Array
         The immunized map, ``D_in×D`` (features ``F = xθ``).
-    x_p, x_h : jax.Array or None
-        ``(N, D_in)`` or ``(B, T, D_in)``; ``None`` (or a weight of 0) leaves a term out.
-    lam_p, lam_h : float
-        Weights of the two terms.
+    x_p, x_h, lam_p, lam_h : jax.Array or None, float
+        ``(N, D_in)`` or ``(B, T, D_in)`` batches and their weights (``None`` or 0: no term).
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
     axis_name : hashable, optional
@@ -195,10 +179,9 @@ def preconditioned_update(
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> from condreg.jax.train import preconditioned_update
+    >>> import jax.numpy as jnp, condreg.jax.train
     >>> x = jnp.asarray([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    >>> preconditioned_update(jnp.eye(2), x, x, 1.0, 0.5).shape
+    >>> condreg.jax.train.preconditioned_update(jnp.eye(2), x, x, 1.0, 0.5).shape
     (2, 2)
     """
     if getattr(theta, "ndim", None) != 2:
@@ -209,9 +192,8 @@ def preconditioned_update(
     for x, lam, name, quantity in ((x_p, lam_p, "x_p", "r_well"), (x_h, lam_h, "x_h", "r_ill")):
         if x is None or lam == 0:
             continue
-        g = _alg.preconditioned_gradient(
-            theta, _input_rows(x, name, theta, axis_name), quantity, ridge=ridge
-        )
+        x = _input_rows(x, name, theta, axis_name)
+        g = _alg.preconditioned_gradient(theta, x, quantity, ridge=ridge)
         total = total + lam * g.astype(theta.dtype)
     return total
 
@@ -234,25 +216,21 @@ def algorithm1_step(
     imma_lr: float | None = None,
     rtol: float | None = None,
 ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
-    """One epoch of :func:`condreg.immunize` as a jitted pure function.
-
-    The data are prepared once, eagerly (:func:`condreg.algorithm.prepare`); iterating the
-    returned step from ``(I, 0)`` reproduces ``immunize(...).theta``, without its health checks.
+    """One epoch of :func:`condreg.immunize` as a jitted pure function: iterated from ``(I, 0)``
+    it reproduces ``immunize(...).theta`` (the data are prepared once, eagerly).
 
     Parameters
     ----------
-    X_p, y_p, X_h : jax.Array
-        The data of :func:`condreg.immunize` (``N_P×D``, ``N_P``, ``N_H×D``).
-    lam_p, lam_h : float
-        The regularizer weights (required).
+    X_p, y_p, X_h, lam_p, lam_h
+        The data (``N_P×D``, ``N_P``, ``N_H×D``) and weights of :func:`condreg.immunize`.
     method, task, lr, max_step, ridge, y_h, seed, imma_steps, imma_lr, rtol
         As in :func:`condreg.immunize`.
 
     Returns
     -------
     callable
-        ``step(theta, omega) -> (theta, omega, record)``, jitted: ``omega`` in raw-data units,
-        ``record = [κ(H_P), κ(H_H), R_well, R_ill, loss]`` at the input point.
+        ``step(theta, omega) -> (theta, omega, record)``, ``record = [κ(H_P), κ(H_H), R_well,
+        R_ill, loss]`` at the input point.
 
     Raises
     ------
@@ -261,19 +239,14 @@ def algorithm1_step(
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> import numpy as np
+    >>> import jax.numpy as jnp, numpy as np
     >>> from condreg.jax.train import algorithm1_step
     >>> X_p, X_h = (jnp.asarray(np.random.default_rng(s).normal(size=(20, 3))) for s in (0, 1))
     >>> step = algorithm1_step(X_p, X_p @ jnp.ones(3), X_h, lam_p=1.0, lam_h=1e-3)
     >>> step(jnp.eye(3), jnp.zeros(3))[2].shape
     (5,)
     """
-    problem, _ = _alg.prepare(
-        X_p, y_p, X_h, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr,
-        max_step=max_step, ridge=ridge, y_h=y_h, seed=seed, imma_steps=imma_steps,
-        imma_lr=imma_lr, rtol=rtol,
-    )  # fmt: skip
+    problem, _ = _alg.prepare(**locals())  # every argument, under its own name
 
     @jax.jit
     def step(theta, omega):

@@ -30,8 +30,7 @@ def weight_matrices(
     params : pytree
         The model's parameters.
     filter : callable, optional
-        ``filter(path, leaf) -> bool``, ``path`` the ``jax.tree_util.keystr`` of the leaf;
-        default ``leaf.ndim >= 2``.
+        ``filter(keystr_path, leaf) -> bool``; default ``leaf.ndim >= 2``.
     matrix : callable, optional
         ``matrix(W)`` → a 2-D array; default ``W.reshape(-1, W.shape[-1])``.
 
@@ -46,10 +45,9 @@ def weight_matrices(
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> from condreg.jax.weights import weight_matrices
+    >>> import jax.numpy as jnp, condreg.jax.weights
     >>> params = {"dense": {"kernel": jnp.ones((3, 3, 2, 4)), "bias": jnp.zeros(4)}}
-    >>> [(p, W.shape) for p, W in weight_matrices(params)]
+    >>> [(p, W.shape) for p, W in condreg.jax.weights.weight_matrices(params)]
     [("['dense']['kernel']", (18, 4))]
     """
     keep = filter or (lambda path, leaf: getattr(leaf, "ndim", 0) >= 2)
@@ -65,12 +63,15 @@ def weight_matrices(
     return out
 
 
+def normalized(W: jax.Array) -> jax.Array:
+    """``W / ‖W‖_F``, the norm under ``stop_gradient``; a zero ``W`` stays zero (never 0/0)."""
+    nrm = jax.lax.stop_gradient(jnp.linalg.norm(W))
+    return W / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
+
+
 def _penalty(W: jax.Array, penalty: str, normalize: bool) -> jax.Array:
     if penalty == "r_well":
-        if normalize:
-            nrm = jax.lax.stop_gradient(jnp.linalg.norm(W))
-            W = W / jnp.where(nrm > 0, nrm, jnp.ones_like(nrm))
-        return condreg.r_well(W)
+        return condreg.r_well(normalized(W) if normalize else W)
     if penalty == "condition_number":
         return condreg.condition_number(W)
     return jnp.log(condreg.condition_number(W))
@@ -89,14 +90,12 @@ def weight_conditioning_loss(
 
     Parameters
     ----------
-    params : pytree
-        The model's parameters.
+    params, filter, matrix
+        As in :func:`weight_matrices`.
     penalty : {"r_well", "condition_number", "log_condition_number"}
-        The per-matrix penalty: ``R_well(W)``, ``κ(W)`` or ``log κ(W)``.
-    filter, matrix : callable, optional
-        The selection and reshaping of :func:`weight_matrices`.
+        ``R_well(W)``, ``κ(W)`` or ``log κ(W)`` per matrix.
     normalize : bool
-        ``"r_well"`` of ``W/‖W‖_F`` (the norm under ``stop_gradient``), scale-free (default).
+        ``"r_well"`` of ``W/‖W‖_F`` (the norm under ``stop_gradient``): scale-free.
     reduction : {"sum", "mean"}
         Over the selected matrices.
 
@@ -114,10 +113,9 @@ def weight_conditioning_loss(
 
     Examples
     --------
-    >>> import jax, jax.numpy as jnp
-    >>> from condreg.jax.weights import weight_conditioning_loss
+    >>> import jax, jax.numpy as jnp, condreg.jax.weights
     >>> params = {"w1": jnp.asarray([[2.0, 0.0], [0.0, 1.0]]), "b": jnp.zeros(2)}
-    >>> jax.grad(weight_conditioning_loss)(params)["b"]
+    >>> jax.grad(condreg.jax.weights.weight_conditioning_loss)(params)["b"]
     Array([0., 0.], dtype=float32)
     """
     if penalty not in _PENALTIES:
@@ -145,10 +143,8 @@ def weight_condition_numbers(
 
     Parameters
     ----------
-    params : pytree
-        The model's parameters.
-    filter, matrix : callable, optional
-        The selection and reshaping of :func:`weight_matrices`.
+    params, filter, matrix
+        As in :func:`weight_matrices`.
 
     Returns
     -------
@@ -161,9 +157,8 @@ def weight_condition_numbers(
 
     Examples
     --------
-    >>> import jax.numpy as jnp
-    >>> from condreg.jax.weights import weight_condition_numbers
-    >>> weight_condition_numbers({"w": jnp.asarray([[2.0, 0.0], [0.0, 1.0]])})
+    >>> import jax.numpy as jnp, condreg.jax.weights
+    >>> condreg.jax.weights.weight_condition_numbers({"w": jnp.diag(jnp.asarray([2.0, 1.0]))})
     {"['w']": 2.0}
     """
     return {
