@@ -246,7 +246,23 @@ def algorithm1_step(
     >>> step(jnp.eye(3), jnp.zeros(3))[2].shape
     (5,)
     """
-    problem, _ = _alg.prepare(**locals())  # every argument, under its own name
+    problem, _ = _alg.prepare(
+        X_p,
+        y_p,
+        X_h,
+        method=method,
+        task=task,
+        lam_p=lam_p,
+        lam_h=lam_h,
+        lr=lr,
+        max_step=max_step,
+        ridge=ridge,
+        y_h=y_h,
+        seed=seed,
+        imma_steps=imma_steps,
+        imma_lr=imma_lr,
+        rtol=rtol,
+    )
 
     @jax.jit
     def step(theta, omega):
