@@ -1,17 +1,9 @@
 """Algorithm 1 (condition-number regularized gradient descent) and the paper's baselines.
 
-:func:`immunize` pre-trains a linear extractor ``f_θ(x) = xᵀθ`` and a head ``ω`` so that linear
-probing on ``X_H`` is ill-conditioned while ``(X_P, y_P)`` stays well-conditioned
-(docs/math.md §2, §5), in the arrays' own library. The methods are the entries of
-:data:`REGISTRY`, all run through one harness (scaling, loss, step-size safety, λ rule):
-``"condreg"`` (Algorithm 1, ``K⁻¹`` on the left), ``"r_ill_only"``, ``"opt_kappa"`` and
-``"imma"`` (Zheng & Yeh 2024).
-
-Functional interface: :func:`setup_data` decomposes the data once (``setup=``); :func:`prepare`
-returns an immutable :class:`Problem` and the starting :class:`State`; :func:`step` is one epoch
-(pure, jit-able); :func:`evaluate` records a state. :func:`immunize` is ``prepare`` plus a loop
-of ``step`` with health checks; ``resume=`` continues a result exactly. Every default and the
-numerical policy: ``docs/immunization.md``.
+:func:`immunize` pre-trains a linear extractor ``f_θ(x) = xᵀθ`` so that linear probing on ``X_h``
+is ill-conditioned while ``(X_P, y_P)`` stays well-conditioned (docs/math.md §2, §5), with any
+method of :data:`REGISTRY`. Functional interface: :func:`setup_data`, :func:`prepare`,
+:func:`step` (pure, jit-able) and :func:`evaluate`; defaults in ``docs/immunization.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Algorithm 1's factored iterate: steps kept as factors (:class:`Delta`), the loop's iterate
-with its features carried from epoch to epoch (:class:`Tracked`), and steps on a task's basis
-from the extreme clusters' vectors (:func:`basis_step`)."""
+"""Algorithm 1's factored iterate: factored steps (:class:`Delta`), the loop's iterate with its
+features (:class:`Tracked`), and steps on a task's basis (:func:`basis_step`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ Array = Any
 
 
 def initial_features(task: TaskData, theta: Array) -> Array:
-    """``F = Aθ``; the factor itself when ``θ`` is exactly ``I`` (NumPy), so that the setup's
-    spectrum at ``θ = I`` is reused."""
+    """``F = Aθ``; ``A`` itself when ``θ`` is exactly ``I`` (NumPy: reuses the setup's spectrum)."""
     A = task.A
     same = theta.dtype == A.dtype and theta.shape == (A.shape[1],) * 2
     if same and is_numpy_array(theta) and is_numpy_array(A):
@@ -39,16 +37,15 @@ def clip_factor(rho: Array, max_step: float, xp: Any) -> Array:
     return max_step / safe
 
 
-def rel_size(step: Any, theta: Array, xp: Any) -> Array:
-    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of a step (an array or a :class:`Delta`)."""
-    D = theta.shape[-1]
-    sq = step.frobenius_sq(theta, xp) if isinstance(step, Delta) else xp.sum(step * step)
-    return xp.sqrt(sq) * math.sqrt(D) / xp.sqrt(xp.sum(theta * theta))
+def rel_size(step: Delta, theta: Array, xp: Any) -> Array:
+    """Relative size ``‖Δ‖_F·√D/‖θ‖_F`` of a step."""
+    sq = step.frobenius_sq(theta, xp)
+    return xp.sqrt(sq) * math.sqrt(theta.shape[-1]) / xp.sqrt(xp.sum(theta * theta))
 
 
 class Delta:
-    """A step ``θ_t − θ_{t+1}`` kept factored: ``Σ V_x N_x`` on the tasks' bases (``basis``:
-    pairs ``(task, N_x)``), plus ``Σ L_i R_i`` (``outer``), plus a dense part (or None)."""
+    """A step ``θ_t − θ_{t+1}`` kept factored: ``Σ V_x N_x`` (``basis``) + ``Σ L_i R_i``
+    (``outer``) + ``dense`` (or None)."""
 
     __slots__ = ("basis", "outer", "dense")
 
@@ -72,20 +69,17 @@ class Delta:
             None if self.dense is None else c * self.dense,
         )
 
-    def materialize(self, D: int, ref: Array) -> Array:
-        """The ``D×D`` array ``Δ`` (zeros of ``ref``'s dtype and device when empty)."""
+    def materialize(self) -> Array:
+        """The ``D×D`` array ``Δ`` (of a non-empty step)."""
         out = self.dense
         for term in [task.basis @ N for task, N in self.basis] + [L @ R for L, R in self.outer]:
             out = term if out is None else out + term
-        if out is None:
-            xp = array_namespace(ref)
-            return xp.zeros((D, D), dtype=ref.dtype, device=_device(ref))
         return out
 
     def frobenius_sq(self, ref: Array, xp: Any) -> Array:
         """``‖Δ‖_F²`` (0-d); from the factors' Grams when Δ is all outer products."""
         if self.basis or self.dense is not None:
-            M = self.materialize(0, self.dense)  # not empty: D is not needed
+            M = self.materialize()
             return xp.sum(M * M)
         if not self.outer:
             return xp.zeros((), dtype=ref.dtype, device=_device(ref))
@@ -94,17 +88,12 @@ class Delta:
         sq = xp.sum((L.T @ L) * (R @ R.T))
         return xp.where(sq > 0, sq, xp.zeros_like(sq))
 
-    def features(self, task: TaskData, other: TaskData, cross: Array) -> Array:
+    def features(self, task: TaskData, cross: Array) -> Array:
         """``AΔ`` for ``A`` the factor of ``task`` (``cross = V_taskᵀV_other``)."""
         sc = task.sc[:, None]
         out = None if self.dense is None else task.A @ self.dense
-        for owner, N in self.basis:
-            if owner is task:
-                term = sc * N
-            elif owner is other:
-                term = sc * (cross @ N)
-            else:  # pragma: no cover - a Delta of another problem's tasks
-                term = task.A @ (owner.basis @ N)
+        for owner, N in self.basis:  # on the basis of ``task`` or of the other task
+            term = sc * N if owner is task else sc * (cross @ N)
             out = term if out is None else out + term
         for L, R in self.outer:
             term = (task.A @ L) @ R
@@ -113,23 +102,16 @@ class Delta:
 
 
 def basis_step(
-    task: TaskData,
-    hs: Any,
-    d: Array,
-    left: Array,
-    a: Any = None,
-    sides: tuple[str, ...] | None = None,
+    task: TaskData, hs: Any, d: Array, left: Array, a: Any, sides: tuple[str, ...]
 ) -> Delta:
-    """``V_x diag(left)(FG)``, ``G = V diag(d) Vᵀ``, as a :class:`Delta` on the task's basis.
-
-    ``left = task.pinv``: the preconditioned step; ``task.sc``: the plain ``K̃θG``. With ``a``
-    and ``sides``, ``d = a·mu`` off the tie sets ``sides``: only the extreme clusters' vectors
-    are needed (eager), and for ``a = 0`` the step is low-rank outer products."""
+    """``V_x diag(left)(FG)``, ``G = V diag(d) Vᵀ``, on the task's basis, for ``d = a·mu`` off
+    the tie sets ``sides``: eager, only the extreme clusters' vectors are needed."""
     F, ext = hs.sp.F, hs.ext  # the engine keeps F = Aθ with the vectors
     if ext is not None:
-        ranges = None if sides is None else [ext.bounds(side, hs.tie_rtol) for side in sides]
-        if ranges is None or (len(ranges) == 2 and ranges[0][1] > ranges[1][0]):
-            return Delta([(task, _all_vectors(hs, d, left))])  # no (or overlapping) tie sets
+        ranges = [ext.bounds(side, hs.tie_rtol) for side in sides]
+        if len(ranges) == 2 and ranges[0][1] > ranges[1][0]:  # overlapping tie sets: all of W
+            W = ext.full()
+            return Delta([(task, (left[:, None] * ((W * d[None, :]) @ W.T)) @ F)])
         if isinstance(a, (int, float)) and a == 0:
             return _low_rank(task, hs, d, left, ranges)
         return Delta([(task, _structured(hs, d, left, a, ranges))])
@@ -138,12 +120,6 @@ def basis_step(
     else:
         FG = F @ ((hs.V * d[None, :]) @ hs.V.T)
     return Delta([(task, left[:, None] * FG)])
-
-
-def _all_vectors(hs: Any, d: Array, left: Array) -> Array:
-    """``diag(left)(W diag(d) Wᵀ)F`` from all of ``W``."""
-    W = hs.ext.full()
-    return (left[:, None] * ((W * d[None, :]) @ W.T)) @ hs.sp.F
 
 
 def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, ranges: list) -> Delta:
@@ -157,12 +133,12 @@ def _low_rank(task: TaskData, hs: Any, d: Array, left: Array, ranges: list) -> D
 
 
 def _structured(hs: Any, d: Array, left: Array, a: Any, ranges: list) -> Array:
-    """``diag(left)(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets: ``(a·FFᵀ + W_S diag(e_S)
-    W_Sᵀ)F``."""
+    """``diag(left)(W diag(d) Wᵀ)F`` for ``d = a·mu`` off the tie sets, from the clusters."""
     ext = hs.ext
     clusters = [(lo, hi, ext.cluster(lo, hi)) for lo, hi in ranges if hi > lo]
     terms = [(W, d[lo:hi] - a * hs.sp.mu[lo:hi]) for lo, hi, W in clusters]
-    M = _extreme.gram_plus_clusters(ext.gram(), a, terms)
+    G = ext.G if ext.G.dtype == ext.F.dtype else ext.xp.astype(ext.G, ext.F.dtype)  # F's dtype
+    M = _extreme.gram_plus_clusters(G, a, terms)
     return (left[:, None] * M) @ hs.sp.F
 
 
@@ -171,9 +147,8 @@ REFRESH_EVERY = 25
 
 
 class Tracked(NamedTuple):
-    """The loop's iterate ``θ = theta + V_P·Y_P + V_H·Y_H`` (``Y`` None until used), the head,
-    the features ``F_P = A_Pθ``, ``F_H = A_Hθ`` moved with each step (None after :func:`step`),
-    the tasks ``P``, ``H`` of the bases, and ``age``: epochs since θ was last summed."""
+    """The loop's iterate ``θ = theta + V_P·Y_P + V_H·Y_H``, its head, features ``F = Aθ`` of
+    both tasks (None after :func:`step`) and ``age``: epochs since θ was last summed."""
 
     theta: Array
     omega: Array
@@ -198,9 +173,6 @@ class Tracked(NamedTuple):
             if Y is not None:
                 theta = theta + task.basis @ Y
         return theta
-
-    def state(self) -> State:
-        return State(self.dense(), self.omega)
 
     def apply(self, w: Array) -> Array:
         """``θw``."""
@@ -235,8 +207,7 @@ def cross_basis(problem: Problem) -> Array:
 def advance_parts(
     problem: Problem, tr: Tracked, delta: Delta, omega: Array, cross: Array
 ) -> Tracked:
-    """``tr − Δ`` kept factored, features moved by ``AΔ``; every :data:`REFRESH_EVERY` epochs θ
-    is summed and ``F = Aθ`` recomputed (deterministic: ``resume=`` stays bit-identical)."""
+    """``tr − Δ`` kept factored, features moved by ``AΔ`` (summed every :data:`REFRESH_EVERY`)."""
     P, H = problem.P, problem.H
     theta = tr.theta
     for L, R in delta.outer:
@@ -244,16 +215,13 @@ def advance_parts(
     if delta.dense is not None:
         theta = theta - delta.dense
     Y = {"P": tr.Y_P, "H": tr.Y_H}
-    for task, N in delta.basis:
-        if task is P or task is H:
-            key = "P" if task is P else "H"
-            Y[key] = -N if Y[key] is None else Y[key] - N
-        else:  # a part on another basis (a third-party method): summed into θ
-            theta = theta - task.basis @ N
+    for task, N in delta.basis:  # every method steps on the basis of P or of H
+        key = "P" if task is P else "H"
+        Y[key] = -N if Y[key] is None else Y[key] - N
     age = tr.age + 1
     if age >= REFRESH_EVERY:
         dense = Tracked(theta, omega, Y["P"], Y["H"], None, None, P, H).dense()
         return Tracked(dense, omega, None, None, P.A @ dense, H.A @ dense, P, H)
-    F_P = tr.F_P - delta.features(P, H, cross)
-    F_H = tr.F_H - delta.features(H, P, cross.T)
+    F_P = tr.F_P - delta.features(P, cross)
+    F_H = tr.F_H - delta.features(H, cross.T)
     return Tracked(theta, omega, Y["P"], Y["H"], F_P, F_H, P, H, age)

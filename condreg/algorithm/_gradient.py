@@ -22,16 +22,13 @@ def preconditioned_gradient(
 ) -> Array:
     """``K⁻¹∇_θ f(H(θ))`` with ``K⁻¹`` on the **left**: ``H(θ) = θᵀKθ``, ``K = XᵀX``.
 
-    ``= 2θG`` (``G = ∇_H f``) for invertible ``K``; in general ``K⁺K·2θG`` or, with ``ridge=ε``,
-    ``(K + ε·λ_max(K)·I)⁻¹K·2θG``. The step keeps the eigenvectors of ``H`` (Theorem 4.3). Pure
-    Array API code without value checks: it traces under ``jax.jit``.
+    ``= 2θG`` (``G = ∇_H f``) for invertible ``K``, else ``K⁺K·2θG`` or, with ``ridge=ε``,
+    ``(K + ε·λ_max(K)·I)⁻¹K·2θG`` (Theorem 4.3). Pure Array API code: it traces under ``jax.jit``.
 
     Parameters
     ----------
-    theta : array, shape (D, D_out)
-        The extractor.
-    X : array, shape (N, D)
-        The task's data.
+    theta, X : array, shape (D, D_out) and (N, D)
+        The extractor and the task's data.
     quantity : {"r_well", "r_ill", "condition_number"}
         The regularizer ``f``.
     ridge : float > 0, optional
@@ -57,9 +54,8 @@ def preconditioned_gradient(
     --------
     >>> import numpy as np
     >>> from condreg.algorithm import preconditioned_gradient
-    >>> rng = np.random.default_rng(0)
-    >>> X, theta = rng.standard_normal((20, 4)), np.eye(4)
-    >>> preconditioned_gradient(theta, X, "r_well").shape
+    >>> X = np.random.default_rng(0).standard_normal((20, 4))
+    >>> preconditioned_gradient(np.eye(4), X, "r_well").shape
     (4, 4)
     """
     if quantity not in _core.QUANTITIES:

@@ -58,33 +58,22 @@ def _health(
     return None
 
 
-class _History:
-    def __init__(self, problem: Problem) -> None:
-        self.problem = problem
-        self.rows: dict[str, list[float]] = {key: [] for key in HISTORY_KEYS}
-
-    def row(self, t: int, rec: list[float]) -> dict[str, float]:
-        P, H = self.problem.P, self.problem.H
-        i_ratio, ii_ratio = rec[1] / H.kappa_K, rec[0] / P.kappa_K
-        values = (t, rec[0], rec[1], P.kappa_K, H.kappa_K, i_ratio, ii_ratio, i_ratio / ii_ratio)
-        return dict(zip(HISTORY_KEYS, (*map(float, values), *rec[2:5]), strict=True))
-
-    def add(self, row: dict[str, float]) -> None:
-        for key in HISTORY_KEYS:
-            self.rows[key].append(row[key])
-
-    def finish(self, first: Any, last: Any) -> None:
-        """Rows 0 and ``-1`` report :func:`condreg.metrics.rir` at ``θ_0`` and the returned θ."""
-        for index, metrics in ((0, first), (-1, last)):
-            for key in ("kappa_hp", "kappa_hh", "kappa_kp", "kappa_kh", "i", "ii", "rir"):
-                self.rows[key][index] = float(getattr(metrics, key))
+def _append_row(history: dict, problem: Problem, t: int, rec: list[float]) -> dict[str, float]:
+    """Append the history row of ``θ_t`` from its record, and return it."""
+    kp, kh = problem.P.kappa_K, problem.H.kappa_K
+    i_ratio, ii_ratio = rec[1] / kh, rec[0] / kp
+    values = (t, rec[0], rec[1], kp, kh, i_ratio, ii_ratio, i_ratio / ii_ratio)
+    row = dict(zip(HISTORY_KEYS, (*map(float, values), *rec[2:5]), strict=True))
+    for key, value in row.items():
+        history[key].append(value)
+    return row
 
 
 class Outcome(NamedTuple):
     """What :func:`run` returns (``references``: ``(loss, ranks)`` of the health checks)."""
 
     kept: Tracked
-    history: _History
+    history: dict[str, list[float]]
     stopped: str
     epochs_run: int
     references: tuple[float, tuple[float, float] | None]
@@ -94,13 +83,13 @@ def run(
     problem: Problem,
     state: State | Tracked,
     epochs: int,
-    report: Callable[[dict[str, float]], bool],
     references: tuple[float, tuple[float, float] | None] | None = None,
+    progress: bool = False,
+    callback: Callable[[int, dict[str, float]], bool | None] | None = None,
 ) -> Outcome:
-    """Iterate :func:`condreg.algorithm.step` on the factored iterate, keeping the last healthy
-    state (:func:`_health`, against the references of ``θ_0`` or of the resumed run); a
-    decomposition error counts as unhealthy. One host synchronisation per epoch."""
-    history = _History(problem)
+    """Iterate :func:`advance` on the factored iterate, keeping the last healthy state
+    (:func:`_health`); a decomposition error counts as unhealthy."""
+    history: dict[str, list[float]] = {key: [] for key in HISTORY_KEYS}
     state = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     cross = cross_basis(problem)
     zero_head = 1.0 if problem.task == "regression" else math.log(2.0)
@@ -126,13 +115,18 @@ def run(
         if why is not None:
             stopped = why
             if t == 0:
-                history.add(history.row(0, rec))
+                _append_row(history, problem, 0, rec)
             break
         ranks = ranks or (rec[5], rec[6])
         kept, kept_t = state, t
-        row = history.row(t, rec)
-        history.add(row)
-        if report(row):
+        row = _append_row(history, problem, t, rec)
+        if progress:
+            print(
+                f"[condreg {problem.method.name}] epoch {t}/{epochs}  i={row['i']:.4g}  "
+                f"ii={row['ii']:.4g}  RIR={row['rir']:.4g}  loss={row['loss']:.4g}",
+                file=sys.stderr,
+            )
+        if callback is not None and callback(t, row):
             stopped = f"stopped by callback at epoch {t}"
             break
         if t == epochs:
@@ -141,42 +135,27 @@ def run(
             stopped = f"diverged: non-finite theta or omega after epoch {t}"
             break
         state = new
-    if not history.rows["epoch"]:  # θ_0 itself is unusable: report it, from the metrics
-        history.add(dict.fromkeys(HISTORY_KEYS, float("nan")) | {"epoch": 0.0})
+    if not history["epoch"]:  # θ_0 itself is unusable: report it, from the metrics
+        for key in HISTORY_KEYS:
+            history[key].append(0.0 if key == "epoch" else float("nan"))
     return Outcome(kept, history, stopped, kept_t, (loss_ref, ranks))
 
 
-def _reporter(problem: Problem, epochs: int, progress: bool, callback: Any):
-    name = problem.method.name
-
-    def report(row: dict[str, float]) -> bool:
-        if progress:
-            print(
-                f"[condreg {name}] epoch {int(row['epoch'])}/{epochs}  i={row['i']:.4g}  "
-                f"ii={row['ii']:.4g}  RIR={row['rir']:.4g}  loss={row['loss']:.4g}",
-                file=sys.stderr,
-            )
-        return bool(callback is not None and callback(int(row["epoch"]), row))
-
-    return report
-
-
 def _warn(result: ImmunizationResult) -> None:
+    messages = []
     if not result.stopped.startswith(("completed", "stopped by callback")):
-        warnings.warn(
-            f"immunize ({result.method}): {result.stopped}; returned theta of epoch "
-            f"{result.epochs_run} (lower lr, or check the data's scale)",
-            ImmunizationWarning,
-            stacklevel=3,
+        messages.append(
+            f"{result.stopped}; returned theta of epoch {result.epochs_run} (lower lr, or check "
+            "the data's scale)"
         )
     if not result.succeeded:
-        warnings.warn(
-            f"immunize ({result.method}): immunization did not succeed: (i) = {result.i:.4g}, "
-            f"(ii) = {result.ii:.4g}, RIR = {result.rir:.4g} (success needs (i) > 1 and "
-            "(ii) <= 1); try more epochs, a larger max_step or other lam_p/lam_h",
-            ImmunizationWarning,
-            stacklevel=3,
+        messages.append(
+            f"immunization did not succeed: (i) = {result.i:.4g}, (ii) = {result.ii:.4g}, "
+            f"RIR = {result.rir:.4g} (success needs (i) > 1 and (ii) <= 1); try more epochs, a "
+            "larger max_step or other lam_p/lam_h"
         )
+    for message in messages:
+        warnings.warn(f"immunize ({result.method}): {message}", ImmunizationWarning, stacklevel=3)
 
 
 def immunize(
@@ -210,51 +189,41 @@ def immunize(
 
     One epoch of ``method="condreg"``: ``ω ← ω − η∇_ωL``,
     ``θ ← θ − η∇_θL − ηλ_P K_P⁻¹∇_θR_well(H_P) − ηλ_H K_H⁻¹∇_θR_ill(H_H)``, ``H(θ) = θᵀKθ``,
-    ``K = XᵀX``, ``K⁻¹`` on the left. Success: ``RIR = [κ(H_H(θ))/κ(K_H)] / [κ(H_P(θ))/κ(K_P)]``.
-    Options left ``None`` take the resumed run's value, else the default below (all explained
-    in ``docs/immunization.md``).
+    ``K = XᵀX``. Options left ``None`` take the resumed run's value, else the default below
+    (all explained in ``docs/immunization.md``).
 
     Parameters
     ----------
-    X_p : array, shape (N_p, D)
-        The pre-training inputs.
+    X_p, X_h : array, shape (N_p, D) and (N_h, D)
+        The pre-training and the harmful inputs.
     y_p : array, shape (N_p,) or (N_p, 1)
-        Its labels (in {0, 1} for ``task="classification"``).
-    X_h : array, shape (N_h, D)
-        The harmful inputs.
+        The pre-training labels (in {0, 1} for ``task="classification"``).
     method : str, default "condreg"
         ``"condreg"``, ``"r_ill_only"``, ``"opt_kappa"`` or ``"imma"`` (:data:`REGISTRY`).
     task : str, default "regression"
         ``"regression"`` (squared error) or ``"classification"`` (binary logistic loss).
     lam_p, lam_h : float >= 0, optional
-        Regularizer weights; default: balanced at ``θ_0`` (updates of relative size
-        ``max_step``). Terms a method does not use are 0.
+        Regularizer weights; default: balanced at ``θ_0`` (steps of relative size ``max_step``).
     lr : float > 0, default 0.005
         Step size η (the paper's).
     epochs : int >= 0, default 100
         Number of full-batch iterations.
-    theta0 : array, shape (D, D), optional
-        Starting extractor (default ``I``).
+    theta0, omega0 : array, shape (D, D) and (D,), optional
+        Starting extractor and head (default ``I`` and 0).
     seed : int >= 0, default 0
         Seed of ``"imma"``'s surrogate harmful labels when ``y_h`` is None.
-    omega0 : array, shape (D,), optional
-        Starting head (default 0).
     y_h : array, shape (N_h,), optional
         Harmful labels, used by ``"imma"`` only.
     max_step : float in (0, 0.5), default 0.3
         A regularizer step moves each eigenvalue by at most a factor ``(1 ± max_step)²``.
     ridge : float > 0, optional
         ``None``: ``K⁻¹`` is the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
-    imma_steps : int >= 1, default 5
-        Inner probe steps of ``"imma"``.
-    imma_lr : float > 0, optional
-        Inner step of ``"imma"``; default ``1/L`` at ``θ_0``.
+    imma_steps, imma_lr : int >= 1 (default 5), float > 0 (default ``1/L`` at ``θ_0``)
+        Inner probe steps and step size of ``"imma"``.
     rtol : float in (0, 1), optional
-        The run's one rank tolerance (``σ_i(Xθ) > rtol·σ₁`` counts); default
-        ``max(N_P, N_H, D)·eps``.
+        The one rank tolerance (``σ_i(Xθ) > rtol·σ₁`` counts); default ``max(N_P, N_H, D)·eps``.
     resume : ImmunizationResult, optional
-        A run to continue exactly, with its recorded options where not given: ten epochs and
-        ten more equal twenty bit for bit.
+        A run to continue exactly: ten epochs and ten more equal twenty bit for bit.
     progress : bool, default False
         Print one line per epoch to stderr.
     callback : callable, optional
@@ -264,45 +233,31 @@ def immunize(
     xp : namespace, optional
         Array API namespace to use instead of the inputs'.
     setup : DataSetup, optional
-        :func:`condreg.algorithm.setup_data` of these very arrays (same ``rtol``, ``ridge``):
-        the data are not decomposed again; the result is the same bit for bit.
+        :func:`condreg.algorithm.setup_data` of these very arrays: the same result, bit for bit.
 
     Returns
     -------
     ImmunizationResult
-        θ, the head, the history and metrics. A run that diverges or loses rank keeps the last
-        healthy θ and warns: diverging values never raise.
+        θ, the head, history and metrics; a diverging run keeps the last healthy θ and warns.
 
     Raises
     ------
     TypeError
-        Arrays of different libraries, non-array or non-real data, non-numeric options, a bad
-        ``resume`` or ``setup`` type.
+        Mixed libraries, non-array or non-real data, non-numeric options, bad ``resume``/``setup``.
     ValueError
-        Bad shapes, NaN/Inf, bad labels, unknown method or task, a zero data matrix, ``X_h``
-        of rank < 2 for R_ill, bad options, a ``resume`` or ``setup`` that does not match.
-        All checks run before any decomposition.
-
-    Warns
-    -----
-    ImmunizationWarning
-        The run stopped early (diverged or rank collapse) or did not succeed; with
-        ``warn=True``.
+        Bad shapes, values or options, ``X_h`` of rank < 2 for R_ill, a mismatched ``resume`` or
+        ``setup``; all checked before any decomposition.
 
     Examples
     --------
     >>> import numpy as np, condreg
-    >>> rng = np.random.default_rng(0)
-    >>> X_p = rng.standard_normal((60, 6)) @ np.diag(np.logspace(0, -1, 6))
-    >>> y_p = X_p @ rng.standard_normal(6)
-    >>> X_h = rng.standard_normal((60, 6)) @ np.linalg.qr(rng.standard_normal((6, 6)))[0]
-    >>> res = condreg.immunize(X_p, y_p, X_h, epochs=20)
-    >>> res.stopped, res.succeeded
-    ('completed', True)
-    >>> half = condreg.immunize(X_p, y_p, X_h, epochs=10)
-    >>> rest = condreg.immunize(X_p, y_p, X_h, epochs=10, resume=half)
-    >>> bool((rest.theta == res.theta).all())
-    True
+    >>> X_p, X_h = np.random.default_rng(0).standard_normal((2, 60, 6))
+    >>> X_p = X_p * np.logspace(0, -1, 6)
+    >>> res = condreg.immunize(X_p, X_p[:, 0], X_h, epochs=20)
+    >>> half = condreg.immunize(X_p, X_p[:, 0], X_h, epochs=10)
+    >>> rest = condreg.immunize(X_p, X_p[:, 0], X_h, epochs=10, resume=half)
+    >>> res.stopped, res.succeeded, bool((rest.theta == res.theta).all())
+    ('completed', True, True)
     """
     epochs = v.integer(epochs, "epochs", 0)
     if callback is not None and not callable(callback):
@@ -316,8 +271,7 @@ def immunize(
     )  # fmt: skip
     problem, state = prepare(X_p, y_p, X_h, warn=warn, xp=xp, setup=setup, **kw)
     start, references = _continued(problem, state, resume)
-    report = _reporter(problem, epochs, progress, callback)
-    out = run(problem, start, epochs, report, references)
+    out = run(problem, start, epochs, references, progress, callback)
     result = _result(problem, state.theta, out, X_p, X_h, kw)
     if warn:
         _warn(result)
@@ -325,43 +279,27 @@ def immunize(
 
 
 def _continued(problem: Problem, state: State, resume: ImmunizationResult | None):
-    """The start and the health references of a run: ``state``, or the exact iterate (and
-    references) of ``resume`` when it ran on the same data."""
+    """``(start, references)``: ``resume``'s exact iterate where it fits, else ``state``."""
     saved = None if resume is None else resume.resume_state
     if saved is None or saved.head_scale != problem.head_scale:
         return state, None
-    start: State | Tracked = State(state.theta, saved.iterate.omega)
     if saved.iterate.on(problem):  # the same tasks: its factored parts and features too
-        start = saved.iterate._replace(P=problem.P, H=problem.H)
-    return start, saved.references
-
-
-def _tasks(problem: Problem, X_p: Any, X_h: Any) -> Any:
-    """The setup's spectra of the data when they are of these arrays, else new ones."""
-    tasks = None if problem.setup is None else problem.setup.tasks
-    if tasks is not None and X_p.dtype == tasks.s_kp.dtype:
-        return tasks
-    return rir_spectra(None, X_p, X_h, rtol=problem.rtol)
-
-
-def _detached(kept: Tracked) -> Tracked:
-    """The iterate without the setup's spectra at ``θ = I`` (``resume=`` reattaches them)."""
-    P, H = (replace(task, at_identity=()) for task in (kept.P, kept.H))
-    return kept._replace(P=P, H=H)
+        return saved.iterate._replace(P=problem.P, H=problem.H), saved.references
+    return State(state.theta, saved.iterate.omega), saved.references
 
 
 def _result(
     problem: Problem, theta0: Array, out: Outcome, X_p: Array, X_h: Array, kw: dict[str, Any]
 ) -> ImmunizationResult:
     """The :class:`ImmunizationResult` of the run ``out``."""
-    xp, history = problem.xp, out.history
-    state = out.kept.state()
-    dtype = state.theta.dtype
-    X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
+    xp, history, theta = problem.xp, out.history, out.kept.dense()
+    X_p, X_h = xp.astype(X_p, theta.dtype), xp.astype(X_h, theta.dtype)
     with np.errstate(all="ignore"):
         # exactly condreg.metrics.rir(θ, X_p, X_h, rtol=res.rtol), the tasks' spectra reused
-        tasks = _tasks(problem, X_p, X_h)
-        spectra = rir_spectra(state.theta, X_p, X_h, rtol=problem.rtol, tasks=tasks)
+        tasks = problem.setup.tasks  # the data's own spectra, unless of another dtype
+        if X_p.dtype != tasks.s_kp.dtype:
+            tasks = rir_spectra(None, X_p, X_h, rtol=problem.rtol)
+        spectra = rir_spectra(theta, X_p, X_h, rtol=problem.rtol, tasks=tasks)
         metrics = spectra.rir()
         if out.epochs_run == 0:
             first = metrics
@@ -369,19 +307,21 @@ def _result(
             first = tasks.rir()
         else:
             first = rir_spectra(theta0, X_p, X_h, rtol=problem.rtol, tasks=tasks).rir()
-    history.finish(first, metrics)
-    uses_inner = problem.method.default_inner_lr is not None
-    saved = ResumeState(_detached(out.kept), problem.head_scale, out.references, kw["y_h"])
+    for index, m in ((0, first), (-1, metrics)):  # rows 0 and -1 report metrics.rir exactly
+        for key in ("kappa_hp", "kappa_hh", "kappa_kp", "kappa_kh", "i", "ii", "rir"):
+            history[key][index] = float(getattr(m, key))
+    P, H = (replace(task, at_identity=()) for task in (out.kept.P, out.kept.H))  # re-attached
+    saved = ResumeState(out.kept._replace(P=P, H=H), problem.head_scale, out.references, kw["y_h"])
     same = ("task", "lam_p", "lam_h", "lr", "max_step", "rtol", "paths", "imma_steps")
     return ImmunizationResult(
-        theta=state.theta,
-        omega=problem.raw_omega(state),
+        theta=theta,
+        omega=problem.raw_omega(State(theta, out.kept.omega)),
         method=problem.method.name,
         epochs_run=out.epochs_run,
-        history=history.rows,
+        history=history,
         metrics=metrics,
         stopped=out.stopped,
-        imma_lr=problem.imma_lr if uses_inner else None,
+        imma_lr=None if problem.method.default_inner_lr is None else problem.imma_lr,
         resume_state=saved,
         spectra=spectra,
         ridge=problem.setup.ridge,

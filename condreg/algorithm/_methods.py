@@ -22,13 +22,10 @@ Update = Callable[[Problem, Any, Any, Any], "Array | Delta"]
 class Method:
     """One entry of :data:`REGISTRY` (adding a method is adding an entry).
 
-    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``needs_vectors``:
-    whether its step needs eigenvectors of ``(H_P, H_H)``; ``unit_sizes(problem, θ_0, hs_P,
-    hs_H)``: its update per unit weight at ``θ_0`` (``λ = max_step / size``); ``update(problem,
-    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}``, an array or a ``Delta``;
-    ``summary``: one line for the docs; ``needs_y_h``: it trains on harmful labels;
-    ``min_rank_h``: the rank ``X_h`` needs; ``default_inner_lr(problem, θ_0, hs_H)``: the default
-    ``imma_lr``, if any; ``uses_theta``: whether ``update`` reads θ (else it gets None)."""
+    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``unit_sizes(problem,
+    θ_0, hs_P, hs_H)``: its update per unit weight (``λ = max_step / size``); ``update(problem,
+    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}`` (``θ`` None unless
+    ``uses_theta``); ``default_inner_lr(problem, θ_0, hs_H)``: the default ``imma_lr``, if any."""
 
     name: str
     uses: tuple[str, ...]
@@ -42,7 +39,7 @@ class Method:
     uses_theta: bool = True
 
     def vectors(self, problem: Problem) -> tuple[bool, bool]:
-        """The eigenvectors this epoch needs: ``needs_vectors``, none for a zero weight.
+        """Whether this epoch needs eigenvectors of ``(H_P, H_H)`` (none for a zero weight).
 
         Parameters
         ----------
@@ -52,12 +49,9 @@ class Method:
         Returns
         -------
         tuple of bool
-            For ``H_P`` and ``H_H``.
         """
-        return (
-            self.needs_vectors[0] and problem.lam_p > 0,
-            self.needs_vectors[1] and problem.lam_h > 0,
-        )
+        vec_p, vec_h = self.needs_vectors
+        return vec_p and problem.lam_p > 0, vec_h and problem.lam_h > 0
 
 
 # -- condreg and r_ill_only: K⁻¹-left-preconditioned steps θ(I − E), ‖E‖₂ ≤ max_step ----------
@@ -107,9 +101,14 @@ def _inv_log_kappa_coef(hs: Any, xp: Any) -> Array:
 _BOTH = ("top", "bottom")
 
 
-def _plain_step(problem: Problem, theta: Array, hs: Any, task: Any, d: Array) -> Delta:
+def _plain_raw(problem: Problem, hs: Any, task: Any, d: Array) -> Delta:
+    """The unclipped plain step ``2η·K̃θG`` of ``d``."""
+    return basis_step(task, hs, d, task.sc, 0.0, _BOTH).scaled(problem.lr * 2.0)
+
+
+def _clipped(problem: Problem, step: Delta, theta: Array) -> Delta:
+    """``step`` scaled down to relative size at most ``max_step``."""
     xp = problem.xp
-    step = basis_step(task, hs, d, task.sc, 0.0, _BOTH).scaled(problem.lr * 2.0)
     return step.scaled(clip_factor(rel_size(step, theta, xp), problem.max_step, xp))
 
 
@@ -118,23 +117,21 @@ def _opt_kappa_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Del
     total = Delta()
     if problem.lam_p > 0:
         d = problem.lam_p * _linalg.d_log_kappa(hsP, xp)
-        total = total + _plain_step(problem, theta, hsP, problem.P, d)
+        total = total + _clipped(problem, _plain_raw(problem, hsP, problem.P, d), theta)
     if problem.lam_h > 0:
         d = problem.lam_h * _inv_log_kappa_coef(hsH, xp) * _linalg.d_log_kappa(hsH, xp)
-        total = total + _plain_step(problem, theta, hsH, problem.H, d)
+        total = total + _clipped(problem, _plain_raw(problem, hsH, problem.H, d), theta)
     return total
 
 
 def _opt_kappa_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:
-    xp, lr = problem.xp, problem.lr
-    step = basis_step(problem.P, hsP, _linalg.d_log_kappa(hsP, xp), problem.P.sc, 0.0, _BOTH)
-    size_p = float(rel_size(step.scaled(2.0 * lr), theta, xp))
-    size_h = 0.0
+    xp = problem.xp
+    step = _plain_raw(problem, hsP, problem.P, _linalg.d_log_kappa(hsP, xp))
+    size_p, size_h = float(rel_size(step, theta, xp)), 0.0
     kappa_h = float(_linalg.kappa(hsH, xp))
     if kappa_h > 1:
         d = _linalg.d_log_kappa(hsH, xp) / math.log(kappa_h) ** 2
-        step = basis_step(problem.H, hsH, d, problem.H.sc, 0.0, _BOTH).scaled(2.0 * lr)
-        size_h = float(rel_size(step, theta, xp))
+        size_h = float(rel_size(_plain_raw(problem, hsH, problem.H, d), theta, xp))
     return size_p, size_h
 
 
@@ -146,8 +143,7 @@ def imma_gradient(
 ) -> tuple[Array, Array]:
     """The attacker's adapted loss ``Φ(θ) = L_H(w_J(θ), θ)`` and its exact gradient (adjoint).
 
-    ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0``, ``A = Xθ``, ``J = steps``; ``Φ`` is the
-    mean of ``ℓ(Aw_J)`` (squared error or logistic loss).
+    ``w_{j+1} = w_j − α Aᵀℓ'(Aw_j)/N`` from ``w_0 = 0``, ``A = Xθ``; ``Φ`` is the mean ``ℓ(Aw_J)``.
 
     Parameters
     ----------
@@ -156,7 +152,7 @@ def imma_gradient(
     X, y : array, shape (N, D) and (N,)
         The harmful data and labels (``{0, 1}`` for classification).
     task : {"regression", "classification"}
-        Squared error or logistic loss.
+        Squared error or logistic loss ``ℓ``.
     steps, alpha : int, float
         ``J`` and ``α``, the attacker's inner steps and step size.
     xp : namespace
@@ -171,9 +167,8 @@ def imma_gradient(
     --------
     >>> import numpy as np
     >>> from condreg.algorithm import imma_gradient
-    >>> rng = np.random.default_rng(0)
-    >>> X, y = rng.standard_normal((20, 3)), rng.standard_normal(20)
-    >>> loss, grad = imma_gradient(np.eye(3), X, y, "regression", 4, 0.1, np)
+    >>> X = np.random.default_rng(0).standard_normal((20, 3))
+    >>> loss, grad = imma_gradient(np.eye(3), X, X[:, 0], "regression", 4, 0.1, np)
     >>> grad.shape
     (3, 3)
     """
@@ -211,11 +206,10 @@ def _imma_raw(problem: Problem, theta: Array) -> Delta:
 
 
 def _imma_update(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> Delta:
-    xp = problem.xp
     if not problem.lam_h > 0:
         return Delta()
     step = _imma_raw(problem, theta).scaled(-problem.lr * problem.lam_h)  # ascent on Φ
-    return step.scaled(clip_factor(rel_size(step, theta, xp), problem.max_step, xp))
+    return _clipped(problem, step, theta)
 
 
 def _imma_sizes(problem: Problem, theta: Array, hsP: Any, hsH: Any) -> tuple[float, float]:

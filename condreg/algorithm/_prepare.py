@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -23,18 +23,8 @@ from condreg.metrics import run_rtol
 Array = Any
 
 
-@dataclass(frozen=True)
-class _Data:
-    xp: Any
-    X_p: Array
-    X_h: Array
-    y_p: Array
-    y_h: Array | None
-    theta: Array
-    omega: Array | None
-
-
-def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
+def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> tuple:
+    """``(xp, X_p, X_h, y_p, y_h, theta0, omega0)`` checked and cast (``I`` for no ``theta0``)."""
     named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
     xp = v.namespace(named, xp)
     X_p, X_h = v.data_matrices(X_p, X_h, xp)
@@ -47,34 +37,30 @@ def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> _Data:
         if not bool(xp.any(theta != 0)):
             raise ValueError("immunize: theta0 is zero (rank 0)")
     omega = None if omega0 is None else v.checked(omega0, "omega0", (D,), xp, dtype, dev)
-    return _Data(xp, X_p, X_h, yp, yh, theta, omega)
+    return xp, X_p, X_h, yp, yh, theta, omega
 
 
-def _harmful_labels(d: _Data, task: str, seed: Any, xp: Any) -> Array:
+def _harmful_labels(y_h: Array | None, X_h: Array, task: str, seed: Any, xp: Any) -> Array:
     """``y_h`` scaled (regression), or the seeded surrogate: N(0, 1) or fair coin flips."""
-    if d.y_h is None:
+    if y_h is None:
         rng = np.random.default_rng(seed)
-        n = d.X_h.shape[0]
+        n = X_h.shape[0]
         draw = rng.standard_normal(n) if task == "regression" else rng.integers(0, 2, n)
-        return xp.asarray(
-            np.asarray(draw, dtype=np.float64), dtype=d.X_h.dtype, device=_device(d.X_h)
-        )
+        return xp.asarray(np.asarray(draw, dtype=np.float64), dtype=X_h.dtype, device=_device(X_h))
     if task == "regression":
-        return d.y_h / (robust_rms(d.y_h, xp) or 1.0)
-    return d.y_h
+        return y_h / (robust_rms(y_h, xp) or 1.0)
+    return y_h
 
 
 def _at_start(problem: Problem, which: int, theta: Array, vectors: bool) -> Any:
     """The engine's spectrum of task ``which`` (0: P, 1: H) at ``θ_0`` on the run's path."""
-    task = (problem.P, problem.H)[which]
+    task, path = (problem.P, problem.H)[which], problem.paths[which]
     F = initial_features(task, theta)
-    path = problem.paths[which]
     return spectrum(task, None, problem.rtol, problem.xp, F=F, vectors=vectors, path=path)
 
 
 def _guarded(fn: Any, fallback: Any) -> Any:
-    """``fn()`` without float warnings; ``fallback`` when a decomposition fails (a ``θ_0`` that
-    overflows is reported by the loop)."""
+    """``fn()`` without float warnings; ``fallback`` when a decomposition fails."""
     try:
         with np.errstate(all="ignore"):
             return fn()
@@ -102,6 +88,7 @@ def _weights(problem: Problem, state: State, opts: dict, warn: bool) -> Problem:
     problem = problem.with_weights(problem.lam_p, problem.lam_h, imma_lr)
     lam = {"p": opts["lam_p"], "h": opts["lam_h"]}
     if any(lam[k] is None for k in method.uses):
+
         def unit_sizes() -> tuple[float, float]:
             hsP, hsH = (_at_start(problem, which, theta, True) for which in (0, 1))
             return method.unit_sizes(problem, theta, hsP, hsH)
@@ -150,10 +137,8 @@ def prepare(
 ) -> tuple[Problem, State]:
     """Validate the inputs, build the :class:`Problem` and the starting :class:`State`.
 
-    What :func:`condreg.immunize` runs before its loop: every check, the data's setup, and the
-    defaults: weights balanced at ``θ_0`` (``λ = max_step / size``, ``size`` the method's update
-    per unit weight), IMMA's inner step ``1/L`` and the engine's path per task. Iterate
-    :func:`condreg.algorithm.step` from the returned state.
+    What :func:`condreg.immunize` runs before its loop: every check, the data's setup and the
+    defaults (balanced weights, IMMA's ``1/L``, the paths); iterate :func:`step` from the state.
 
     Parameters
     ----------
@@ -161,32 +146,26 @@ def prepare(
 imma_steps, imma_lr, rtol, warn, xp, setup
         As in :func:`condreg.immunize` (same defaults and errors).
     paths : tuple of two str, optional
-        The engine's path per task, ``"auto"`` or ``"exact"``; default: chosen at ``θ_0``. A
-        result's ``paths`` reproduce it bit for bit.
+        The engine's path per task, ``"auto"`` or ``"exact"``; default: chosen at ``θ_0``.
 
     Returns
     -------
-    problem : Problem
-        Everything an epoch needs, immutable.
-    state : State
-        ``(θ_0, ω̂_0)``, the head in the problem's scaled units.
+    problem, state : Problem, State
+        Everything an epoch needs (immutable), and ``(θ_0, ω̂_0)`` in the problem's units.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`condreg.immunize`; ``ValueError`` for ``paths`` that are not two of
-        :data:`PATHS`.
+        As :func:`condreg.immunize`; ``ValueError`` for ``paths`` not two of :data:`PATHS`.
 
     Examples
     --------
     >>> import numpy as np
     >>> from condreg import algorithm
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
+    >>> X_p, X_h = np.random.default_rng(0).standard_normal((2, 40, 6))
+    >>> problem, state = algorithm.prepare(X_p, X_p[:, 0], X_h)
     >>> problem.method.name, problem.paths, state.theta.shape
     ('condreg', ('auto', 'auto'), (6, 6))
-    >>> state, record = algorithm.step(problem, state)
     """
     if paths is not None and (
         isinstance(paths, str) or len(paths) != 2 or any(p not in PATHS for p in paths)
@@ -197,11 +176,10 @@ imma_steps, imma_lr, rtol, warn, xp, setup
         lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
     )  # fmt: skip
     seed = v.integer(seed, "seed", 0, TypeError)
-    d = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
-    xp = d.xp
-    rtol = opts["rtol"] or run_rtol(d.X_p, d.X_h)  # max(N_P, N_H, D)·eps, as metrics.rir
+    xp, Xp, Xh, yp, yh, theta, omega = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
+    rtol = opts["rtol"] or run_rtol(Xp, Xh)  # max(N_P, N_H, D)·eps, as metrics.rir
     if setup is None:
-        setup = build_setup(X_p, X_h, d.X_p, d.X_h, xp, rtol, opts["ridge"])
+        setup = build_setup(X_p, X_h, Xp, Xh, xp, rtol, opts["ridge"])
     elif not isinstance(setup, DataSetup):
         raise TypeError(f"immunize: setup must be a DataSetup, got {type(setup).__name__}")
     else:
@@ -211,28 +189,27 @@ imma_steps, imma_lr, rtol, warn, xp, setup
         raise ValueError(
             f"immunize: R_ill needs X_h of rank >= 2 (its covariance has rank {setup.H.rank})"
         )
-    y_unit = (robust_rms(d.y_p, xp) or 1.0) if task == "regression" else 1.0
-    yh = _harmful_labels(d, task, seed, xp) if m.needs_y_h else None
+    y_unit = (robust_rms(yp, xp) or 1.0) if task == "regression" else 1.0
+    yh = _harmful_labels(yh, Xh, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
-        m, task, setup.P, setup.H, d.y_p / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
+        m, task, setup.P, setup.H, yp / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
         opts["imma_steps"], 0.0, setup.rtol, setup.P.scale * y_unit, xp, setup=setup,
     )  # fmt: skip
-    omega = xp.zeros_like(d.theta[0, :]) if d.omega is None else d.omega
-    state = problem.state(d.theta, omega)
+    omega = xp.zeros_like(theta[0, :]) if omega is None else omega
+    state = problem.state(theta, omega)
     if not paths:
-        paths = setup.paths if theta0 is None else _paths(problem, d.theta)
+        paths = setup.paths if theta0 is None else _paths(problem, theta)
     problem = replace(problem, paths=tuple(paths))
     return _weights(problem, state, opts, warn), state
 
 
 def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
-    """Per task, the path to run from ``θ_0`` (:func:`condreg.algorithm._step.probe_path`)."""
-    out = []
-    for task in (problem.P, problem.H):
-        with np.errstate(all="ignore"):
-            F = initial_features(task, theta)
-        out.append(probe_path(task, F, problem.rtol, problem.xp, vectors=False)[1])
-    return out[0], out[1]
+    """Per task, the path to run from ``θ_0`` (:func:`probe_path`)."""
+    P, H, rtol, xp = problem.P, problem.H, problem.rtol, problem.xp
+    with np.errstate(all="ignore"):
+        F_P, F_H = initial_features(P, theta), initial_features(H, theta)
+    path_p = probe_path(P, F_P, rtol, xp, vectors=False)[1]
+    return path_p, probe_path(H, F_H, rtol, xp, vectors=False)[1]
 
 
 #: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.

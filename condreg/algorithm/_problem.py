@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from condreg import _linalg, _precondition
-from condreg._api import condition_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from condreg.algorithm._methods import Method
@@ -24,12 +23,9 @@ class State(NamedTuple):
 
 @dataclass(frozen=True)
 class TaskData:
-    """One task as Algorithm 1 uses it (:func:`build_task`).
-
-    ``A = diag(sc) Vᵀ`` (``r×D``) factors ``K̃ = c²K`` on the rank ``r``; ``basis`` = ``V``;
-    ``sc = c·s_r``; ``pinv = f/sc`` (``f`` the pinv/ridge filter); ``Xhat = X·scale`` feeds the
-    supervised and probe losses; ``kappa_K`` = κ(K) as :func:`condreg.metrics.rir`;
-    ``at_identity``: ``(path, spectrum)`` pairs of ``F = A`` (``θ = I``) from the setup."""
+    """One task as Algorithm 1 uses it (:func:`build_task`): ``A = diag(sc) Vᵀ`` factors
+    ``K̃ = c²K`` (``basis = V``, ``sc = c·s_r``, ``pinv = filter/sc``), ``Xhat = X·scale``,
+    ``at_identity``: ``(path, spectrum)`` pairs at ``θ = I``."""
 
     A: Array
     basis: Array
@@ -45,12 +41,8 @@ class TaskData:
 
 @dataclass(frozen=True)
 class Problem:
-    """Everything one epoch needs, fixed for the run (``dataclasses.replace`` to vary it).
-
-    ``method``: an entry of :data:`condreg.algorithm.REGISTRY`; ``P``, ``H``: the tasks; ``yp``,
-    ``yh``: scaled labels (``yh`` for IMMA only); ``head_scale``: the head's raw units; ``rtol``:
-    the rank tolerance on ``σ(Xθ)``; ``paths``: the engine's path per task (``"auto"`` or
-    ``"exact"``); ``setup``: the :class:`condreg.algorithm.DataSetup` of the tasks."""
+    """Everything one epoch needs, fixed for the run (``dataclasses.replace`` to vary it);
+    ``yp``, ``yh`` are scaled labels, ``head_scale`` the head's raw units."""
 
     method: Method
     task: str
@@ -103,10 +95,8 @@ class Problem:
 
         Parameters
         ----------
-        lam_p, lam_h : float
-            The new ``λ_P`` and ``λ_H``.
-        imma_lr : float, optional
-            The new inner step of IMMA (``None``: unchanged).
+        lam_p, lam_h, imma_lr : float
+            The new ``λ_P``, ``λ_H`` and IMMA inner step (``imma_lr=None``: unchanged).
 
         Returns
         -------
@@ -127,9 +117,7 @@ def robust_rms(y: Array, xp: Any) -> float:
     return m * math.sqrt(float(xp.mean(z * z)))
 
 
-def build_task(
-    X: Array, xp: Any, rtol: float, ridge: float | None, kappa_K: float | None = None
-) -> TaskData:
+def build_task(X: Array, xp: Any, rtol: float, ridge: float | None, kappa_K: float) -> TaskData:
     """The :class:`TaskData` of ``X`` from one SVD (``ValueError`` at rank 0)."""
     N, D = X.shape
     _, s, Vh = xp.linalg.svd(X, full_matrices=False)
@@ -143,6 +131,4 @@ def build_task(
     A = sc[:, None] * Vr
     f = _precondition.left_filter(sc, sc > 0, ridge, xp)
     scale = math.sqrt(N) / s1
-    if kappa_K is None:
-        kappa_K = float(condition_number(X, gram=True, rtol=rtol))  # exactly metrics.rir's κ(K)
     return TaskData(A, Vr.T, sc, f / sc, X * scale, scale, c, rank, kappa_K)

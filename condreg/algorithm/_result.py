@@ -22,8 +22,7 @@ STOP_REASONS = ("completed", "stopped by callback", "diverged", "rank collapse")
 
 
 class ResumeState(NamedTuple):
-    """What ``resume=`` continues from: the loop's factored iterate, the head's units, the
-    references ``(loss, ranks)`` of its health checks and the harmful labels it was given."""
+    """What ``resume=`` continues from: iterate, head units, health references, y_h."""
 
     iterate: Any
     head_scale: float
@@ -32,52 +31,33 @@ class ResumeState(NamedTuple):
 
 
 class ImmunizationWarning(UserWarning):
-    """Immunization did not succeed, the run stopped early (diverged or lost rank), or the
-    input is degenerate."""
+    """Immunization did not succeed, stopped early (diverged, lost rank) or got degenerate data."""
 
 
 @dataclass
 class ImmunizationResult:
     """The outcome of :func:`condreg.immunize`: the extractor, its history and metrics, and
-    every option the run depended on.
+    every option the run depended on (defaults resolved; ``resume=`` reuses them).
 
     ``RIR = (i)/(ii)`` (Eq. 15), ``(i) = κ(H_H(θ))/κ(K_H)``, ``(ii) = κ(H_P(θ))/κ(K_P)``, every κ
-    counting ``σ_i(Xθ) > rtol·σ₁(Xθ)`` with the run's one ``rtol``.
+    counting ``σ_i(Xθ) > rtol·σ₁(Xθ)``.
 
     Attributes
     ----------
-    theta : array, shape (D, D)
-        The last *healthy* ``θ_t`` (finite, with its starting rank), in the input's namespace.
-    omega : array, shape (D,)
-        The head in raw units: ``X_p @ theta @ omega`` predicts ``y_p`` (or the logits).
-    method, task : str
-        As run.
-    lam_p, lam_h, lr, max_step, rtol, ridge, imma_steps, imma_lr, seed, paths
-        Every option the run depended on, defaults resolved (``imma_lr`` None without an
-        inner loop): ``resume=`` reuses them.
-    epochs_run : int
-        The epoch of ``theta``.
+    theta, omega : array, shape (D, D) and (D,)
+        The last healthy ``θ_t`` (``t = epochs_run``) and its head in raw units (for ``X_p``).
     history : dict of str to list of float
-        One entry per ``θ_t``, ``t = 0 … epochs_run``, for each of :data:`HISTORY_KEYS`:
-        κ(H_P(θ_t)), κ(H_H(θ_t)), κ(K_P), κ(K_H), ``i``, ``ii``, ``rir``, R_well(H̃_P),
-        R_ill(H̃_H) and the task ``loss`` (relative MSE or mean logistic loss); the last row is
-        the final report (``history["rir"][-1] == rir``).
-    metrics : condreg.metrics.RIR
-        ``condreg.metrics.rir(theta, X_p, X_h, rtol=rtol)``.
+        :data:`HISTORY_KEYS` per ``θ_t``, ``t = 0 … epochs_run``; the last row is the final one.
+    metrics, spectra : condreg.metrics.RIR, condreg.metrics.RIRSpectra
+        ``condreg.metrics.rir(theta, X_p, X_h, rtol=rtol)`` and its singular values.
     stopped : str
         ``"completed"``, ``"stopped by callback at epoch t"``, ``"diverged: …"`` or
         ``"rank collapse: …"`` (the last two keep the last healthy θ and warn).
-    spectra : condreg.metrics.RIRSpectra
-        The singular values behind ``metrics`` (``res.spectra.rir(10 * res.rtol)``
-        re-thresholds without a new decomposition).
-    resume_state : ResumeState
-        The loop's exact iterate and health references (for ``resume=``).
 
     Examples
     --------
     >>> import numpy as np, condreg
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((60, 6)), rng.standard_normal((60, 6))
+    >>> X_p, X_h = np.random.default_rng(0).standard_normal((2, 60, 6))
     >>> res = condreg.immunize(X_p, X_p @ np.ones(6), X_h, epochs=5, warn=False)
     >>> res.history["rir"][-1] == res.rir, res.epochs_run
     (True, 5)
@@ -121,8 +101,7 @@ class ImmunizationResult:
 
     @property
     def succeeded(self) -> bool:
-        """Definition 3.1: (i) > 1 + SUCCESS_MARGIN (harder harmful task) and (ii) ≤ 1, both
-        finite."""
+        """Definition 3.1: finite (i) > 1 + SUCCESS_MARGIN and (ii) ≤ 1."""
         i, ii = self.i, self.ii
         finite = math.isfinite(i) and math.isfinite(ii)
         return bool(finite and i > 1.0 + SUCCESS_MARGIN and ii <= 1.0)

@@ -1,5 +1,4 @@
-"""One epoch of Algorithm 1 as pure Array API code (jit-able), and the pieces every method
-shares."""
+"""One epoch of Algorithm 1 as pure Array API code (jit-able), and the pieces methods share."""
 
 from __future__ import annotations
 
@@ -31,12 +30,8 @@ def spectrum(
     path: str,
     F: Array | None = None,
 ):
-    """Spectrum of ``H̃(θ) = θᵀK̃θ`` from ``F = Aθ`` (given, or from ``theta``), every counted
-    value resolved. ``path``: ``"auto"`` (Gram eigh where it resolves) or ``"exact"`` (QR + SVD).
-
-    Eager arrays (:func:`_eager`) get values only and an :class:`Extremes` (``hs.ext``) finding
-    the extreme clusters' vectors on demand; traced ones the full decomposition. ``F is task.A``
-    returns the setup's spectrum at ``θ = I`` (``task.at_identity``)."""
+    """Spectrum of ``H̃(θ) = θᵀK̃θ`` from ``F = Aθ`` on ``path``: values and vectors on demand
+    (``hs.ext``) for eager arrays, the setup's at ``θ = I``, the full decomposition if traced."""
     if F is None:
         F = task.A @ theta
     if _eager(F):
@@ -72,9 +67,8 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
 
 
 class Extremes:
-    """The left singular vectors ``W`` of ``F`` (eigenvectors of ``G = FFᵀ``) on demand: from
-    the Gram ``G`` or the exact path's ``R`` (``Fᵀ = QR``); certified clusters
-    (:mod:`condreg._extreme`), else the full decomposition, computed once."""
+    """The left singular vectors ``W`` of ``F`` on demand, from ``G = FFᵀ`` or the exact path's
+    ``R`` (``Fᵀ = QR``): certified clusters, else the full decomposition."""
 
     def __init__(self, F: Array, G: Array | None, R: Array | None, sp: Any, gdtype: Any, xp: Any):
         self.F, self._G, self.R, self.sp, self.gdtype, self.xp = F, G, R, sp, gdtype, xp
@@ -92,11 +86,6 @@ class Extremes:
                 A = self.F if self.F.dtype == self.gdtype else self.xp.astype(self.F, self.gdtype)
                 self._G = A @ A.T
         return self._G
-
-    def gram(self) -> Array:
-        """``G = FFᵀ`` in the dtype of ``F``."""
-        G = self.G
-        return G if G.dtype == self.F.dtype else self.xp.astype(G, self.F.dtype)
 
     def full(self) -> Array:
         """All of ``W`` (``r×r``, columns in the order of the spectrum)."""
@@ -120,8 +109,7 @@ class Extremes:
         return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
 
     def cluster(self, lo: int, hi: int) -> Array:
-        """The columns ``lo:hi`` of ``W``, kept: certified (even when the full decomposition
-        exists, so the same whatever was asked before), else from :meth:`full`."""
+        """The columns ``lo:hi`` of ``W`` (kept): certified if possible, else from :meth:`full`."""
         if (lo, hi) in self._clusters:
             return self._clusters[(lo, hi)]
         xp, V = self.xp, None
@@ -145,15 +133,9 @@ def is_linalg_error(exc: BaseException) -> bool:
     return any("LinAlgError" in c.__name__ for c in type(exc).__mro__)
 
 
-def gram_was_used(hs: Any, xp: Any) -> bool:
-    """Whether the engine took the Gram path (its error bound is then > 0; eager)."""
-    err = hs.sp.mu_err
-    return bool(err > 0) if isinstance(err, float) else bool(float(xp.max(err)) > 0)
-
-
 def probe_path(task: TaskData, F: Array, rtol: float, xp: Any, *, vectors: bool):
-    """``(hs, path)``: the spectrum of ``F`` on ``"auto"`` and the path to run, ``"auto"`` where
-    the Gram resolved it, else ``"exact"`` (``hs`` None when the decomposition failed)."""
+    """``(hs, path)``: the spectrum of ``F`` on ``"auto"`` (None if it failed) and the path to
+    run, ``"auto"`` where the Gram resolved it, else ``"exact"``."""
     try:
         with np.errstate(all="ignore"):
             hs = spectrum(task, None, rtol, xp, F=F, vectors=vectors, path="auto")
@@ -161,7 +143,9 @@ def probe_path(task: TaskData, F: Array, rtol: float, xp: Any, *, vectors: bool)
         if not is_linalg_error(exc):
             raise
         return None, "exact"
-    return hs, "auto" if gram_was_used(hs, xp) else "exact"
+    err = hs.sp.mu_err  # > 0 where the engine took the Gram path
+    gram = bool(err > 0) if isinstance(err, float) else bool(float(xp.max(err)) > 0)
+    return hs, "auto" if gram else "exact"
 
 
 def loss_parts(z: Array, y: Array, task: str, xp: Any) -> tuple[Array, Array, Array]:
@@ -176,15 +160,10 @@ def loss_parts(z: Array, y: Array, task: str, xp: Any) -> tuple[Array, Array, Ar
 
 
 def _measure(problem: Problem, tr: Tracked, vectors: tuple[bool, bool]):
-    """``(hs_P, hs_H, loss, q, g_omega)`` at ``tr``: the spectra and the supervised loss, ``q``
-    (the θ-gradient is ``q ωᵀ``) and the ω-gradient."""
-    xp, X = problem.xp, problem.P.Xhat
-    hsP, hsH = (
-        spectrum(task, None, problem.rtol, xp, vectors=vec, path=path, F=F)
-        for task, vec, path, F in zip(
-            (problem.P, problem.H), vectors, problem.paths, (tr.F_P, tr.F_H), strict=True
-        )
-    )
+    """``(hs_P, hs_H, loss, q, g_omega)`` at ``tr``; the θ-gradient of the loss is ``q ωᵀ``."""
+    xp, X, rtol, paths = problem.xp, problem.P.Xhat, problem.rtol, problem.paths
+    hsP = spectrum(problem.P, None, rtol, xp, vectors=vectors[0], path=paths[0], F=tr.F_P)
+    hsH = spectrum(problem.H, None, rtol, xp, vectors=vectors[1], path=paths[1], F=tr.F_H)
     loss, d1, _ = loss_parts(X @ tr.apply(tr.omega), problem.yp, problem.task, xp)
     q = X.T @ (d1 / X.shape[0])
     return hsP, hsH, xp.mean(loss), q, tr.apply_t(q)
@@ -202,33 +181,25 @@ def record(problem: Problem, hsP: Any, hsH: Any, loss: Array, next_ok: Array) ->
 def step(problem: Problem, state: State) -> tuple[State, Array]:
     """One epoch of ``problem.method`` from ``state = (θ_t, ω̂_t)``.
 
-    ``ω_{t+1} = ω_t − η∇_ωL``, ``θ_{t+1} = θ_t − η∇_θL − Δ_t``, both from ``(θ_t, ω_t)``;
-    ``Δ_t`` is the method's regularizer step, clipped to relative size ``max_step``. Pure and
-    jit-able: a diverged state gives a non-finite record, never an error.
+    ``ω_{t+1} = ω_t − η∇_ωL``, ``θ_{t+1} = θ_t − η∇_θL − Δ_t`` (``Δ_t`` the method's clipped
+    regularizer step). Pure and jit-able: a diverged state gives a non-finite record, no error.
 
     Parameters
     ----------
-    problem : Problem
-        From :func:`condreg.algorithm.prepare`.
-    state : State
-        ``(θ_t, ω̂_t)``, the head in the problem's scaled units.
+    problem, state : Problem, State
+        From :func:`prepare`; ``state`` is ``(θ_t, ω̂_t)``, the head in the problem's units.
 
     Returns
     -------
-    state : State
-        ``(θ_{t+1}, ω̂_{t+1})``.
-    record : array, shape (8,)
-        :data:`RECORD_FIELDS` at ``θ_t``; ``next_ok`` is 1.0 when ``θ_{t+1}``, ``ω_{t+1}`` are
-        finite.
+    state, record : State, array of shape (8,)
+        ``(θ_{t+1}, ω̂_{t+1})`` and :data:`RECORD_FIELDS` at ``θ_t`` (``next_ok``: all finite).
 
     Examples
     --------
     >>> import numpy as np
     >>> from condreg import algorithm
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
-    >>> state, record = algorithm.step(problem, state)
+    >>> X_p, X_h = np.random.default_rng(0).standard_normal((2, 40, 6))
+    >>> state, record = algorithm.step(*algorithm.prepare(X_p, X_p[:, 0], X_h))
     >>> dict(zip(algorithm.RECORD_FIELDS, record.tolist()))["next_ok"]
     1.0
     """
@@ -248,13 +219,12 @@ def advance(problem: Problem, tr: Tracked, cross: Array | None) -> tuple[Tracked
     delta = delta + (update if isinstance(update, Delta) else Delta(dense=update))
     new_omega = tr.omega - problem.lr * g_omega
     if cross is None:
-        new_theta = tr.dense() - delta.materialize(tr.theta.shape[0], tr.theta)
+        new_theta = tr.dense() - delta.materialize()
         new = Tracked(new_theta, new_omega, None, None, None, None, tr.P, tr.H)
     else:
         new = advance_parts(problem, tr, delta, new_omega, cross)
-    parts = (new.theta, new.omega, new.F_P, new.F_H, new.Y_P, new.Y_H)
     ok = _validation.all_finite(new.theta, xp)
-    for part in parts[1:]:
+    for part in (new.omega, new.F_P, new.F_H, new.Y_P, new.Y_H):
         if part is not None:
             ok = ok & _validation.all_finite(part, xp)
     return new, record(problem, hsP, hsH, loss, xp.astype(ok, loss.dtype))
@@ -265,10 +235,8 @@ def evaluate(problem: Problem, state: State | Tracked) -> Array:
 
     Parameters
     ----------
-    problem : Problem
-        From :func:`condreg.algorithm.prepare`.
-    state : State
-        ``(θ_t, ω̂_t)`` (or the loop's factored iterate).
+    problem, state : Problem, State
+        From :func:`prepare`; ``state`` is ``(θ_t, ω̂_t)`` (or the loop's factored iterate).
 
     Returns
     -------
@@ -279,11 +247,9 @@ def evaluate(problem: Problem, state: State | Tracked) -> Array:
     --------
     >>> import numpy as np
     >>> from condreg import algorithm
-    >>> rng = np.random.default_rng(0)
-    >>> X_p, X_h = rng.standard_normal((40, 6)), rng.standard_normal((30, 6))
-    >>> problem, state = algorithm.prepare(X_p, rng.standard_normal(40), X_h)
-    >>> record = algorithm.evaluate(problem, state)
-    >>> bool(np.isclose(record[0], problem.P.kappa_K))  # κ(H_P(I)) = κ(K_P)
+    >>> X_p, X_h = np.random.default_rng(0).standard_normal((2, 40, 6))
+    >>> problem, state = algorithm.prepare(X_p, X_p[:, 0], X_h)
+    >>> bool(np.isclose(algorithm.evaluate(problem, state)[0], problem.P.kappa_K))
     True
     """
     tr = state if isinstance(state, Tracked) else Tracked.start(problem, state)

@@ -37,8 +37,7 @@ def namespace(named: dict[str, Any], xp: Any = None) -> Any:
 
 
 def float_dtype(xp: Any, *arrays: Array) -> Any:
-    """The compute dtype: the inputs' real float (at least float32), or the default float for
-    integers; ``TypeError`` for complex or boolean data."""
+    """The compute dtype: the inputs' real float (at least float32), or the default float."""
     dtypes = []
     for a in arrays:
         if not _is_real(a.dtype, xp):
@@ -48,9 +47,7 @@ def float_dtype(xp: Any, *arrays: Array) -> Any:
     if not dtypes:
         return _validation.default_float(xp, arrays[0])
     dtype = xp.result_type(*dtypes)
-    if xp.finfo(dtype).bits < 32:
-        return xp.float32
-    return dtype
+    return xp.float32 if xp.finfo(dtype).bits < 32 else dtype
 
 
 def _is_real(dtype: Any, xp: Any) -> bool:
@@ -79,35 +76,18 @@ def data_matrices(X_p: Any, X_h: Any, xp: Any) -> tuple[Array, Array]:
     dtype = float_dtype(xp, X_p, X_h)
     X_p, X_h = xp.astype(X_p, dtype), xp.astype(X_h, dtype)
     for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        if not finite(X, xp):
+        if not bool(xp.all(xp.isfinite(X))):
             raise ValueError(f"immunize: {name} contains NaN or Inf")
         if not bool(xp.any(X != 0)):
             raise ValueError(f"immunize: {name} is all zeros (rank 0); nothing to immunize")
     return X_p, X_h
 
 
-def finite(x: Array, xp: Any) -> bool:
-    return bool(xp.all(xp.isfinite(x)))
-
-
 def checked(
     a: Any, name: str, shape: tuple[int, ...], xp: Any, dtype: Any, dev: Any, expected: str = ""
 ) -> Array:
-    """``a`` cast (:func:`as_array`), of ``shape`` (``(n, 1)`` accepted for ``(n,)``), finite."""
-    a = as_array(a, name, xp, dtype, dev)
-    if len(shape) == 1 and tuple(a.shape) == (*shape, 1):
-        a = xp.reshape(a, shape)
-    if tuple(a.shape) != shape:
-        raise ValueError(
-            f"immunize: {name} must have shape {expected or shape}, got {tuple(a.shape)}"
-        )
-    if not finite(a, xp):
-        raise ValueError(f"immunize: {name} contains NaN or Inf")
-    return a
-
-
-def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
-    """``a`` in ``xp`` with ``dtype``; nested sequences are converted, other objects raise."""
+    """``a`` in ``xp`` with ``dtype`` (nested sequences converted), of ``shape`` (``(n, 1)``
+    accepted for ``(n,)``) and finite."""
     if not is_array_api_obj(a):
         try:
             a = np.asarray(a, dtype=np.float64)
@@ -118,7 +98,16 @@ def as_array(a: Any, name: str, xp: Any, dtype: Any, dev: Any) -> Array:
         a = xp.asarray(a, device=dev)
     if not _is_real(a.dtype, xp):
         raise TypeError(f"immunize: {name} must be real numbers, got dtype {a.dtype}")
-    return xp.astype(a, dtype)
+    a = xp.astype(a, dtype)
+    if len(shape) == 1 and tuple(a.shape) == (*shape, 1):
+        a = xp.reshape(a, shape)
+    if tuple(a.shape) != shape:
+        raise ValueError(
+            f"immunize: {name} must have shape {expected or shape}, got {tuple(a.shape)}"
+        )
+    if not bool(xp.all(xp.isfinite(a))):
+        raise ValueError(f"immunize: {name} contains NaN or Inf")
+    return a
 
 
 def labels(y: Any, n: int, name: str, task: str, xp: Any, dtype: Any, dev: Any) -> Array:
@@ -169,9 +158,8 @@ def options(
     }
     if not out["max_step"] < 0.5:
         raise ValueError(f"immunize: max_step must be in (0, 0.5), got {max_step!r}")
-    for name, v in (("lam_p", lam_p), ("lam_h", lam_h)):
-        out[name] = None if v is None else positive(v, name, allow_zero=True)
-    out["imma_lr"] = None if imma_lr is None else positive(imma_lr, "imma_lr")
+    for name, v in (("lam_p", lam_p), ("lam_h", lam_h), ("imma_lr", imma_lr)):
+        out[name] = None if v is None else positive(v, name, allow_zero=name != "imma_lr")
     return out | setup_options(rtol=rtol, ridge=ridge)
 
 
@@ -182,4 +170,3 @@ def setup_options(*, rtol: Any, ridge: Any) -> dict[str, Any]:
         if not rtol < 1:
             raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
     return {"rtol": rtol, "ridge": None if ridge is None else positive(ridge, "ridge")}
-
