@@ -25,8 +25,24 @@ from condreg.algorithm._step import RECORD_FIELDS, evaluate, step
 from condreg.algorithm._validate import TASKS
 
 __all__ = [
-    "immunize", "ImmunizationResult", "ImmunizationWarning", "preconditioned_gradient", "prepare",
-    "setup_data", "DataSetup", "step", "evaluate", "Problem", "State", "TaskData", "Method",
-    "REGISTRY", "METHODS", "TASKS", "HISTORY_KEYS", "RECORD_FIELDS", "STOP_REASONS",
+    "immunize",
+    "ImmunizationResult",
+    "ImmunizationWarning",
+    "preconditioned_gradient",
+    "prepare",
+    "setup_data",
+    "DataSetup",
+    "step",
+    "evaluate",
+    "Problem",
+    "State",
+    "TaskData",
+    "Method",
+    "REGISTRY",
+    "METHODS",
+    "TASKS",
+    "HISTORY_KEYS",
+    "RECORD_FIELDS",
+    "STOP_REASONS",
     "imma_gradient",
-]  # fmt: skip
+]

@@ -265,10 +265,23 @@ def immunize(
     if resume is not None and (theta0 is not None or omega0 is not None):
         raise ValueError("immunize: pass either resume or theta0/omega0, not both")
     kw = run_options(
-        resume, method=method, task=task, lam_p=lam_p, lam_h=lam_h, lr=lr, max_step=max_step,
-        ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol, paths=None, seed=seed,
-        y_h=y_h, theta0=theta0, omega0=omega0,
-    )  # fmt: skip
+        resume,
+        method=method,
+        task=task,
+        lam_p=lam_p,
+        lam_h=lam_h,
+        lr=lr,
+        max_step=max_step,
+        ridge=ridge,
+        imma_steps=imma_steps,
+        imma_lr=imma_lr,
+        rtol=rtol,
+        paths=None,
+        seed=seed,
+        y_h=y_h,
+        theta0=theta0,
+        omega0=omega0,
+    )
     problem, state = prepare(X_p, y_p, X_h, warn=warn, xp=xp, setup=setup, **kw)
     start, references = _continued(problem, state, resume)
     out = run(problem, start, epochs, references, progress, callback)

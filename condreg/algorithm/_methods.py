@@ -225,26 +225,48 @@ def imma_default_lr(problem: Problem, theta: Array, hsH: Any) -> float:
     return 1.0 / (curvature * top)
 
 
-REGISTRY = MappingProxyType({
-    "condreg": Method(
-        "condreg", ("p", "h"), (True, True), _condreg_sizes, _condreg_update,
-        "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
-        min_rank_h=2, uses_theta=False,
-    ),
-    "r_ill_only": Method(
-        "r_ill_only", ("h",), (False, True), _condreg_sizes, _condreg_update,
-        "−ηλ_H K_H⁻¹∇R_ill(H_H)", min_rank_h=2, uses_theta=False,
-    ),
-    "opt_kappa": Method(
-        "opt_kappa", ("p", "h"), (True, True), _opt_kappa_sizes, _opt_kappa_update,
-        "−η∇_θ[λ_H / log κ(H_H) + λ_P log κ(H_P)], plain gradient through κ",
-    ),
-    "imma": Method(
-        "imma", ("h",), (False, False), _imma_sizes, _imma_update,
-        "+ηλ_H∇_θL_H(w_J(θ), θ): ascent on the harmful loss after J simulated probe steps",
-        needs_y_h=True, default_inner_lr=imma_default_lr,
-    ),
-})  # fmt: skip
+REGISTRY = MappingProxyType(
+    {
+        "condreg": Method(
+            "condreg",
+            ("p", "h"),
+            (True, True),
+            _condreg_sizes,
+            _condreg_update,
+            "−ηλ_P K_P⁻¹∇R_well(H_P) − ηλ_H K_H⁻¹∇R_ill(H_H), K⁻¹ on the left (Algorithm 1)",
+            min_rank_h=2,
+            uses_theta=False,
+        ),
+        "r_ill_only": Method(
+            "r_ill_only",
+            ("h",),
+            (False, True),
+            _condreg_sizes,
+            _condreg_update,
+            "−ηλ_H K_H⁻¹∇R_ill(H_H)",
+            min_rank_h=2,
+            uses_theta=False,
+        ),
+        "opt_kappa": Method(
+            "opt_kappa",
+            ("p", "h"),
+            (True, True),
+            _opt_kappa_sizes,
+            _opt_kappa_update,
+            "−η∇_θ[λ_H / log κ(H_H) + λ_P log κ(H_P)], plain gradient through κ",
+        ),
+        "imma": Method(
+            "imma",
+            ("h",),
+            (False, False),
+            _imma_sizes,
+            _imma_update,
+            "+ηλ_H∇_θL_H(w_J(θ), θ): ascent on the harmful loss after J simulated probe steps",
+            needs_y_h=True,
+            default_inner_lr=imma_default_lr,
+        ),
+    }
+)
 
 #: Method names, in the registry's order.
 METHODS = tuple(REGISTRY)

@@ -172,9 +172,18 @@ imma_steps, imma_lr, rtol, warn, xp, setup
     ):
         raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
     opts = v.options(
-        method=method, task=task, methods=REGISTRY, lr=lr, max_step=max_step,
-        lam_p=lam_p, lam_h=lam_h, ridge=ridge, imma_steps=imma_steps, imma_lr=imma_lr, rtol=rtol,
-    )  # fmt: skip
+        method=method,
+        task=task,
+        methods=REGISTRY,
+        lr=lr,
+        max_step=max_step,
+        lam_p=lam_p,
+        lam_h=lam_h,
+        ridge=ridge,
+        imma_steps=imma_steps,
+        imma_lr=imma_lr,
+        rtol=rtol,
+    )
     seed = v.integer(seed, "seed", 0, TypeError)
     xp, Xp, Xh, yp, yh, theta, omega = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
     rtol = opts["rtol"] or run_rtol(Xp, Xh)  # max(N_P, N_H, D)·eps, as metrics.rir
@@ -192,9 +201,23 @@ imma_steps, imma_lr, rtol, warn, xp, setup
     y_unit = (robust_rms(yp, xp) or 1.0) if task == "regression" else 1.0
     yh = _harmful_labels(yh, Xh, task, seed, xp) if m.needs_y_h else None
     problem = Problem(
-        m, task, setup.P, setup.H, yp / y_unit, yh, opts["lr"], opts["max_step"], 0.0, 0.0,
-        opts["imma_steps"], 0.0, setup.rtol, setup.P.scale * y_unit, xp, setup=setup,
-    )  # fmt: skip
+        m,
+        task,
+        setup.P,
+        setup.H,
+        yp / y_unit,
+        yh,
+        opts["lr"],
+        opts["max_step"],
+        0.0,
+        0.0,
+        opts["imma_steps"],
+        0.0,
+        setup.rtol,
+        setup.P.scale * y_unit,
+        xp,
+        setup=setup,
+    )
     omega = xp.zeros_like(theta[0, :]) if omega is None else omega
     state = problem.state(theta, omega)
     if not paths:
@@ -214,13 +237,32 @@ def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
 
 #: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.
 DEFAULTS = MappingProxyType(
-    {"method": "condreg", "task": "regression", "lr": 0.005, "max_step": 0.3, "imma_steps": 5,
-     "seed": 0}
-)  # fmt: skip
+    {
+        "method": "condreg",
+        "task": "regression",
+        "lr": 0.005,
+        "max_step": 0.3,
+        "imma_steps": 5,
+        "seed": 0,
+    }
+)
 
 #: The options a result records and ``resume=`` reuses where not given.
-RESUMED = ("method", "task", "lam_p", "lam_h", "lr", "max_step", "ridge", "imma_steps",
-           "imma_lr", "rtol", "paths", "seed", "y_h")  # fmt: skip
+RESUMED = (
+    "method",
+    "task",
+    "lam_p",
+    "lam_h",
+    "lr",
+    "max_step",
+    "ridge",
+    "imma_steps",
+    "imma_lr",
+    "rtol",
+    "paths",
+    "seed",
+    "y_h",
+)
 
 
 def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:

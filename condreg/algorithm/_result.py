@@ -10,9 +10,18 @@ Array = Any
 
 #: The keys of :attr:`ImmunizationResult.history`, one list entry per evaluated ``θ_t``.
 HISTORY_KEYS = (
-    "epoch", "kappa_hp", "kappa_hh", "kappa_kp", "kappa_kh", "i", "ii", "rir", "r_well", "r_ill",
+    "epoch",
+    "kappa_hp",
+    "kappa_hh",
+    "kappa_kp",
+    "kappa_kh",
+    "i",
+    "ii",
+    "rir",
+    "r_well",
+    "r_ill",
     "loss",
-)  # fmt: skip
+)
 
 #: (i) must exceed 1 by more than this relative margin to count as harder (rounding of κ).
 SUCCESS_MARGIN = 1e-6
