@@ -1,9 +1,11 @@
-"""Summaries, table.md and plots of ``condreg reproduce house-prices`` (Table 1)."""
+"""Summaries, table.md and plots of ``condreg reproduce house-prices`` (Table 1), and
+:func:`write`, the results.json and table.md writer of the linear experiments."""
 
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,11 +18,25 @@ from condreg.experiments._linear import (
     summarise_runs,
 )
 
-__all__ = ["results", "notes", "table", "plots"]
+__all__ = ["results", "notes", "table", "plots", "write", "section"]
 
 #: The per-run numbers summarised over seeds (mean ± std).
 SUMMARY_KEYS = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "loss_initial", "loss_final")
 SUMMARY_KEYS += ("loss_best", "runtime_s")
+
+
+def write(out_dir, experiment: str, start: float, fields: dict, table: str, title: str) -> dict:
+    """Write results.json (``fields``: settings, seeds, results, notes; the time since ``start``)
+    and table.md (``table``, then the notes as bullets); return the payload."""
+    if fields["notes"]:
+        table = table.rstrip("\n") + "\n\n" + "\n".join(f"- {n}" for n in fields["notes"]) + "\n"
+    fields = dict(fields, experiment=experiment, runtime_s=time.perf_counter() - start)
+    return rp.write_outputs(out_dir, table=table, title=title, **fields)
+
+
+def section(title: str, headers, rows) -> str:
+    """A ``## title`` section of table.md holding a Markdown table."""
+    return f"## {title}\n\n" + rp.markdown_table(headers, rows) + "\n"
 
 
 def results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) -> dict[str, Any]:
@@ -39,18 +55,13 @@ def results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) -
         }
         for m, r in runs.items()
     }
-    return {
-        "data": {
-            **{k: info[k] for k in ("n_p", "n_h", "n_features")},
-            **{k: identity[k] for k in ("kappa_K_P", "kappa_K_H", "rank_K_P", "rank_K_H")},
-            "loss_best_input": identity["loss_best"],  # Definition 3.1 (c) at θ = I
-            "preprocessing": info,
-        },
-        "identity": identity,
-        "methods": methods,
-        "paper": rp.PAPER_HOUSE_PRICES,
-        "stopped_early": stopped_early([x for r in runs.values() for x in r]),
-    }
+    data = {k: info[k] for k in ("n_p", "n_h", "n_features")}
+    data |= {k: identity[k] for k in ("kappa_K_P", "kappa_K_H", "rank_K_P", "rank_K_H")}
+    # Definition 3.1 (c) at θ = I
+    data |= {"loss_best_input": identity["loss_best"], "preprocessing": info}
+    stopped = stopped_early([x for r in runs.values() for x in r])
+    out = dict(data=data, identity=identity, methods=methods, paper=rp.PAPER_HOUSE_PRICES)
+    return out | {"stopped_early": stopped}
 
 
 def notes(method_results: Mapping[str, Any]) -> list[str]:
@@ -108,25 +119,21 @@ def _loss_text(method_results: Mapping[str, Any], loss_input: float) -> str:
         "relative squared error any linear head reaches on X_Pθ (least squares over its column "
         f"space); on the inputs (θ = I) {rp.fmt_number(loss_input, 3)}. "
     )
-    if kept == n_runs:
-        text += (
-            f"{RANK_KEPT_TEXT}; the trained head's loss differs because the head is trained "
-            "jointly for a fixed number of epochs, not to convergence."
-        )
-    else:
-        text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P."
-    return text
+    if kept < n_runs:
+        return text + f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P."
+    return text + (
+        f"{RANK_KEPT_TEXT}; the trained head's loss differs because the head is trained "
+        "jointly for a fixed number of epochs, not to convergence."
+    )
 
 
-_HEADERS = [
-    "method", *(f"{k} {who}" for who in ("ours", "paper") for k in ("(i)", "(ii)", "RIR")),
-    "success (Def. 3.1 (a) + (b))", "at 10× / 100× rtol", "D_P loss, trained head",
-    "D_P loss, best on Xθ",
-]  # fmt: skip
+_HEADERS = ["method", *(f"{k} {who}" for who in ("ours", "paper") for k in ("(i)", "(ii)", "RIR"))]
+_HEADERS += ["success (Def. 3.1 (a) + (b))", "at 10× / 100× rtol", "D_P loss, trained head"]
+_HEADERS += ["D_P loss, best on Xθ"]
 
 
-def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[str]) -> str:
-    """table.md's body: the methods beside the paper's, how they were run, the notes."""
+def table(results_: Mapping[str, Any], settings, n_seeds: int) -> str:
+    """table.md's body: the methods beside the paper's and how they were run."""
     identity, method_results = results_["identity"], results_["methods"]
     info = results_["data"]["preprocessing"]
     best = rp.fmt_number(identity["loss_best"], 3)
@@ -148,8 +155,6 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int, notes_: Sequence[
     )
     if settings["quick"]:
         text += f"\n\nQuick run ({settings['epochs']} epochs): not comparable with the paper's."
-    if notes_:
-        text += "\n\n" + "\n".join(f"- {n}" for n in notes_) + "\n"
     return text
 
 
@@ -176,11 +181,11 @@ def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> Any:
     x = np.arange(len(methods))
     labels = ("(i) κ(H_H)/κ(K_H)", "(ii) κ(H_P)/κ(K_P)", "RIR")
     for ax, key, label in zip(axes, ("i", "ii", "rir"), labels, strict=True):
-        ours = [method_results[m]["summary"][key]["mean"] for m in methods]
-        err = [method_results[m]["summary"][key]["std"] for m in methods]
+        ours = [method_results[m]["summary"][key] for m in methods]
         paper = [rp.PAPER_HOUSE_PRICES[m][key] for m in methods]
         colours = [rp.METHOD_COLORS[m] for m in methods]
-        ax.bar(x - 0.2, ours, 0.4, yerr=err, label="ours", color=colours)
+        err = [s["std"] for s in ours]
+        ax.bar(x - 0.2, [s["mean"] for s in ours], 0.4, yerr=err, label="ours", color=colours)
         ax.bar(x + 0.2, paper, 0.4, label="paper", color=colours, alpha=0.35, hatch="//")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_yscale("log")
@@ -188,16 +193,12 @@ def _rir_plot(out_dir: pathlib.Path, method_results, tag: str) -> Any:
         ax.set_title(label)
     lo, hi = axes[2].get_ylim()
     axes[2].set_ylim(lo, hi * 4)  # room for the verdicts
-    for k, m in enumerate(methods):  # the verdict above our RIR bar
-        ok = method_results[m]["successes"] == len(method_results[m]["runs"])
-        top = method_results[m]["summary"]["rir"]["mean"]
-        mark, color = ("✓", "tab:green") if ok else ("✗", "tab:red")
+    for k, r in enumerate(method_results[m] for m in methods):  # the verdict above our RIR bar
+        top = r["summary"]["rir"]["mean"]
+        mark, color = ("✓", "tab:green") if r["successes"] == len(r["runs"]) else ("✗", "tab:red")
         axes[2].annotate(mark, (x[k] - 0.2, top), color=color, **_MARK_STYLE)
-    handles = [
-        Patch(facecolor="0.45", label="ours"),
-        Patch(facecolor="0.45", alpha=0.35, hatch="//", label="paper"),
-    ]
-    axes[0].legend(handles=handles, fontsize=8)
+    paper = Patch(facecolor="0.45", alpha=0.35, hatch="//", label="paper")
+    axes[0].legend(handles=[Patch(facecolor="0.45", label="ours"), paper], fontsize=8)
     fig.suptitle(
         f"{tag}House prices: Eq. 15 per method (log scale; dashed: θ = I); "
         "✓ / ✗: ours succeeds / fails Def. 3.1 (a) + (b)"

@@ -33,9 +33,7 @@ def pair_key(pair: Sequence[int]) -> str:
 
 def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str, Any]:
     """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas", "loss_best_input"}``."""
-    per_pair: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in methods}
-    kappas: dict[str, dict[str, float]] = {}
-    inputs: dict[str, list[float]] = {}
+    per_pair, kappas, inputs = {m: {} for m in methods}, {}, {}
     for seed in seed_values:
         for pair in pairs:
             unit, key = units[(seed, pair)], pair_key(pair)
@@ -53,21 +51,19 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
     """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and runs."""
     out = {}
     for method, by_pair in per_pair.items():
-        mean_rir, mean_log = [], []
-        succ: dict[int, list[int]] = {f: [] for f in TOLERANCE_FACTORS}
-        for k in range(len(seed_values)):
-            runs = [by_pair[pair_key(p)][k] for p in pairs]
-            rirs = np.array([r["rir"] for r in runs])
-            mean_rir.append(float(np.mean(rirs)))
-            mean_log.append(float(np.mean(np.log(rirs))))
-            for f in TOLERANCE_FACTORS:
-                succ[f].append(sum(r["tolerance"][f"{f}x"]["success"] for r in runs))
+        per_seed = [[by_pair[pair_key(p)][k] for p in pairs] for k in range(len(seed_values))]
+        rirs = [np.array([r["rir"] for r in runs]) for runs in per_seed]
+        succ = {
+            f: [sum(r["tolerance"][f"{f}x"]["success"] for r in runs) for runs in per_seed]
+            for f in TOLERANCE_FACTORS
+        }
         all_runs = [r for runs in by_pair.values() for r in runs]
         all_rir = np.array([r["rir"] for r in all_runs])
         best = [r.get("loss_best", float("nan")) for r in all_runs]
+        flips = sorted(k for k, rs in by_pair.items() if any(r["tolerance"]["flips"] for r in rs))
         out[method] = {
-            "mean_rir": rp.mean_std(mean_rir),
-            "mean_ln_rir": rp.mean_std(mean_log),
+            "mean_rir": rp.mean_std([float(np.mean(r)) for r in rirs]),
+            "mean_ln_rir": rp.mean_std([float(np.mean(np.log(r))) for r in rirs]),
             "successes": rp.mean_std(succ[1]),
             "successes_by_rtol": {f"{f}x": rp.mean_std(succ[f]) for f in TOLERANCE_FACTORS},
             "n_pairs": len(pairs),
@@ -75,9 +71,7 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
             "pairs_with_i_at_most_1": int(sum(r["i"] <= 1 for r in all_runs)),
             "pairs_with_ii_above_1": int(sum(r["ii"] > 1 for r in all_runs)),
             "pairs_with_rir_at_most_1": int(sum(r["rir"] <= 1 for r in all_runs)),
-            "verdict_flips_with_rtol": sorted(
-                {k for k, runs in by_pair.items() if any(r["tolerance"]["flips"] for r in runs)}
-            ),
+            "verdict_flips_with_rtol": flips,
             "runs_not_completed": sorted({r["stopped"] for r in all_runs} - {"completed"}),
             "mean_loss_final": float(np.mean([r["loss_final"] for r in all_runs])),
             "mean_loss_best": float(np.mean(best)),
@@ -91,30 +85,24 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
 
 
 def timing(units, computed, jobs: int, compute_wall: float, methods) -> dict[str, Any]:
-    """How long the units took: means per pair, workers, the extrapolated full run."""
+    """How long the units took: means per pair (all methods; of which condreg.immunize and the
+    scoring), the workers that computed units now, and the full run (90 pairs × 4 methods on
+    ``jobs`` workers) extrapolated from these pairs."""
     mean_pair_s = float(np.mean([u["seconds"] for u in units.values()]))
 
     def per_pair_sum(key):  # mean over the units computed now of the sum over the methods
         sums = [sum(r[key] for r in u["methods"].values()) for u in computed]
         return float(np.mean(sums)) if sums else None
 
+    out = {"mean_seconds_per_pair_all_methods": mean_pair_s}
+    out["mean_immunize_s_per_pair"] = per_pair_sum("runtime_s")
+    out.update(mean_scoring_s_per_pair=per_pair_sum("scoring_s"), jobs=jobs)
+    out["workers_used"] = len({u.get("worker") for u in computed})
+    out["units_cpu_s"] = float(sum(u.get("cpu_s", 0.0) for u in computed))
+    out.update(units_computed=len(computed), units_resumed=len(units) - len(computed))
+    out["compute_wall_s"] = compute_wall
     full_s = mean_pair_s * 90 * len(rp.METHODS) / len(methods) / max(jobs, 1)
-    return {
-        "mean_seconds_per_pair_all_methods": mean_pair_s,
-        # of which condreg.immunize and the scoring after it (RIR at 3 tolerances, D_P probe)
-        "mean_immunize_s_per_pair": per_pair_sum("runtime_s"),
-        "mean_scoring_s_per_pair": per_pair_sum("scoring_s"),
-        "jobs": jobs,
-        # distinct worker processes that computed units now (resumed units not counted)
-        "workers_used": len({u.get("worker") for u in computed}),
-        "units_cpu_s": float(sum(u.get("cpu_s", 0.0) for u in computed)),
-        "units_computed": len(computed),
-        "units_resumed": len(units) - len(computed),
-        "compute_wall_s": compute_wall,
-        # all 90 pairs × all four methods on `jobs` workers, if the pairs here are representative
-        "extrapolated_full_run_s": full_s,
-        "pairs_run": len(units),
-    }
+    return out | {"extrapolated_full_run_s": full_s, "pairs_run": len(units)}
 
 
 def results(collected, summary, timing_, n_features, tasks, cross_check) -> dict[str, Any]:
@@ -122,35 +110,27 @@ def results(collected, summary, timing_, n_features, tasks, cross_check) -> dict
     per_pair = collected["per_pair"]
     runs = [r for by_pair in per_pair.values() for rs in by_pair.values() for r in rs]
     diffs = [r["check_rel_diff"] for r in runs if r.get("check_rel_diff") is not None]
-    inputs = [v for vs in collected["loss_best_input"].values() for v in vs]
-    return {
-        "data": {
-            "n_features": n_features,
-            "task_sizes": {
-                str(d): {"n_positive": t.n_positive, "n_negative": t.n_negative}
-                for d, t in tasks.items()
-            },
-            "kappas": collected["kappas"],
-            # Definition 3.1 (c) at θ = I: the best attainable D_P loss on the inputs
-            "loss_best_input": collected["loss_best_input"],
-            "mean_loss_best_input": float(np.mean(inputs)),
-        },
-        "methods": summary,
-        "per_pair": per_pair,
-        "timing": timing_,
-        "paper": rp.PAPER_MNIST,
-        "paper_per_pair": None,  # not published (PAPER_PER_PAIR_NOTE)
-        "stopped_early": stopped_early(runs),
-        # whether NumPy's SVD recomputed every κ, and the largest relative difference
-        "cross_check": {"enabled": bool(cross_check), "max_rel_diff": max(diffs, default=None)},
+    best = collected["loss_best_input"]  # Definition 3.1 (c) at θ = I, per pair and seed
+    sizes = {
+        str(d): {"n_positive": t.n_positive, "n_negative": t.n_negative} for d, t in tasks.items()
     }
+    data = dict(n_features=n_features, task_sizes=sizes, kappas=collected["kappas"])
+    mean_best = float(np.mean([v for vs in best.values() for v in vs]))
+    data.update(loss_best_input=best, mean_loss_best_input=mean_best)
+    out = dict(data=data, methods=summary, per_pair=per_pair, timing=timing_, paper=rp.PAPER_MNIST)
+    out["paper_per_pair"] = None  # not published (PAPER_PER_PAIR_NOTE)
+    out["stopped_early"] = stopped_early(runs)
+    # whether NumPy's SVD recomputed every κ, and the largest relative difference
+    out["cross_check"] = {"enabled": bool(cross_check), "max_rel_diff": max(diffs, default=None)}
+    return out
 
 
-def notes(summary, per_pair, n_pairs: int) -> list[str]:
-    """One line per failure cause, verdict flip, early stop and distinct warning."""
-    out = []
-    for m, s in summary.items():
-        label = rp.METHOD_LABELS[m]
+def notes(results_: Mapping[str, Any], settings, units_dir) -> list[str]:
+    """One line per failure cause, verdict flip, early stop and distinct warning, then the inputs
+    and what --resume took from ``units_dir``."""
+    out, timing_ = [], results_["timing"]
+    for m, s in results_["methods"].items():
+        label, n_pairs = rp.METHOD_LABELS[m], s["n_pairs"]
         if s["successes"]["mean"] < n_pairs:
             failed = n_pairs - s["successes"]["mean"]
             count = f"{failed:.0f}" if failed == round(failed) else f"{failed:.1f} (seed mean)"
@@ -171,9 +151,21 @@ def notes(summary, per_pair, n_pairs: int) -> list[str]:
                 f"({shown}); successes {by}"
             )
         out += [f"{label}: a run stopped early: {why}" for why in s["runs_not_completed"]]
-        warned = {w for runs in per_pair[m].values() for r in runs for w in r["warnings"]}
-        warned = sorted(w for w in warned if "did not succeed" not in w)  # counted above
+        runs = [r for rs in results_["per_pair"][m].values() for r in rs]
+        warned = sorted({w for r in runs for w in r["warnings"] if "did not succeed" not in w})
         out += [f"{label}: warning from condreg.immunize: {w}" for w in warned[:3]]
+    if settings["inputs"] == "pooled":
+        out.append(
+            f"inputs: {settings['pool']}×{settings['pool']} average pooling, pixels "
+            f"active in > {settings['min_pixel_activity']:g} of the images: "
+            f"{results_['data']['n_features']} features, not the paper's 784 raw pixels (--inputs "
+            "raw for those)"
+        )
+    if timing_["units_resumed"]:
+        out.append(
+            f"--resume: {timing_['units_resumed']} (seed, pair) unit(s) taken from "
+            f"{units_dir}, {timing_['units_computed']} computed now"
+        )
     return out
 
 
@@ -217,10 +209,8 @@ def _loss_text(summary, loss_input: float, settings) -> str:
         f"column space of X_Pθ), averaged over pairs; on the inputs (θ = I) "
         f"{_best_text(loss_input)}. "
     )
-    if kept == n_runs:
-        text += f"{RANK_KEPT_TEXT}. "
-    else:
-        text += f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P. "
+    lost = f"{n_runs - kept} of {n_runs} run(s) lost rank on X_P"
+    text += f"{RANK_KEPT_TEXT if kept == n_runs else lost}. "
     if separable == n_runs:
         text += (
             f"D_P is linearly separable on Xθ in every run (best loss < {SEPARABLE_LOSS:g}, "
@@ -230,8 +220,8 @@ def _loss_text(summary, loss_input: float, settings) -> str:
     return text
 
 
-def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds: int) -> str:
-    """table.md's body: the methods beside the paper's, how they were run, the notes."""
+def table(results_: Mapping[str, Any], settings, n_seeds: int) -> str:
+    """table.md's body: the methods beside the paper's and how they were run."""
     summary, timing_, check = results_["methods"], results_["timing"], results_["cross_check"]
     data, first = results_["data"], next(iter(summary.values()))
     n_features, loss_input = data["n_features"], data["mean_loss_best_input"]
@@ -242,9 +232,8 @@ def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds:
     headers += ["RIR min – median – max (ours)", "D_P loss, trained head", "D_P loss, best on Xθ"]
     text = rp.markdown_table(headers, _rows(summary, n_pairs, loss_input))
     rtols = rp.fmt_number(lo, 3) if lo == hi else f"{rp.fmt_number(lo, 3)}–{rp.fmt_number(hi, 3)}"
-    if settings["inputs"] == "raw":
-        inputs = "the 784 raw pixels, (x/255 − 0.1307)/0.3081 (the authors' preprocessing)"
-    else:
+    inputs = "the 784 raw pixels, (x/255 − 0.1307)/0.3081 (the authors' preprocessing)"
+    if settings["inputs"] != "raw":
         inputs = (
             f"{n_features} inputs ({settings['pool']}×{settings['pool']} pooling, pixels "
             f"active in > {settings['min_pixel_activity']:g} of the images)"
@@ -277,10 +266,7 @@ def table(results_: Mapping[str, Any], settings, notes_: Sequence[str], n_seeds:
         )
     else:
         text += "Not cross-checked by an independent SVD (--cross-check does it).\n"
-    text += f"\nFig. 2 (ln_rir_heatmap.png): {PAPER_PER_PAIR_NOTE}.\n"
-    if notes_:
-        text += "\n" + "\n".join(f"- {n}" for n in notes_) + "\n"
-    return text
+    return text + f"\nFig. 2 (ln_rir_heatmap.png): {PAPER_PER_PAIR_NOTE}.\n"
 
 
 def _grids(per_pair, methods, digits):

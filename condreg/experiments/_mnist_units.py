@@ -1,6 +1,5 @@
-"""The units of work of ``condreg reproduce mnist-pairs``: one (seed, pair), every method, run in
-this process or in spawned workers with one BLAS thread each.
-"""
+"""The units of ``condreg reproduce mnist-pairs``: one (seed, pair), every method, run here or in
+spawned workers with one BLAS thread each."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
     """One (seed, pair): every method on (D_P = ``tp``, D_H = ``th``), the tasks decomposed once;
     each method's numbers are kept without θ and the history."""
     methods, epochs, lr, options, cross_check = shared
-    start, cpu_start = time.perf_counter(), time.process_time()
-    by_method = {}
+    start, cpu_start, by_method = time.perf_counter(), time.process_time(), {}
     setup = data_setup(tp.X, th.X, options)
     pair_spectra = PairSpectra(tp.X, th.X, tasks=setup.tasks)
     kw = dict(task="classification", epochs=epochs, lr=lr, seed=seed, cross_check=cross_check)
@@ -59,19 +57,11 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
         res.pop("history", None)  # 90 × 4 histories would bloat results.json
         by_method[method] = res
     first = by_method[methods[0]]
-    kappas = ("kappa_K_P", "kappa_K_H", "rank_K_P", "rank_K_H", "rtol")
-    return {
-        "seed": seed,
-        "pair": list(pair),
-        "kappas": {k: first[k] for k in kappas},
-        "loss_best_input": best_loss(
-            tp.X, tp.y, task="classification", rtol=first["rtol"], rank=first["rank_K_P"]
-        ),
-        "methods": by_method,
-        "seconds": time.perf_counter() - start,
-        "cpu_s": time.process_time() - cpu_start,
-        "worker": os.getpid(),
-    }
+    kappas = {k: first[k] for k in ("kappa_K_P", "kappa_K_H", "rank_K_P", "rank_K_H", "rtol")}
+    best = best_loss(tp.X, tp.y, task="classification", rtol=first["rtol"], rank=first["rank_K_P"])
+    unit = dict(seed=seed, pair=list(pair), kappas=kappas, loss_best_input=best, methods=by_method)
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    return unit | dict(seconds=seconds, cpu_s=cpu_s, worker=os.getpid())
 
 
 def _run_packed(args: tuple) -> dict[str, Any]:
@@ -87,13 +77,7 @@ def limit_worker_threads() -> None:
 
 
 def run_units(
-    todo: Sequence[tuple[int, tuple[int, int]]],
-    tasks_by_seed: Mapping[int, Mapping[int, Any]],
-    shared: Shared,
-    *,
-    jobs: int,
-    progress: bool,
-    done: Callable[[dict[str, Any]], None],
+    todo: list, tasks_by_seed: Mapping, shared: Shared, *, jobs: int, progress: bool, done: Callable
 ) -> None:
     """Run every (seed, pair) of ``todo`` here (``jobs == 1`` or one unit) or in ``jobs`` spawned
     workers, costliest first, and call ``done(unit)`` as each one finishes."""

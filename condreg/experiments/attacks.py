@@ -1,9 +1,7 @@
-"""Immunization under stronger attackers: how many probing steps a condition number buys.
-
-On house prices and a few MNIST pairs, θ = I and each method's θ are probed from ``w_0 = 0`` on
-D_H and D_P by every attacker of :func:`condreg.attacks.probe` (docs/attacks.md): the steps to 99 %
-of the achievable loss reduction and the slow-down ``steps(θ) / steps(I)``.
-"""
+"""Immunization under stronger attackers (docs/attacks.md): on house prices and a few MNIST pairs,
+θ = I and each method's θ are probed from ``w_0 = 0`` on D_H and D_P by every attacker of
+:func:`condreg.attacks.probe`; the steps to 99 % of the achievable loss reduction and the slow-down
+``steps(θ) / steps(I)``."""
 
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import UsageError
+from condreg.experiments import _house_report as report
 from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._linear import default_rtol, immunize_method, spectrum_numbers
@@ -28,14 +27,10 @@ __all__ += ["QUICK_STEPS", "FRACTION"]
 PAPER_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8), (1, 7)]
 QUICK_PAIRS: list[tuple[int, int]] = [(3, 8)]
 #: Probing iterations per attacker (full / --quick).
-FULL_STEPS = 5000
-QUICK_STEPS = 1000
-#: The fraction of the achievable loss reduction that counts as "reached".
-FRACTION = 0.99
-#: A deeper fit, where the small eigenvalues (and so κ) set the pace; also summarised.
-DEEP_FRACTION = 0.9999
-#: Fractions whose step counts results.json records for every run.
-FRACTIONS = (0.9, 0.99, 0.999, 0.9999)
+FULL_STEPS, QUICK_STEPS = 5000, 1000
+#: Fractions of the achievable loss reduction: the target that counts as "reached", a deeper fit
+#: where the small eigenvalues (so κ) set the pace (also summarised), and all recorded per run.
+FRACTION, DEEP_FRACTION, FRACTIONS = 0.99, 0.9999, (0.9, 0.99, 0.999, 0.9999)
 #: Points kept per curve in results.json (log-spaced step indices).
 CURVE_POINTS = 120
 
@@ -68,8 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> list[str]:
+def _settings(quick, data, pairs, steps, epochs, methods, attackers, fraction, options):
+    """``(settings, datasets)``: the options checked (UsageError) and resolved, the data loaded."""
     from condreg.attacks import ATTACKERS
+    from condreg.experiments import mnist_pairs as mp
+    from condreg.experiments.convergence import linear_datasets
 
     if options:
         raise UsageError(
@@ -97,7 +95,19 @@ def _validate(steps, methods, attackers, pairs, epochs, fraction, options) -> li
             raise UsageError(f"attacks: --pairs lists {twice} more than once")
     if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise UsageError(f"attacks: --fraction must be in (0, 1), got {fraction!r}")
-    return methods
+    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
+    datasets, data_dir = linear_datasets(data, pairs, quick, epochs)  # bad data fail here
+    n_positive = (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["n_positive"]
+    settings = dict(steps=int(steps or (QUICK_STEPS if quick else FULL_STEPS)), fraction=fraction)
+    settings.update(fractions_recorded=sorted({*FRACTIONS, float(fraction)}), methods=methods)
+    settings["attackers"] = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
+    settings["datasets"] = list(datasets)
+    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
+    settings.update(mnist_pairs=[list(p) for p in pairs])
+    settings.update(mnist_inputs={"preset": "pooled", "n_positive": n_positive})
+    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
+    settings["attacker_settings"] = "condreg.attacks.probe defaults (none tuned)"
+    return settings, datasets
 
 
 def run(
@@ -117,67 +127,27 @@ def run(
 ) -> dict[str, Any]:
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md,
     ``attack_curves.png`` (D_H) and ``attack_curves_pretrain.png`` (D_P) into ``out_dir``.
-
-    ``pairs``, ``steps``: default :data:`PAPER_PAIRS`, :data:`FULL_STEPS` (``quick``:
-    :data:`QUICK_PAIRS`, :data:`QUICK_STEPS`); ``epochs``: default those of house-prices /
-    mnist-pairs. Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
-    """
-    from condreg.attacks import ATTACKERS
-    from condreg.experiments.convergence import linear_datasets
-
+    Raises :class:`condreg.experiments.UsageError` for a bad option, before any work."""
     out_dir = rp.check_out_dir(out_dir)
-    methods = _validate(steps, methods, attackers, pairs, epochs, fraction, options)
-    start = time.perf_counter()
-    seed_values = rp.seed_list(seeds)
-    steps = int(steps or (QUICK_STEPS if quick else FULL_STEPS))
-    attackers = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
-    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
-    datasets, data_dir = linear_datasets(data, pairs, quick, epochs)  # bad data fail here
+    start, seed_values = time.perf_counter(), rp.seed_list(seeds)
+    settings, datasets = _settings(
+        quick, data, pairs, steps, epochs, methods, attackers, fraction, options
+    )
     out_dir = rp.prepare_out_dir(out_dir)
-    settings = _settings(steps, fraction, methods, attackers, datasets, pairs, data_dir, quick)
     probes, curves, immunization = _units(datasets, settings, seed_values, progress)
-    fractions = settings["fractions_recorded"]
-    slowdown = {f"{f:g}": _slowdowns(probes, steps, f"{f:g}") for f in fractions}
-    summary = {key: _summary(tab, datasets, methods, attackers) for key, tab in slowdown.items()}
-    notes = _notes(probes)
-    results = {"immunization": immunization, "probes": probes, "slowdown": slowdown}
-    results.update(summary=summary, curves=curves)
-    payload = rp.write_outputs(
-        out_dir,
-        experiment="attacks",
-        settings=settings,
-        seeds=seed_values,
-        results=results,
-        runtime_s=time.perf_counter() - start,
-        notes=notes,
-        table=_table(probes, slowdown, summary, immunization, settings, notes),
-        title="Immunization under stronger attackers: probing steps to 99 % of the loss "
-        f"reduction{_tag(quick)}",
-    )
+    keys = [f"{f:g}" for f in settings["fractions_recorded"]]
+    slowdown = {key: _slowdowns(probes, settings["steps"], key) for key in keys}
+    summary = {key: _summary(tab, settings) for key, tab in slowdown.items()}
+    results = dict(immunization=immunization, probes=probes, slowdown=slowdown, summary=summary)
+    results["curves"] = curves
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=_notes(probes))
+    title = "Immunization under stronger attackers: probing steps to 99 % of the loss reduction"
+    if quick:
+        title += " — quick: fewer pairs, epochs and steps, not comparable with the full run"
+    payload = report.write(out_dir, "attacks", start, fields, _table(results, settings), title)
     for task, fname in (("D_H", "attack_curves.png"), ("D_P", "attack_curves_pretrain.png")):
-        _plot(out_dir / fname, curves, task, settings, quick)
+        _plot(out_dir / fname, curves, task, settings)
     return payload
-
-
-def _tag(quick: bool) -> str:
-    return (
-        " — quick: fewer pairs, epochs and steps, not comparable with the full run" if quick else ""
-    )
-
-
-def _settings(steps, fraction, methods, attackers, datasets, pairs, data_dir, quick) -> dict:
-    """The run's settings (results.json)."""
-    from condreg.experiments import mnist_pairs as mp
-
-    n_positive = (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["n_positive"]
-    fractions = sorted({*FRACTIONS, float(fraction)})
-    settings = dict(steps=steps, fraction=fraction, fractions_recorded=fractions, methods=methods)
-    settings.update(attackers=attackers, datasets=list(datasets))
-    settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
-    settings.update(mnist_pairs=[list(p) for p in pairs])
-    settings.update(mnist_inputs={"preset": "pooled", "n_positive": n_positive})
-    settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
-    return settings | {"attacker_settings": "condreg.attacks.probe defaults (none tuned)"}
 
 
 def _branch(tree: dict, *keys: str) -> dict:
@@ -188,12 +158,9 @@ def _branch(tree: dict, *keys: str) -> dict:
 
 
 def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]:
-    """Immunize (or take θ = I) every (seed, dataset, θ) and attack it on both tasks with every
-    attacker: ``(probes, curves (first seed), immunization)`` by dataset, task, θ, attacker.
-    """
-    probes: dict[str, Any] = {}
-    curves: dict[str, Any] = {}
-    immunization: dict[str, Any] = {}
+    """``(probes, curves (first seed), immunization)`` by dataset, task, θ and attacker: every
+    (seed, dataset, θ = I or a method's) attacked on both tasks by every attacker."""
+    probes, curves, immunization = {}, {}, {}
     thetas = ["identity", *settings["methods"]]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
     for seed, name, method in rp.progress(jobs, enabled=progress, desc="attacks"):
@@ -210,15 +177,14 @@ def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]
         _branch(immunization, name).setdefault(method, []).append(entry)
         for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
             for attacker in settings["attackers"]:
-                rec, curve = _attack(theta, X, y, attacker, settings, rtol)
-                rec["seed"] = seed
+                rec, curve = _attack(theta, X, y, attacker, settings, rtol, seed)
                 _branch(probes, name, task, method).setdefault(attacker, []).append(rec)
                 if seed == seed_values[0]:
                     _branch(curves, name, task, method)[attacker] = curve
     return probes, curves, immunization
 
 
-def _attack(theta, X, y, attacker, settings, rtol) -> tuple[dict, dict]:
+def _attack(theta, X, y, attacker, settings, rtol, seed) -> tuple[dict, dict]:
     """One probe of ``Xθ``: its record and its excess-loss curve at log-spaced steps."""
     from condreg.attacks import probe, steps_to_reduction
 
@@ -227,33 +193,27 @@ def _attack(theta, X, y, attacker, settings, rtol) -> tuple[dict, dict]:
     loss, loss_min = np.asarray(res.loss, dtype=np.float64), float(res.loss_min)
     total = loss[0] - loss_min
     excess = (loss - loss_min) / total if total > 0 else np.zeros_like(loss)
-    rec = {
-        "steps_to": {f"{f:g}": steps_to_reduction(res.loss, res.loss_min, f) for f in fractions},
-        "loss_initial": float(loss[0]),
-        "loss_min": loss_min,
-        "loss_final": float(loss[-1]),
-        "excess_final": float(excess[-1]),
-        "norm_ratio_final": float(np.asarray(res.norm_ratio)[-1]),
-        "kappa": res.kappa,
-        "rank": res.rank,
-        "params": dict(res.params),
-    }
+    rec = {"steps_to": {f"{f:g}": steps_to_reduction(res.loss, res.loss_min, f) for f in fractions}}
+    rec.update(loss_initial=float(loss[0]), loss_min=loss_min, loss_final=float(loss[-1]))
+    ratio = float(np.asarray(res.norm_ratio)[-1])
+    rec.update(excess_final=float(excess[-1]), norm_ratio_final=ratio, kappa=res.kappa)
+    rec.update(rank=res.rank, params=dict(res.params), seed=seed)
     idx = np.unique(np.round(np.geomspace(1, steps, CURVE_POINTS)).astype(int))
     idx = np.concatenate([[0], idx])
     return rec, {"t": idx.tolist(), "excess": excess[idx].tolist()}
 
 
-def _ratio(t_theta, t_ident, steps):
-    """Slow-down ``steps(θ)/steps(I)`` with censoring: ``(factor, bound)``, bound "=", ">=" (θ
-    censored), "<=" (I censored) or None (both censored).
-    """
-    if t_theta is not None and t_ident is not None:
-        return t_theta / max(t_ident, 1), "="
-    if t_theta is None and t_ident is not None:
-        return (steps + 1) / max(t_ident, 1), ">="
-    if t_theta is not None:
-        return t_theta / (steps + 1), "<="
-    return None, None
+def _ratio(rec, ref, steps: int, key: str) -> dict[str, Any]:
+    """Slow-down ``steps(θ)/steps(I)`` to ``key`` of the run ``rec`` against ``ref`` (θ = I), with
+    censoring: bound "=", ">=" (θ censored), "<=" (I censored) or None (both censored)."""
+    t_theta, t_ident = rec["steps_to"][key], ref["steps_to"][key]
+    factor, bound = None, None
+    if t_ident is not None:
+        factor = (t_theta if t_theta is not None else steps + 1) / max(t_ident, 1)
+        bound = "=" if t_theta is not None else ">="
+    elif t_theta is not None:
+        factor, bound = t_theta / (steps + 1), "<="
+    return {"factor": factor, "bound": bound, "seed": rec["seed"]}
 
 
 def _slowdowns(probes, steps, key):
@@ -263,21 +223,19 @@ def _slowdowns(probes, steps, key):
         for task, by_method in by_task.items():
             for method, by_att in by_method.items():
                 for attacker, recs in by_att.items():
-                    vals = []
-                    for rec, ref in zip(recs, by_method["identity"][attacker], strict=True):
-                        factor, bound = _ratio(rec["steps_to"][key], ref["steps_to"][key], steps)
-                        vals.append({"factor": factor, "bound": bound, "seed": rec["seed"]})
+                    refs = by_method["identity"][attacker]
+                    vals = [_ratio(r, ref, steps, key) for r, ref in zip(recs, refs, strict=True)]
                     _branch(out, name, task, method)[attacker] = vals
     return out
 
 
-def _summary(slowdown, datasets, methods, attackers):
+def _summary(slowdown, settings):
     """Geometric mean of the slow-down over datasets and seeds per task, method and attacker
-    (censored values enter at their bound).
-    """
+    (censored values at their bound)."""
     out: dict[str, Any] = {}
-    for task, method, attacker in itertools.product(TASKS, methods, attackers):
-        every = [v for name in datasets for v in slowdown[name][task][method][attacker]]
+    combos = itertools.product(TASKS, settings["methods"], settings["attackers"])
+    for task, method, attacker in combos:
+        every = [v for name in settings["datasets"] for v in slowdown[name][task][method][attacker]]
         vals = [v for v in every if v["factor"] is not None]
         n = len(vals)
         entry = {"geomean": None, "bound": None, "n": n, "n_unknown": len(every) - n}
@@ -304,35 +262,25 @@ def _cell(recs, slows, steps, key, with_factor: bool) -> str:
     for rec, sl in zip(recs, slows, strict=True):
         t = rec["steps_to"][key]
         text = str(t) if t is not None else f">{steps}"
-        if with_factor:
-            text += f" ({_fmt_factor(sl['factor'], sl['bound'])})"
-        parts.append(text)
+        parts.append(text + (f" ({_fmt_factor(sl['factor'], sl['bound'])})" if with_factor else ""))
     return " / ".join(parts)
 
 
-def _summary_table(summary, settings) -> str:
-    rows = []
-    for m in settings["methods"]:
-        cells = [rp.METHOD_LABELS[m]]
-        for attacker in settings["attackers"]:
-            both = (summary["D_H"][m][attacker], summary["D_P"][m][attacker])
-            cells.append(" / ".join(_fmt_factor(s["geomean"], s["bound"]) for s in both))
-        rows.append(cells)
-    return rp.markdown_table(["θ", *settings["attackers"]], rows)
-
-
-def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
+def _table(results, settings) -> str:
+    """table.md's body: the slow-downs (geometric means), then each dataset's and task's steps."""
     steps, attackers = settings["steps"], settings["attackers"]
     key = f"{settings['fraction']:g}"
     text = ""
     if settings["methods"]:
         for k in dict.fromkeys((key, f"{DEEP_FRACTION:g}")):
-            text += (
-                f"## Slow-down against θ = I to {float(k):.4g} of the loss reduction, D_H / D_P "
-                "(geometric mean over the datasets)\n\n"
-                + _summary_table(summary[k], settings)
-                + "\n"
-            )
+            rows, summary = [], results["summary"][k]
+            for m in settings["methods"]:
+                both = [(summary["D_H"][m][a], summary["D_P"][m][a]) for a in attackers]
+                cells = (" / ".join(_fmt_factor(s["geomean"], s["bound"]) for s in b) for b in both)
+                rows.append([rp.METHOD_LABELS[m], *cells])
+            title = f"Slow-down against θ = I to {float(k):.4g} of the loss reduction, D_H / D_P "
+            title += "(geometric mean over the datasets)"
+            text += report.section(title, ["θ", *attackers], rows)
         text += (
             "A factor > 1 on D_H is immunization holding against that attacker; on D_P it "
             "should be ≤ 1 (the pre-training task stays easy). ≥: some runs did not reach the "
@@ -340,24 +288,18 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
             "bounds of both kinds, or some datasets censored for θ and θ = I alike (left out); "
             "?: censored for θ and θ = I alike everywhere.\n\n"
         )
-    for name, by_task in probes.items():
-        for task in TASKS:
-            rows = []
-            for m in ["identity", *settings["methods"]]:
-                recs = by_task[task][m]
-                row = [rp.METHOD_LABELS[m]]
-                row.append(" / ".join(rp.fmt_number(r["kappa"], 3) for r in recs[attackers[0]]))
-                for a in attackers:
-                    slows = slowdown[key][name][task][m][a]
-                    row.append(_cell(recs[a], slows, steps, key, m != "identity"))
-                row.append(" / ".join(rp.fmt_number(r["rir"], 3) for r in immunization[name][m]))
-                rows.append(row)
-            label = "D_H (the attack)" if task == "D_H" else "D_P (pre-training task)"
-            text += (
-                f"## {name}: {label}, steps to {float(key):.4g} of the loss reduction\n\n"
-                + rp.markdown_table(["θ", "κ(AᵀA)", *attackers, "RIR"], rows)
-                + "\n"
-            )
+    for (name, by_task), task in itertools.product(results["probes"].items(), TASKS):
+        rows = []
+        for m in ["identity", *settings["methods"]]:
+            recs, slows = by_task[task][m], results["slowdown"][key][name][task][m]
+            row = [rp.METHOD_LABELS[m]]
+            row.append(" / ".join(rp.fmt_number(r["kappa"], 3) for r in recs[attackers[0]]))
+            row += [_cell(recs[a], slows[a], steps, key, m != "identity") for a in attackers]
+            immunized = results["immunization"][name][m]
+            rows.append(row + [" / ".join(rp.fmt_number(r["rir"], 3) for r in immunized)])
+        label = "D_H (the attack)" if task == "D_H" else "D_P (pre-training task)"
+        title = f"{name}: {label}, steps to {float(key):.4g} of the loss reduction"
+        text += report.section(title, ["θ", "κ(AᵀA)", *attackers, "RIR"], rows)
     epochs = ", ".join(f"{k} {v}" for k, v in settings["epochs"].items())
     text += (
         f"Cells: probing steps until the loss ‖Xθw − y‖² has dropped by "
@@ -371,8 +313,6 @@ def _table(probes, slowdown, summary, immunization, settings, notes) -> str:
         f"betas (0.9, 0.999), lbfgs = history 10 with exact line search, lstsq = closed form. "
         f"Immunization epochs: {epochs}. Values of several seeds are separated by /.\n"
     )
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return text
 
 
@@ -401,7 +341,8 @@ def _notes(probes) -> list[str]:
     return notes
 
 
-def _plot(path, curves, task, settings, quick) -> None:
+def _plot(path, curves, task, settings) -> None:
+    """One panel per dataset and attacker: each θ's excess loss on ``task``, log-log."""
     from matplotlib.ticker import LogLocator
 
     steps, fraction, attackers = settings["steps"], settings["fraction"], settings["attackers"]
@@ -436,7 +377,7 @@ def _plot(path, curves, task, settings, quick) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=len(thetas), fontsize=8)
     what = "harmful task D_H (the attack)" if task == "D_H" else "pre-training task D_P"
     fig.suptitle(
-        f"{'Quick run — ' if quick else ''}Linear probing of Xθ on the {what}: "
+        f"{'Quick run — ' if settings['quick'] else ''}Linear probing of Xθ on the {what}: "
         f"(L(w_t) − L*) / (L(0) − L*), dotted = {1 - fraction:.0%} left",
         fontsize=10,
     )

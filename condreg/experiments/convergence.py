@@ -1,8 +1,6 @@
-"""Fig. 1: how fast linear probing converges on the immunized features (Eq. 16).
-
-On house prices and one MNIST pair (default 1-7), θ = I and each method's θ are probed on D_H
-and D_P by :func:`condreg.metrics.probe_convergence` (MNIST's targets: the 0/1 labels, Eq. 8).
-"""
+"""Fig. 1: how fast linear probing converges on the immunized features (Eq. 16): on house prices
+and one MNIST pair (default 1-7, 0/1 targets), θ = I and each method's θ are probed on D_H and D_P
+by :func:`condreg.metrics.probe_convergence`."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import UsageError
+from condreg.experiments import _house_report as report
 from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._linear import (
@@ -63,9 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def digits_closed(ratio: Any) -> np.ndarray:
-    """``−log10`` of Eq. 16's norm ratios: the decimal digits of the distance to the probe's optimum
-    closed by step t (higher = faster probing); NaN and values beyond [1e-16, 40] are clipped.
-    """
+    """``−log10`` of Eq. 16's norm ratios: the digits of the distance to the probe's optimum closed
+    (higher = faster probing), clipped to [1e-16, 40] (NaN: 1e-16)."""
     r = np.asarray(ratio, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = -np.log10(np.clip(r, 1e-40, None))
@@ -87,16 +85,10 @@ def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]
 
 
 def linear_datasets(
-    data: str | pathlib.Path | None,
-    pairs: list[tuple[int, int]],
-    quick: bool,
-    epochs: int | None = None,
+    data: str | pathlib.Path | None, pairs: list, quick: bool, epochs: int | None = None
 ) -> tuple[dict[str, dict[str, Any]], pathlib.Path]:
-    """House prices and each MNIST pair with the settings of house-prices / mnist-pairs.
-
-    Returns ``({name: {"task", "epochs", "lr", "loader"}}, the house-price directory)``;
-    ``loader(seed)`` gives ``(X_p, y_p, X_h, y_h)``, once per seed. Bad data fail here.
-    """
+    """``({name: {"task", "epochs", "lr", "loader"}}, house-price directory)``: house prices and
+    each MNIST pair as in house-prices / mnist-pairs; ``loader(seed)``: ``(X_p, y_p, X_h, y_h)``."""
     from condreg.experiments import house_prices as hpmod
     from condreg.experiments import mnist_pairs as mp
     from condreg.experiments.data import load_house_prices
@@ -109,10 +101,16 @@ def linear_datasets(
     hp = load_house_prices(data_dir)
     house = hp.X_p, hp.y_p, hp.X_h, hp.y_h
     datasets = {"house-prices": spec("regression", hpmod, lambda seed: house)}
-    images = mp.pooled_mnist()
+    X, y = mp.pooled_mnist()
+    base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
+    sizes = {k: base[k] for k in ("n_positive", "negative_fraction")}
     for pair in pairs:
-        loader = functools.cache(functools.partial(mp.pair_arrays, images, pair, quick))
-        datasets[f"mnist-{pair[0]}-{pair[1]}"] = spec("classification", mp, loader)
+
+        def loader(seed: int, pair: tuple[int, int] = pair) -> tuple[np.ndarray, ...]:
+            tp, th = mp.build_tasks(X, y, pair, seed=seed, **sizes).values()
+            return tp.X, tp.y, th.X, th.y
+
+        datasets[f"mnist-{pair[0]}-{pair[1]}"] = spec("classification", mp, functools.cache(loader))
     return datasets, data_dir
 
 
@@ -121,12 +119,10 @@ _KEEP_RUN = ("rtol", "success", "tolerance", "stopped")
 
 
 def _units(datasets, seed_values, methods, steps, progress, options) -> tuple[dict, dict]:
-    """Every (seed, dataset, θ): ``curves[name][method][task]`` (Eq. 16, a list per seed) and
-    ``numbers[name][method]`` (a dict per seed).
-    """
+    """``curves[name][method][task]`` (Eq. 16, a list per seed) and ``numbers[name][method]`` (a
+    dict per seed) of every (seed, dataset, θ)."""
     jobs = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
-    curves: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
-    numbers: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    curves, numbers = {}, {}
     for seed, name, method in rp.progress(jobs, enabled=progress, desc="convergence"):
         spec = datasets[name]
         X_p, y_p, X_h, y_h = spec["loader"](seed)
@@ -146,16 +142,14 @@ def _units(datasets, seed_values, methods, steps, progress, options) -> tuple[di
 
 def _final(curves) -> dict[str, Any]:
     """Per dataset, θ and task: the norm ratio after the last step and its −log10 (mean ± std)."""
+
+    def last(cs) -> dict[str, Any]:
+        digits = [float(digits_closed(c[-1])) for c in cs]
+        return rp.mean_std([c[-1] for c in cs]) | {"digits": rp.mean_std(digits)}
+
     return {
-        name: {
-            m: {
-                task: rp.mean_std([c[-1] for c in cs])
-                | {"digits": rp.mean_std([float(digits_closed(c[-1])) for c in cs])}
-                for task, cs in by_task.items()
-            }
-            for m, by_task in by_method.items()
-        }
-        for name, by_method in curves.items()
+        name: {m: {task: last(cs) for task, cs in by_task.items()} for m, by_task in by.items()}
+        for name, by in curves.items()
     }
 
 
@@ -171,13 +165,9 @@ def run(
     methods: list[str] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run Fig. 1 and write results.json, table.md and ``convergence.png`` into ``out_dir``.
-
-    ``data``: the house-price directory (default: the packaged copy); ``pair``: the MNIST (P, H)
-    pair (default (1, 7)); ``steps``: probing steps (default :data:`PAPER_STEPS`, ``quick``:
-    :data:`QUICK_STEPS`); ``methods``: a subset; other ``options`` go to :func:`condreg.immunize`.
-    Raises :class:`condreg.experiments.UsageError` for a bad option, before any work.
-    """
+    """Run Fig. 1 and write results.json, table.md and ``convergence.png`` into ``out_dir``;
+    ``pair`` defaults to (1, 7), ``options`` go to :func:`condreg.immunize`. Raises
+    :class:`condreg.experiments.UsageError` for a bad option, before any work."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     pair, steps, methods = _check(pair, steps, methods, quick)
@@ -193,40 +183,29 @@ def run(
     immunized = [rs for by in numbers.values() for m, rs in by.items() if m != "identity"]
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
     results["stopped_early"] = stopped_early([r for rs in immunized for r in rs])
-    payload = rp.write_outputs(
-        out_dir,
-        experiment="convergence",
-        settings=settings,
-        seeds=seed_values,
-        results=results,
-        runtime_s=time.perf_counter() - start,
-        notes=notes,
-        table=_table(final, numbers, steps, notes, quick),
-        title=f"Fig. 1 — linear-probing convergence (Eq. 16, exact line search){_tag(quick)}",
-    )
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
+    title = "Fig. 1 — linear-probing convergence (Eq. 16, exact line search)"
+    if quick:
+        title += " — quick: fewer epochs and steps, not comparable with the paper"
+    table = _table(final, numbers, steps, quick)
+    payload = report.write(out_dir, "convergence", start, fields, table, title)
     _plot(out_dir, curves, steps, quick)
     return payload
-
-
-def _tag(quick: bool) -> str:
-    return " — quick: fewer epochs and steps, not comparable with the paper" if quick else ""
 
 
 def _flip_notes(numbers) -> list[str]:
     """A note for every run whose verdict changes between 1×, 10× and 100× the rank tolerance."""
     notes = []
     for name, by_method in numbers.items():
-        for m, runs in by_method.items():
-            for r in runs:
-                if m != "identity" and r["tolerance"]["flips"]:
-                    rirs = ", ".join(
-                        f"{rp.fmt_number(r['tolerance'][f'{f}x']['rir'], 3)} at {f}×"
-                        for f in TOLERANCE_FACTORS
-                    )
-                    notes.append(
-                        f"{name}, {rp.METHOD_LABELS[m]}: the verdict flips with the rank "
-                        f"tolerance (RIR {rirs} rtol)"
-                    )
+        for m, rs in by_method.items():
+            for t in [r["tolerance"] for r in rs if m != "identity" and r["tolerance"]["flips"]]:
+                rirs = ", ".join(
+                    f"{rp.fmt_number(t[f'{f}x']['rir'], 3)} at {f}×" for f in TOLERANCE_FACTORS
+                )
+                notes.append(
+                    f"{name}, {rp.METHOD_LABELS[m]}: the verdict flips with the rank tolerance "
+                    f"(RIR {rirs} rtol)"
+                )
     return notes
 
 
@@ -235,7 +214,8 @@ _QUICK_NOTE = (
 )
 
 
-def _table(final, numbers, steps, notes, quick: bool) -> str:
+def _table(final, numbers, steps, quick: bool) -> str:
+    """table.md's body: per dataset, each θ's norm ratios, RIR and verdicts."""
     text = _QUICK_NOTE if quick else ""
     header = ["θ", f"D_P: ratio after {steps} steps", "D_P: −log₁₀ ratio", "D_H: ratio"]
     header += ["D_H: −log₁₀ ratio", "RIR", "success at 1× / 10× / 100× rtol"]
@@ -247,14 +227,11 @@ def _table(final, numbers, steps, notes, quick: bool) -> str:
                 ratio = by_method[m][task]
                 cells += [rp.fmt_mean_std(ratio), rp.fmt_mean_std(ratio["digits"])]
             cells.append(rp.fmt_mean_std(rp.mean_std([r["rir"] for r in runs])))
-            if m == "identity":
-                cells.append("—")
-            else:
-                factors = (f"{f}x" for f in TOLERANCE_FACTORS)
-                counts = [sum(r["tolerance"][f]["success"] for r in runs) for f in factors]
-                cells.append(" / ".join(f"{c}/{len(runs)}" for c in counts))
+            factors = [] if m == "identity" else [f"{f}x" for f in TOLERANCE_FACTORS]
+            counts = [sum(r["tolerance"][f]["success"] for r in runs) for f in factors]
+            cells.append(" / ".join(f"{c}/{len(runs)}" for c in counts) or "—")
             rows.append(cells)
-        text += f"## {name}\n\n" + rp.markdown_table(header, rows) + "\n"
+        text += report.section(name, header, rows)
     text += (
         "Norm ratio ‖w_t − w*‖²/‖w_0 − w*‖² (Eq. 16), gradient descent with exact line search "
         "from w_0 = 0; −log₁₀ ratio = the decimal digits of the distance to w* closed (a ratio "
@@ -263,8 +240,6 @@ def _table(final, numbers, steps, notes, quick: bool) -> str:
         "these as curves (Fig. 1) without a table. Success = (i) > 1 and (ii) ≤ 1 at the run's "
         "rank tolerance rtol on σ(Xθ), and at 10× and 100× it.\n"
     )
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return text
 
 

@@ -1,7 +1,5 @@
-"""Table 1: immunizing a linear feature extractor on Ames house prices (docs/reproduction.md).
-
-D_P: MSZoning ≠ RL (target LotArea), D_H: MSZoning = RL (SalePrice). Each method of
-:func:`condreg.immunize` runs from θ_0 = I and is scored by Eq. 15 and Definition 3.1.
+"""Table 1: immunizing a linear feature extractor on Ames house prices (docs/reproduction.md):
+D_P MSZoning ≠ RL (target LotArea), D_H MSZoning = RL (SalePrice), θ_0 = I, Eq. 15, Def. 3.1.
 """
 
 from __future__ import annotations
@@ -59,13 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_data_dir(data: str | pathlib.Path | None) -> pathlib.Path:
-    """``data`` as a path, or the house-price data shipped with the package if None.
-
-    Examples
-    --------
-    >>> resolve_data_dir("/data/ames")
-    PosixPath('/data/ames')
-    """
+    """``data`` as a path, or the house-price data shipped with the package if None."""
     return house_price_dir() if data is None else pathlib.Path(data)
 
 
@@ -97,11 +89,9 @@ def run(
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run Table 1 and write results.json, table.md, units/ and plots into ``out_dir``.
-
-    Each seed is one unit in ``out_dir/units/`` (``resume=True`` keeps those there); ``options``
-    go to :func:`condreg.immunize`. Raises :class:`condreg.experiments.UsageError` for a bad option.
-    """
+    """Run Table 1 and write results.json, table.md, units/ (one per seed, kept by ``resume``) and
+    plots into ``out_dir``; ``options`` go to :func:`condreg.immunize`. Raises
+    :class:`condreg.experiments.UsageError` for a bad option."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     data_dir = resolve_data_dir(data)
@@ -118,37 +108,25 @@ def run(
     notes = report.notes(results["methods"])
     if store.loaded:
         notes.append(f"--resume: seed(s) {', '.join(store.loaded)} taken from {store.dir}")
-    payload = rp.write_outputs(
-        out_dir,
-        experiment="house-prices",
-        settings=settings,
-        seeds=seed_values,
-        results=results,
-        runtime_s=time.perf_counter() - start,
-        notes=notes,
-        table=report.table(results, settings, len(seed_values), notes),
-        title=f"Table 1 — house prices (Ames){' (quick)' if quick else ''}: ours beside the "
-        "paper's",
-    )
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
+    title = f"Table 1 — house prices (Ames){' (quick)' if quick else ''}: ours beside the paper's"
+    table = report.table(results, settings, len(seed_values))
+    payload = report.write(out_dir, "house-prices", start, fields, table, title)
     report.plots(out_dir, identity, results["methods"], quick=quick)
     return payload
 
 
-def _runs(
-    hp: HousePrices, store: rp.UnitStore, seed_values, settings, options, progress
-) -> dict[str, list[dict[str, Any]]]:
-    """Each method's run per seed, from ``store`` or computed now (the data decomposed once); a
-    seed's runs are saved together when its last method is done."""
+def _runs(hp: HousePrices, store, seed_values, settings, options, progress) -> dict[str, list]:
+    """Each method's run per seed, from ``store`` or computed now; a seed's runs saved together."""
     methods = settings["methods"]
     units = {s: store.load(f"seed{s}") for s in seed_values}
     jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
     setup = data_setup(hp.X_p, hp.X_h, options) if jobs else None
     kw = dict(task="regression", epochs=settings["epochs"], lr=settings["lr"], setup=setup)
+    kw["y_h"] = hp.y_h
     fresh: dict[int, dict[str, Any]] = {}
     for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
-        res = immunize_method(
-            method, hp.X_p, hp.y_p, hp.X_h, y_h=hp.y_h, seed=seed, **kw, **options
-        )
+        res = immunize_method(method, hp.X_p, hp.y_p, hp.X_h, seed=seed, **kw, **options)
         res.pop("_theta")
         fresh.setdefault(seed, {})[method] = res
         if len(fresh[seed]) == len(methods):
