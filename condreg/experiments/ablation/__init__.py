@@ -22,8 +22,17 @@ HELP = "the paper's ranking explained: condreg's protocol → the released code'
 
 #: The MNIST (P, H) pairs of the full run (0-1: the authors' logged run) and of ``--quick``.
 ABLATION_PAIRS: list[tuple[int, int]] = [
-    (0, 1), (1, 0), (3, 8), (8, 3), (4, 9), (9, 4), (2, 7), (7, 2), (5, 6), (6, 5),
-]  # fmt: skip
+    (0, 1),
+    (1, 0),
+    (3, 8),
+    (8, 3),
+    (4, 9),
+    (9, 4),
+    (2, 7),
+    (7, 2),
+    (5, 6),
+    (6, 5),
+]
 QUICK_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8)]
 
 #: condreg's ``max_step`` values of the schedule sweep (0.3 is the default).
@@ -71,22 +80,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from condreg.experiments.options import add_resume_option, parse_pairs, positive_int
 
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="house prices with 20 epochs and 2 MNIST pairs (0-1, 3-8) with 15 epochs and 250 "
         "images per digit, instead of 100 / 10 pairs / 30 epochs; about 1-2 minutes on 2 cores",
-    )  # fmt: skip
+    )
     add_resume_option(parser, "unit (dataset, protocol, seed, pair)")
     options = [
-        ("--switches", _protocol_list, "comma-separated released switches to try one at a time, "
-         "and/or 'released' (all together); default: every one and released. Switches: "
-         + ", ".join(RELEASED_SWITCHES)),
+        (
+            "--switches",
+            _protocol_list,
+            "comma-separated released switches to try one at a time, "
+            "and/or 'released' (all together); default: every one and released. Switches: "
+            + ", ".join(RELEASED_SWITCHES),
+        ),
         ("--pairs", parse_pairs, "MNIST (P, H) pairs, e.g. 0-1,3-8 (default: the fixed set of 10)"),
         ("--datasets", _dataset_list, "house,mnist (default: both)"),
         ("--jobs", positive_int, "worker processes (default: the cores)"),
-        ("--max-steps", _step_list, "condreg's max_step values of the schedule sweep, "
-         "comma-separated in (0, 0.5) (default: 0.05,0.1,0.2,0.3,0.4; the default 0.3 is always "
-         "included)"),
-    ]  # fmt: skip
+        (
+            "--max-steps",
+            _step_list,
+            "condreg's max_step values of the schedule sweep, "
+            "comma-separated in (0, 0.5) (default: 0.05,0.1,0.2,0.3,0.4; the default 0.3 is always "
+            "included)",
+        ),
+    ]
     for flag, kind, text in options:
         parser.add_argument(flag, type=kind, default=None, help=text)
 
@@ -99,15 +117,21 @@ def protocols(names: list[str] | None, datasets) -> list[str]:
     out = ["condreg"]
     for name in names:
         if "+" in name:
-            raise UsageError(f"--switches {name!r}: the released code never had that combination "
-                             f"of choices; name single switches (each is tried alone) or "
-                             f"'released' (all together)")  # fmt: skip
+            raise UsageError(
+                f"--switches {name!r}: the released code never had that combination "
+                f"of choices; name single switches (each is tried alone) or "
+                f"'released' (all together)"
+            )
         if name not in RELEASED_SWITCHES and name != "released":
-            raise UsageError(f"--switches: unknown switch {name!r}; choose from "
-                             f"{', '.join(RELEASED_SWITCHES)}, released")  # fmt: skip
+            raise UsageError(
+                f"--switches: unknown switch {name!r}; choose from "
+                f"{', '.join(RELEASED_SWITCHES)}, released"
+            )
         if name == "released_preprocessing" and "house" not in datasets:
-            raise UsageError("--switches released_preprocessing: the released code preprocesses "
-                             "only the house prices that way; add --datasets house")  # fmt: skip
+            raise UsageError(
+                "--switches released_preprocessing: the released code preprocesses "
+                "only the house prices that way; add --datasets house"
+            )
         if name in out:
             raise UsageError(f"--switches lists {name!r} twice")
         out.append(name)
@@ -122,11 +146,19 @@ def switches_of(protocol: str, dataset: str) -> list[str]:
 
 
 def run(
-    out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
-    switches: list[str] | None = None, pairs: list[tuple[int, int]] | None = None,
-    datasets: list[str] | None = None, jobs: int | None = None,
-    max_steps: list[float] | None = None, resume: bool = False, **options: Any,
-) -> dict[str, Any]:  # fmt: skip
+    out_dir: pathlib.Path,
+    *,
+    quick: bool = False,
+    seeds: int = 1,
+    progress: bool = True,
+    switches: list[str] | None = None,
+    pairs: list[tuple[int, int]] | None = None,
+    datasets: list[str] | None = None,
+    jobs: int | None = None,
+    max_steps: list[float] | None = None,
+    resume: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the ablation and write results.json, table.md, ranking.png, schedule.png, units/.
 
     ``switches`` default to all and ``released`` (:func:`protocols`), ``pairs`` to
@@ -146,8 +178,10 @@ def run(
     out_dir = rp.check_out_dir(out_dir)
     datasets = list(datasets or DATASETS)
     if options:
-        raise UsageError(f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes "
-                         f"--switches, --pairs, --datasets, --jobs, --resume, --quick")  # fmt: skip
+        raise UsageError(
+            f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes "
+            f"--switches, --pairs, --datasets, --jobs, --resume, --quick"
+        )
     rp.check_positive("--seeds", seeds, integer=True)
     rp.check_positive("--jobs", jobs, integer=True)
     if set(datasets) - set(DATASETS):
@@ -160,8 +194,17 @@ def run(
     names = protocols(switches, datasets)
     steps = check_max_steps(MAX_STEPS if max_steps is None else max_steps)
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
-    plan = study.Plan(out_dir=out_dir, quick=quick, seeds=rp.seed_list(seeds), protocols=names,
-                      pairs=pairs, datasets=datasets, jobs=jobs, resume=resume,
-                      progress=progress, max_steps=steps)  # fmt: skip
+    plan = study.Plan(
+        out_dir=out_dir,
+        quick=quick,
+        seeds=rp.seed_list(seeds),
+        protocols=names,
+        pairs=pairs,
+        datasets=datasets,
+        jobs=jobs,
+        resume=resume,
+        progress=progress,
+        max_steps=steps,
+    )
     data = study.load_data(plan)  # DataError before any work
     return study.execute(plan, data, start)

@@ -38,9 +38,15 @@ def _summary(entries: list[dict[str, Any]], way: str) -> dict[str, Any]:
     rir = np.array([e[way]["rir"] for e in entries], dtype=float)
     i, ii = (float(np.mean([e[way][k] for e in entries])) for k in ("i", "ii"))
     successes = int(sum(e[way]["success"] for e in entries))
-    return {"mean_rir": float(np.mean(rir)), "median_rir": float(np.median(rir)),
-            "geomean_rir": _geomean(rir), "mean_i": i, "mean_ii": ii, "successes": successes,
-            "n": len(entries)}  # fmt: skip
+    return {
+        "mean_rir": float(np.mean(rir)),
+        "median_rir": float(np.median(rir)),
+        "geomean_rir": _geomean(rir),
+        "mean_i": i,
+        "mean_ii": ii,
+        "successes": successes,
+        "n": len(entries),
+    }
 
 
 def _versus(runs: dict[str, list], way: str) -> dict[str, Any]:
@@ -52,8 +58,12 @@ def _versus(runs: dict[str, list], way: str) -> dict[str, Any]:
         logs.append(math.log10(x / y) if good else float("nan"))
     arr = np.array(logs)
     median = float(np.nanmedian(arr)) if np.isfinite(arr).any() else None
-    return {"log10_ratio": logs, "ours_ahead": int(np.sum(arr > 0)), "n": len(logs),
-            "median_log10_ratio": median}  # fmt: skip
+    return {
+        "log10_ratio": logs,
+        "ours_ahead": int(np.sum(arr > 0)),
+        "n": len(logs),
+        "median_log10_ratio": median,
+    }
 
 
 def _runs(protocol, dataset, specs, done, defaults) -> tuple[dict[str, list], bool]:
@@ -84,17 +94,31 @@ def _rows(plan, specs, done, defaults) -> tuple[list[dict[str, Any]], dict[str, 
             if protocol == "condreg":
                 identical[dataset] = same
             stopped = sorted({e["stopped"] for r in runs.values() for e in r} - {"completed"})
-            rows.append({
-                "dataset": dataset, "protocol": protocol, "switches": sw,
-                "source": "condreg.immunize (the default experiment)" if protocol == "condreg"
-                else "emulated (condreg.experiments.ablation.emulator)",
-                "methods": {m: {w: _summary(runs[m], w) for w in WAYS} for m in METHODS},
-                "ours_vs_opt": {w: _versus(runs, w) for w in WAYS},
-                "runs": {m: [{"where": e["where"], "seed": e["seed"],
-                              **{w: e[w] for w in WAYS}, "stopped": e["stopped"]}
-                             for e in runs[m]] for m in METHODS},
-                "stopped_early": stopped,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "protocol": protocol,
+                    "switches": sw,
+                    "source": "condreg.immunize (the default experiment)"
+                    if protocol == "condreg"
+                    else "emulated (condreg.experiments.ablation.emulator)",
+                    "methods": {m: {w: _summary(runs[m], w) for w in WAYS} for m in METHODS},
+                    "ours_vs_opt": {w: _versus(runs, w) for w in WAYS},
+                    "runs": {
+                        m: [
+                            {
+                                "where": e["where"],
+                                "seed": e["seed"],
+                                **{w: e[w] for w in WAYS},
+                                "stopped": e["stopped"],
+                            }
+                            for e in runs[m]
+                        ]
+                        for m in METHODS
+                    },
+                    "stopped_early": stopped,
+                }
+            )
     return rows, identical
 
 
@@ -113,11 +137,14 @@ def _inputs(data) -> dict[str, Any]:
         pooled = [v["inputs"] for k, v in mn.items() if isinstance(k, tuple)]
         ks = {w: [p[w][k] for p in pooled for k in ("kappa_K_P", "kappa_K_H")] for w in WAYS}
         out["mnist"] = {
-            "pooled": {w: {"kappa_K_min": float(min(ks[w])), "kappa_K_max": float(max(ks[w]))}
-                       for w in WAYS},
-            "n_features": mn["n_features"], "raw_digit_tasks": mn["raw_inputs"],
+            "pooled": {
+                w: {"kappa_K_min": float(min(ks[w])), "kappa_K_max": float(max(ks[w]))}
+                for w in WAYS
+            },
+            "n_features": mn["n_features"],
+            "raw_digit_tasks": mn["raw_inputs"],
             "logged": dict(LOGGED["mnist"]),
-        }  # fmt: skip
+        }
     return out
 
 
@@ -139,21 +166,32 @@ def _sweep(plan, specs, done) -> dict[str, Any]:
             if "head_only_loss" in unit:
                 ref.append(unit["head_only_loss"])
         ref_loss = float(np.mean(ref))  # every default unit has one
-        table = {str(ms): {m: {"geomean_rir": _geomean([r["nonzero"]["rir"] for r in rs]),
-                               "successes": int(sum(r["nonzero"]["success"] for r in rs)),
-                               "n": len(rs),
-                               "dp_loss": float(np.mean([r["loss_final"] for r in rs]))}
-                           for m, rs in by_step[ms].items()} for ms in steps}  # fmt: skip
+        table = {
+            str(ms): {
+                m: {
+                    "geomean_rir": _geomean([r["nonzero"]["rir"] for r in rs]),
+                    "successes": int(sum(r["nonzero"]["success"] for r in rs)),
+                    "n": len(rs),
+                    "dp_loss": float(np.mean([r["loss_final"] for r in rs])),
+                }
+                for m, rs in by_step[ms].items()
+            }
+            for ms in steps
+        }
         chosen, passed = {}, {}
         for m in METHODS:
             ok = [ms for ms in steps if table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]
             chosen[m] = max(ok) if ok else min(steps)
             passed[m] = bool(ok)
         out[dataset] = {
-            "max_steps": list(steps), "by_max_step": table, "head_only_dp_loss": ref_loss,
-            "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen, "any_step_passes": passed,
+            "max_steps": list(steps),
+            "by_max_step": table,
+            "head_only_dp_loss": ref_loss,
+            "dp_tolerance": DP_TOLERANCE,
+            "chosen_max_step": chosen,
+            "any_step_passes": passed,
             "rir_by_epoch": {m: _geomean_curve(c) for m, c in curves.items()},
-        }  # fmt: skip
+        }
     return out
 
 
@@ -171,8 +209,13 @@ def _geomean_curve(curves: list[list[float]]) -> list[float]:
 def assemble(plan, data, defaults, specs, done) -> dict[str, Any]:
     """The ``results`` of results.json (see docs/ablation.md)."""
     rows, identical = _rows(plan, specs, done, defaults)
-    return {"switches": dict(RELEASED_SWITCHES), "rows": rows, "default_rerun_identical": identical,
-            "inputs": _inputs(data), "schedule": _sweep(plan, specs, done)}  # fmt: skip
+    return {
+        "switches": dict(RELEASED_SWITCHES),
+        "rows": rows,
+        "default_rerun_identical": identical,
+        "inputs": _inputs(data),
+        "schedule": _sweep(plan, specs, done),
+    }
 
 
 def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
@@ -180,10 +223,16 @@ def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
     notes = tables.notes(results, store)
     quick = " (quick: not the full run)" if plan.quick else ""
     payload = rp.write_outputs(
-        plan.out_dir, experiment="ablation", settings=settings, seeds=plan.seeds, results=results,
-        runtime_s=runtime_s, notes=notes, table=tables.table(plan, results, notes),
+        plan.out_dir,
+        experiment="ablation",
+        settings=settings,
+        seeds=plan.seeds,
+        results=results,
+        runtime_s=runtime_s,
+        notes=notes,
+        table=tables.table(plan, results, notes),
         title=f"Ablation — condreg's protocol → the released code's{quick}",
-    )  # fmt: skip
+    )
     figures.ranking(plan, results, plan.out_dir / "ranking.png")
     figures.schedule(plan, results, plan.out_dir / "schedule.png")
     return payload

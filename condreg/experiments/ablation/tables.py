@@ -19,8 +19,10 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 def _rir(row: dict[str, Any], method: str) -> str:
     """Mean RIR (nonzero / ridge) and successes of one method in one row."""
     a, b = (row["methods"][method][w] for w in ("nonzero", "ridge"))
-    return (f"{_fmt(a['mean_rir'])} / {_fmt(b['mean_rir'])} "
-            f"({a['successes']}/{a['n']}, {b['successes']}/{b['n']})")  # fmt: skip
+    return (
+        f"{_fmt(a['mean_rir'])} / {_fmt(b['mean_rir'])} "
+        f"({a['successes']}/{a['n']}, {b['successes']}/{b['n']})"
+    )
 
 
 def _rows_table(results: dict[str, Any], dataset: str) -> str:
@@ -42,26 +44,56 @@ def _inputs_table(results: dict[str, Any]) -> str:
         h = inp["house"]
         for prep in ("condreg", "released"):
             n, r = h[prep]["nonzero"], h[prep]["ridge"]
-            rows.append([f"house, {prep} preprocessing", _fmt(n["kappa_K_P"], 4),
-                         _fmt(n["kappa_K_H"], 4), _fmt(r["kappa_K_P"], 10),
-                         _fmt(r["kappa_K_H"], 10), "—"])  # fmt: skip
+            rows.append(
+                [
+                    f"house, {prep} preprocessing",
+                    _fmt(n["kappa_K_P"], 4),
+                    _fmt(n["kappa_K_H"], 4),
+                    _fmt(r["kappa_K_P"], 10),
+                    _fmt(r["kappa_K_H"], 10),
+                    "—",
+                ]
+            )
         log, d = h["logged"], h["rel_diff_to_logged"]
-        rows[-1][-1] = (f"{log['kappa_K_P']!r} / {log['kappa_K_H']!r} (ours differ by "
-                        f"{d['kappa_K_P']:.1e} / {d['kappa_K_H']:.1e})")  # fmt: skip
+        rows[-1][-1] = (
+            f"{log['kappa_K_P']!r} / {log['kappa_K_H']!r} (ours differ by "
+            f"{d['kappa_K_P']:.1e} / {d['kappa_K_H']:.1e})"
+        )
     if "mnist" in inp:
         m, p = inp["mnist"], inp["mnist"]["pooled"]
         span = {w: f"{_fmt(p[w]['kappa_K_min'])} – {_fmt(p[w]['kappa_K_max'])}" for w in p}
-        rows.append([f"MNIST pooled tasks ({m['n_features']} inputs), all pairs",
-                     span["nonzero"], "", span["ridge"], "", "—"])  # fmt: skip
+        rows.append(
+            [
+                f"MNIST pooled tasks ({m['n_features']} inputs), all pairs",
+                span["nonzero"],
+                "",
+                span["ridge"],
+                "",
+                "—",
+            ]
+        )
         raw = m["raw_digit_tasks"]
         for d, logged in (("0", m["logged"]["kappa_K_P"]), ("1", m["logged"]["kappa_K_H"])):
             if d in raw:
                 r = raw[d]
-                rows.append([f"MNIST raw pixels, digit {d} only ({r['n_images']} images)",
-                             _fmt(r["nonzero"], 4), "", _fmt(r["ridge"], 4), "",
-                             f"{logged!r} (5923 images of full MNIST)"])  # fmt: skip
-    head = ["inputs", "κ(K_P) nonzero", "κ(K_H) nonzero", "κ(K_P) ridge", "κ(K_H) ridge",
-            "the authors' log (ridge)"]  # fmt: skip
+                rows.append(
+                    [
+                        f"MNIST raw pixels, digit {d} only ({r['n_images']} images)",
+                        _fmt(r["nonzero"], 4),
+                        "",
+                        _fmt(r["ridge"], 4),
+                        "",
+                        f"{logged!r} (5923 images of full MNIST)",
+                    ]
+                )
+    head = [
+        "inputs",
+        "κ(K_P) nonzero",
+        "κ(K_H) nonzero",
+        "κ(K_P) ridge",
+        "κ(K_H) ridge",
+        "the authors' log (ridge)",
+    ]
     return markdown_table(head, rows)
 
 
@@ -70,12 +102,19 @@ def _sweep_table(results: dict[str, Any], dataset: str) -> str:
     rows = []
     for ms in s["max_steps"]:
         entry = s["by_max_step"][str(ms)]
-        rows.append([f"{ms:g}" + (" (default)" if ms == 0.3 else "")] + [
-            f"{_fmt(entry[m]['geomean_rir'])} ({entry[m]['successes']}/{entry[m]['n']}), "
-            f"{_fmt(entry[m]['dp_loss'], 3)}" for m in METHODS])  # fmt: skip
+        rows.append(
+            [f"{ms:g}" + (" (default)" if ms == 0.3 else "")]
+            + [
+                f"{_fmt(entry[m]['geomean_rir'])} ({entry[m]['successes']}/{entry[m]['n']}), "
+                f"{_fmt(entry[m]['dp_loss'], 3)}"
+                for m in METHODS
+            ]
+        )
     note = " (no step passes: the smallest)"
-    chosen = ", ".join(f"{LABELS[m]} {s['chosen_max_step'][m]:g}"
-                       + ("" if s["any_step_passes"][m] else note) for m in METHODS)  # fmt: skip
+    chosen = ", ".join(
+        f"{LABELS[m]} {s['chosen_max_step'][m]:g}" + ("" if s["any_step_passes"][m] else note)
+        for m in METHODS
+    )
     head = ["max_step", *(f"{LABELS[m]}: RIR (success), D_P loss" for m in METHODS)]
     return markdown_table(head, rows) + (
         f"\nD_P-only rule (the largest max_step whose D_P loss is at most {s['dp_tolerance']:g} "
@@ -89,9 +128,11 @@ def table(plan, results: dict[str, Any], notes_: list[str]) -> str:
     for dataset in plan.datasets:
         mean = "Mean over seeds." if dataset == "house" else "Mean over the pairs."
         parts += [f"## {_DATASET[dataset]}\n", _rows_table(results, dataset)]
-        parts += ["\nEach cell: RIR by κ over the nonzero singular values / by the released "
-                  f"ridge-floor κ (successes (i) > 1 and (ii) ≤ 1 under each). {mean} Last column: "
-                  "runs on which Ours' RIR exceeds Opt κ's (nonzero / ridge).\n"]  # fmt: skip
+        parts += [
+            "\nEach cell: RIR by κ over the nonzero singular values / by the released "
+            f"ridge-floor κ (successes (i) > 1 and (ii) ≤ 1 under each). {mean} Last column: "
+            "runs on which Ours' RIR exceeds Opt κ's (nonzero / ridge).\n"
+        ]
     parts += ["## The inputs' condition numbers at θ = I\n", _inputs_table(results)]
     for dataset in plan.datasets:
         title = f"\n## RIR against max_step — {_DATASET[dataset]}\n"
@@ -106,10 +147,15 @@ def notes(results: dict[str, Any], store) -> list[str]:
     out = []
     for dataset, same in results["default_rerun_identical"].items():
         if not same:
-            out.append(f"{dataset}: the re-run of condreg.immunize for the ridge-floor scoring "
-                       f"did not reproduce the default experiment's RIR exactly")  # fmt: skip
-    out += [f"{row['dataset']}, {row['protocol']}: a run {reason}"
-            for row in results["rows"] for reason in row["stopped_early"]]  # fmt: skip
+            out.append(
+                f"{dataset}: the re-run of condreg.immunize for the ridge-floor scoring "
+                f"did not reproduce the default experiment's RIR exactly"
+            )
+    out += [
+        f"{row['dataset']}, {row['protocol']}: a run {reason}"
+        for row in results["rows"]
+        for reason in row["stopped_early"]
+    ]
     if store.loaded:
         out.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
     return out

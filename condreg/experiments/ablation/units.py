@@ -30,15 +30,19 @@ def input_kappas(X_p: np.ndarray, X_h: np.ndarray) -> dict[str, dict[str, float]
     """κ(K_P), κ(K_H) at θ = I under both scorings (``"nonzero"`` with its ranks, ``"ridge"``)."""
     rtol = default_rtol(X_p, X_h)
     (kp, rp), (kh, rh) = kappa_features(X_p, rtol), kappa_features(X_h, rtol)
-    return {"nonzero": {"kappa_K_P": kp, "kappa_K_H": kh, "rank_K_P": rp, "rank_K_H": rh},
-            "ridge": {"kappa_K_P": ridge_floor_kappa(X_p),
-                      "kappa_K_H": ridge_floor_kappa(X_h)}}  # fmt: skip
+    return {
+        "nonzero": {"kappa_K_P": kp, "kappa_K_H": kh, "rank_K_P": rp, "rank_K_H": rh},
+        "ridge": {"kappa_K_P": ridge_floor_kappa(X_p), "kappa_K_H": ridge_floor_kappa(X_h)},
+    }
 
 
 def score_two_ways(
-    theta: np.ndarray, bias: np.ndarray | None, X_p: np.ndarray, X_h: np.ndarray,
+    theta: np.ndarray,
+    bias: np.ndarray | None,
+    X_p: np.ndarray,
+    X_h: np.ndarray,
     inputs: dict[str, dict[str, float]],
-) -> dict[str, dict[str, Any]]:  # fmt: skip
+) -> dict[str, dict[str, Any]]:
     """Eq. 15 of ``f(x) = xᵀθ + b`` under both scorings (``{"nonzero": …, "ridge": …}``, each
     κ(H_P), κ(H_H), (i), (ii), RIR, success) given :func:`input_kappas`; non-finite θ: NaN."""
     rtol = default_rtol(X_p, X_h)
@@ -50,8 +54,14 @@ def score_two_ways(
         k_hh = kappa[way](_features(X_h, theta, bias)) if finite else float("nan")
         i, ii = k_hh / inputs[way]["kappa_K_H"], k_hp / inputs[way]["kappa_K_P"]
         ok = math.isfinite(i) and math.isfinite(ii) and i > 1 and ii <= 1
-        out[way] = {"kappa_H_P": k_hp, "kappa_H_H": k_hh, "i": i, "ii": ii, "rir": i / ii,
-                    "success": bool(ok)}  # fmt: skip
+        out[way] = {
+            "kappa_H_P": k_hp,
+            "kappa_H_H": k_hh,
+            "i": i,
+            "ii": ii,
+            "rir": i / ii,
+            "success": bool(ok),
+        }
     return out
 
 
@@ -60,13 +70,24 @@ def _default_unit(data: dict[str, Any], spec: dict[str, Any], methods) -> dict[s
     out = {}
     for m in methods:
         res = immunize_method(
-            m, data["X_p"], data["y_p"], data["X_h"], y_h=data["y_h"], task=data["task"],
-            epochs=spec["epochs"], lr=spec["lr"], seed=spec["seed"],
+            m,
+            data["X_p"],
+            data["y_p"],
+            data["X_h"],
+            y_h=data["y_h"],
+            task=data["task"],
+            epochs=spec["epochs"],
+            lr=spec["lr"],
+            seed=spec["seed"],
             **({"max_step": spec["max_step"]} if spec.get("max_step") else {}),
-        )  # fmt: skip
+        )
         entry = score_two_ways(res["_theta"], None, data["X_p"], data["X_h"], data["inputs"])
-        entry.update(condreg_rir=res["rir"], history_rir=res["history"].get("rir", []),
-                     loss_final=res["loss_final"], stopped=res["stopped"])  # fmt: skip
+        entry.update(
+            condreg_rir=res["rir"],
+            history_rir=res["history"].get("rir", []),
+            loss_final=res["loss_final"],
+            stopped=res["stopped"],
+        )
         out[m] = entry
     return out
 
@@ -76,8 +97,9 @@ def _emulated_unit(data: dict[str, Any], spec: dict[str, Any], methods) -> dict[
     protocol = Protocol(spec["dataset"], sw, spec["epochs"], spec["lr"], data["task"])
     out = {}
     for m in methods:
-        tr = emulate(m, data["X_p"], data["y_p"], data["X_h"], data["y_h"], protocol,
-                     seed=spec["seed"])  # fmt: skip
+        tr = emulate(
+            m, data["X_p"], data["y_p"], data["X_h"], data["y_h"], protocol, seed=spec["seed"]
+        )
         entry = score_two_ways(tr.theta, tr.bias, data["X_p"], data["X_h"], data["inputs"])
         entry.update(stopped=tr.stopped, lam=tr.lam, epochs_run=tr.epochs_run)
         out[m] = entry
@@ -95,8 +117,12 @@ def run_unit(data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
             args = data["X_p"], data["y_p"], data["task"], spec["epochs"], spec["lr"]
             result["head_only_loss"] = head_only_loss(*args)
     seconds = time.perf_counter() - start
-    return {"spec": spec, "methods": result, "seconds": seconds,
-            "cpu_s": time.process_time() - cpu_start}  # fmt: skip
+    return {
+        "spec": spec,
+        "methods": result,
+        "seconds": seconds,
+        "cpu_s": time.process_time() - cpu_start,
+    }
 
 
 def run_unit_packed(args: tuple) -> dict[str, Any]:
