@@ -227,9 +227,8 @@ def _weights(method: str, grads, theta, protocol: Protocol, lr: float) -> dict[s
         return {k: float(config[f"lam_{k}"]) for k in ("p", "h") if grads[k] is not None}
     pre = method in ("condreg", "r_ill_only")
     sizes = {k: _rel_size(lr * grads[k][0], theta, pre) for k in ("p", "h") if grads[k] is not None}
-    return {
-        k: protocol.max_step / v if v > 0 and math.isfinite(v) else 1.0 for k, v in sizes.items()
-    }
+    step = protocol.max_step
+    return {k: step / v if v > 0 and math.isfinite(v) else 1.0 for k, v in sizes.items()}
 
 
 def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> float:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from condreg.experiments._errors import DataError
+from condreg.experiments.data import DataError, read_csv_table
 
 __all__ = ["RELEASED_SWITCHES", "SWITCHES_BY_DATASET", "RELEASED_CONFIG", "LOGGED", "RIDGE_FLOOR"]
 __all__ += ["PANDAS_NA_VALUES", "ReleasedHousePrices", "ridge_floor_kappa", "ridge_floor_spectrum"]
@@ -151,8 +151,6 @@ def encode_column(values: Sequence[str]) -> np.ndarray:
 
 
 def _released_file(path: pathlib.Path, label: str, rows: int) -> tuple[np.ndarray, ...]:
-    from condreg.experiments.data import read_csv_table
-
     header, table = read_csv_table(path)
     for needed in ("LotArea", "SalePrice", "Id"):
         if needed not in header:
