@@ -20,10 +20,11 @@ __all__ += ["DP_TOLERANCE", "add_arguments", "check_max_steps", "protocols", "ru
 
 HELP = "the paper's ranking explained: condreg's protocol → the released code's, switch by switch"
 
-#: The MNIST (P, H) pairs of the full run (0-1: the authors' logged run) and of ``--quick``.
+#: The MNIST (P, H) pairs of the full run, each both ways (0-1: the authors' logged run), and of
+#: ``--quick``.
 ABLATION_PAIRS: list[tuple[int, int]] = [
-    (0, 1), (1, 0), (3, 8), (8, 3), (4, 9), (9, 4), (2, 7), (7, 2), (5, 6), (6, 5),
-]  # fmt: skip
+    pair for p, h in [(0, 1), (3, 8), (4, 9), (2, 7), (5, 6)] for pair in ((p, h), (h, p))
+]
 QUICK_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8)]
 
 #: condreg's ``max_step`` values of the schedule sweep (0.3 is the default).
@@ -70,24 +71,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ablation's own options (the CLI adds ``--out``, ``--seeds`` and the like)."""
     from condreg.experiments.options import add_resume_option, parse_pairs, positive_int
 
-    parser.add_argument(
-        "--quick", action="store_true",
-        help="house prices with 20 epochs and 2 MNIST pairs (0-1, 3-8) with 15 epochs and 250 "
-        "images per digit, instead of 100 / 10 pairs / 30 epochs; about 1-2 minutes on 2 cores",
-    )  # fmt: skip
+    quick = (
+        "house prices with 20 epochs and 2 MNIST pairs (0-1, 3-8) with 15 epochs and 250 images "
+        "per digit, instead of 100 / 10 pairs / 30 epochs; about 1-2 minutes on 2 cores"
+    )
+    parser.add_argument("--quick", action="store_true", help=quick)
     add_resume_option(parser, "unit (dataset, protocol, seed, pair)")
-    options = [
-        ("--switches", _protocol_list, "comma-separated released switches to try one at a time, "
-         "and/or 'released' (all together); default: every one and released. Switches: "
-         + ", ".join(RELEASED_SWITCHES)),
+    switches = (
+        "comma-separated released switches to try one at a time, and/or 'released' (all "
+        "together); default: every one and released. Switches: " + ", ".join(RELEASED_SWITCHES)
+    )
+    steps = (
+        "condreg's max_step values of the schedule sweep, comma-separated in (0, 0.5) (default: "
+        "0.05,0.1,0.2,0.3,0.4; the default 0.3 is always included)"
+    )
+    for flag, kind, text in [
+        ("--switches", _protocol_list, switches),
         ("--pairs", parse_pairs, "MNIST (P, H) pairs, e.g. 0-1,3-8 (default: the fixed set of 10)"),
         ("--datasets", _dataset_list, "house,mnist (default: both)"),
         ("--jobs", positive_int, "worker processes (default: the cores)"),
-        ("--max-steps", _step_list, "condreg's max_step values of the schedule sweep, "
-         "comma-separated in (0, 0.5) (default: 0.05,0.1,0.2,0.3,0.4; the default 0.3 is always "
-         "included)"),
-    ]  # fmt: skip
-    for flag, kind, text in options:
+        ("--max-steps", _step_list, steps),
+    ]:
         parser.add_argument(flag, type=kind, default=None, help=text)
 
 
@@ -96,18 +100,20 @@ def protocols(names: list[str] | None, datasets) -> list[str]:
     raises :class:`condreg.experiments.UsageError` for a bad name or an ``a+b`` combination."""
     if names is None:
         return ["condreg", *RELEASED_SWITCHES, "released"]
-    out = ["condreg"]
+    out, known = ["condreg"], [*RELEASED_SWITCHES, "released"]
     for name in names:
         if "+" in name:
-            raise UsageError(f"--switches {name!r}: the released code never had that combination "
-                             f"of choices; name single switches (each is tried alone) or "
-                             f"'released' (all together)")  # fmt: skip
-        if name not in RELEASED_SWITCHES and name != "released":
-            raise UsageError(f"--switches: unknown switch {name!r}; choose from "
-                             f"{', '.join(RELEASED_SWITCHES)}, released")  # fmt: skip
+            raise UsageError(
+                f"--switches {name!r}: the released code never had that combination of choices; "
+                "name single switches (each is tried alone) or 'released' (all together)"
+            )
+        if name not in known:
+            raise UsageError(f"--switches: unknown switch {name!r}; choose from {', '.join(known)}")
         if name == "released_preprocessing" and "house" not in datasets:
-            raise UsageError("--switches released_preprocessing: the released code preprocesses "
-                             "only the house prices that way; add --datasets house")  # fmt: skip
+            raise UsageError(
+                "--switches released_preprocessing: the released code preprocesses only the house "
+                "prices that way; add --datasets house"
+            )
         if name in out:
             raise UsageError(f"--switches lists {name!r} twice")
         out.append(name)
@@ -122,18 +128,24 @@ def switches_of(protocol: str, dataset: str) -> list[str]:
 
 
 def run(
-    out_dir: pathlib.Path, *, quick: bool = False, seeds: int = 1, progress: bool = True,
-    switches: list[str] | None = None, pairs: list[tuple[int, int]] | None = None,
-    datasets: list[str] | None = None, jobs: int | None = None,
-    max_steps: list[float] | None = None, resume: bool = False, **options: Any,
-) -> dict[str, Any]:  # fmt: skip
+    out_dir: pathlib.Path,
+    *,
+    quick: bool = False,
+    seeds: int = 1,
+    progress: bool = True,
+    switches: list[str] | None = None,
+    pairs: list[tuple[int, int]] | None = None,
+    datasets: list[str] | None = None,
+    jobs: int | None = None,
+    max_steps: list[float] | None = None,
+    resume: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the ablation and write results.json, table.md, ranking.png, schedule.png, units/.
 
-    ``switches`` default to all and ``released`` (:func:`protocols`), ``pairs`` to
-    :data:`ABLATION_PAIRS` (quick: :data:`QUICK_PAIRS`), ``max_steps`` to :data:`MAX_STEPS`.
-    Returns the results.json payload. Raises :class:`condreg.experiments.UsageError` (a bad
-    option) or :class:`condreg.experiments.data.DataError` (house files that cannot be
-    preprocessed the released way) before any work.
+    Defaults: every switch and ``released`` (:func:`protocols`), :data:`ABLATION_PAIRS` (quick:
+    :data:`QUICK_PAIRS`), :data:`MAX_STEPS`. Returns the results.json payload; raises UsageError
+    (a bad option) or DataError (house files the released way cannot use) before any work.
 
     >>> from condreg.experiments import ablation
     >>> ablation.protocols(["adam", "released"], ("house",))
@@ -146,8 +158,10 @@ def run(
     out_dir = rp.check_out_dir(out_dir)
     datasets = list(datasets or DATASETS)
     if options:
-        raise UsageError(f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes "
-                         f"--switches, --pairs, --datasets, --jobs, --resume, --quick")  # fmt: skip
+        raise UsageError(
+            f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes "
+            f"--switches, --pairs, --datasets, --jobs, --resume, --quick"
+        )
     rp.check_positive("--seeds", seeds, integer=True)
     rp.check_positive("--jobs", jobs, integer=True)
     if set(datasets) - set(DATASETS):
@@ -157,11 +171,12 @@ def run(
         bad = [p for p in keys if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
         if bad or not keys or len(set(keys)) != len(keys):
             raise UsageError(f"--pairs needs distinct (P, H) digit pairs 0-9, got {pairs!r}")
-    names = protocols(switches, datasets)
+    protocol_names = protocols(switches, datasets)
     steps = check_max_steps(MAX_STEPS if max_steps is None else max_steps)
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
-    plan = study.Plan(out_dir=out_dir, quick=quick, seeds=rp.seed_list(seeds), protocols=names,
-                      pairs=pairs, datasets=datasets, jobs=jobs, resume=resume,
-                      progress=progress, max_steps=steps)  # fmt: skip
+    seed_list = rp.seed_list(seeds)
+    plan = study.Plan(
+        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps
+    )
     data = study.load_data(plan)  # DataError before any work
     return study.execute(plan, data, start)

@@ -17,8 +17,11 @@ __all__ += ["TaskArrays", "prepare_task", "precondition", "initial_parameters", 
 _EPS = np.finfo(np.float64).eps
 
 #: The quantity each method puts on D_P ("p") and D_H ("h"); IMMA's "h" is its attacker.
-_TERMS = {"condreg": {"p": "r_well", "h": "r_ill"}, "r_ill_only": {"h": "r_ill"},
-          "opt_kappa": {"p": "log_kappa", "h": "inv_log_kappa"}}  # fmt: skip
+_TERMS = {
+    "condreg": {"p": "r_well", "h": "r_ill"},
+    "r_ill_only": {"h": "r_ill"},
+    "opt_kappa": {"p": "log_kappa", "h": "inv_log_kappa"},
+}
 
 
 @dataclass(frozen=True)
@@ -224,8 +227,8 @@ def _weights(method: str, grads, theta, protocol: Protocol, lr: float) -> dict[s
         return {k: float(config[f"lam_{k}"]) for k in ("p", "h") if grads[k] is not None}
     pre = method in ("condreg", "r_ill_only")
     sizes = {k: _rel_size(lr * grads[k][0], theta, pre) for k in ("p", "h") if grads[k] is not None}
-    return {k: protocol.max_step / v if v > 0 and math.isfinite(v) else 1.0
-            for k, v in sizes.items()}  # fmt: skip
+    step = protocol.max_step
+    return {k: step / v if v > 0 and math.isfinite(v) else 1.0 for k, v in sizes.items()}
 
 
 def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> float:
@@ -289,9 +292,15 @@ def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> 
 
 
 def emulate(
-    method: str, X_p: np.ndarray, y_p: np.ndarray, X_h: np.ndarray, y_h: np.ndarray | None,
-    protocol: Protocol, *, seed: int = 0,
-) -> Trained:  # fmt: skip
+    method: str,
+    X_p: np.ndarray,
+    y_p: np.ndarray,
+    X_h: np.ndarray,
+    y_h: np.ndarray | None,
+    protocol: Protocol,
+    *,
+    seed: int = 0,
+) -> Trained:
     """Train ``method`` on (``X_p``, ``y_p``) against ``X_h`` (``y_h``: IMMA's attacker); a
     failing or non-finite step ends the run at the last finite θ."""
     epochs, lr = protocol.schedule()

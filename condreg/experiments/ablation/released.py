@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from condreg.experiments._errors import DataError
+from condreg.experiments.data import DataError, read_csv_table
 
 __all__ = ["RELEASED_SWITCHES", "SWITCHES_BY_DATASET", "RELEASED_CONFIG", "LOGGED", "RIDGE_FLOOR"]
 __all__ += ["PANDAS_NA_VALUES", "ReleasedHousePrices", "ridge_floor_kappa", "ridge_floor_spectrum"]
@@ -46,13 +46,31 @@ SWITCHES_BY_DATASET: dict[str, tuple[str, ...]] = {
 
 #: The released configs (configs/house_price.yaml, configs/mnist.yaml) and code constants.
 RELEASED_CONFIG: dict[str, dict[str, float]] = {
-    "house": {"epochs": 10, "lr": 5e-3, "lam_p": 100.0, "lam_h": 1e7, "ridge_p": 1.0,
-              "ridge_h": 1.0, "batch": 64, "devices": 2, "rows": 200},
-    "mnist": {"epochs": 30, "lr": 1e-3, "lam_p": 1.0, "lam_h": 5e7, "ridge_p": 1.0,
-              "ridge_h": 1e-7, "batch": 64, "devices": 1, "normaliser": 28},
+    "house": {
+        "epochs": 10,
+        "lr": 5e-3,
+        "lam_p": 100.0,
+        "lam_h": 1e7,
+        "ridge_p": 1.0,
+        "ridge_h": 1.0,
+        "batch": 64,
+        "devices": 2,
+        "rows": 200,
+    },
+    "mnist": {
+        "epochs": 30,
+        "lr": 1e-3,
+        "lam_p": 1.0,
+        "lam_h": 5e7,
+        "ridge_p": 1.0,
+        "ridge_h": 1e-7,
+        "batch": 64,
+        "devices": 1,
+        "normaliser": 28,
+    },
     # utils/loss.py kappa_loss: 1 / log κ(S_H) + lambda_cond · log κ(S_P), lambda_cond = 1e-5
     "opt_kappa": {"lam_p": 1e-5, "lam_h": 1.0},
-}  # fmt: skip
+}
 
 #: The released κ's floor: eigvalsh(S + RIDGE_FLOOR·I), σ_min = min eigenvalue > RIDGE_FLOOR.
 RIDGE_FLOOR = 1e-6
@@ -62,20 +80,27 @@ RIDGE_FLOOR = 1e-6
 LOGGED: dict[str, dict[str, float | str]] = {
     "house": {
         "source": "wandb/run-20250608_031141-b400gz2b/files/output.log (and 3 identical runs)",
-        "kappa_K_P": 1795161651.0645268, "kappa_K_H": 2009611173.1950781,
-        "kappa_H_P": 394404313.74806696, "kappa_H_H": 531779644.03056484,
-        "ii": 0.21970406593422162, "i": 0.26461817645305435, "rir": 1.2044300378686656,
+        "kappa_K_P": 1795161651.0645268,
+        "kappa_K_H": 2009611173.1950781,
+        "kappa_H_P": 394404313.74806696,
+        "kappa_H_H": 531779644.03056484,
+        "ii": 0.21970406593422162,
+        "i": 0.26461817645305435,
+        "rir": 1.2044300378686656,
         "protocol": "configs/house_price.yaml: 10 epochs, 2 GPUs, lr 5e-3, λ 100 / 1e7",
     },
     "mnist": {
-        "source": "wandb/run-20250608_032358-ikncuytd/files/output.log", "pair": "0-1",
-        "kappa_K_P": 3108297500759.5996, "kappa_K_H": 1727520316176.9072,
-        "kappa_H_P": 215216254250.395, "kappa_H_H": 12615119762991.012,
+        "source": "wandb/run-20250608_032358-ikncuytd/files/output.log",
+        "pair": "0-1",
+        "kappa_K_P": 3108297500759.5996,
+        "kappa_K_H": 1727520316176.9072,
+        "kappa_H_P": 215216254250.395,
+        "kappa_H_H": 12615119762991.012,
         "rir": 105.46678932580377,
         "protocol": "configs/mnist.yaml with max_epochs 1; full MNIST (5923 images per digit), "
         "784 raw pixels",
     },
-}  # fmt: skip
+}
 
 #: pandas' default missing-value strings (``read_csv``), as the released dataset.py reads them.
 PANDAS_NA_VALUES: frozenset[str] = frozenset(
@@ -126,8 +151,6 @@ def encode_column(values: Sequence[str]) -> np.ndarray:
 
 
 def _released_file(path: pathlib.Path, label: str, rows: int) -> tuple[np.ndarray, ...]:
-    from condreg.experiments.data import read_csv_table
-
     header, table = read_csv_table(path)
     for needed in ("LotArea", "SalePrice", "Id"):
         if needed not in header:
@@ -152,8 +175,10 @@ def released_house_prices(data_dir: str | pathlib.Path, rows: int = 200) -> Rele
     paths = [data_dir / "D1.csv", data_dir / "D2.csv"]
     for path in paths:
         if not path.is_file():
-            raise DataError(f"{path}: missing; the released preprocessing needs the split files "
-                            f"D1.csv and D2.csv")  # fmt: skip
+            raise DataError(
+                f"{path}: missing; the released preprocessing needs the split files "
+                f"D1.csv and D2.csv"
+            )
     X_p, y_p, cols_p = _released_file(paths[0], "LotArea", rows)
     X_h, y_h, cols_h = _released_file(paths[1], "SalePrice", rows)
     if cols_p != cols_h:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -36,11 +38,15 @@ def _default_numbers(defaults, spec, method: str) -> dict[str, Any]:
 
 def _summary(entries: list[dict[str, Any]], way: str) -> dict[str, Any]:
     rir = np.array([e[way]["rir"] for e in entries], dtype=float)
-    i, ii = (float(np.mean([e[way][k] for e in entries])) for k in ("i", "ii"))
-    successes = int(sum(e[way]["success"] for e in entries))
-    return {"mean_rir": float(np.mean(rir)), "median_rir": float(np.median(rir)),
-            "geomean_rir": _geomean(rir), "mean_i": i, "mean_ii": ii, "successes": successes,
-            "n": len(entries)}  # fmt: skip
+    return {
+        "mean_rir": float(np.mean(rir)),
+        "median_rir": float(np.median(rir)),
+        "geomean_rir": _geomean(rir),
+        "mean_i": float(np.mean([e[way]["i"] for e in entries])),
+        "mean_ii": float(np.mean([e[way]["ii"] for e in entries])),
+        "successes": int(sum(e[way]["success"] for e in entries)),
+        "n": len(entries),
+    }
 
 
 def _versus(runs: dict[str, list], way: str) -> dict[str, Any]:
@@ -52,49 +58,42 @@ def _versus(runs: dict[str, list], way: str) -> dict[str, Any]:
         logs.append(math.log10(x / y) if good else float("nan"))
     arr = np.array(logs)
     median = float(np.nanmedian(arr)) if np.isfinite(arr).any() else None
-    return {"log10_ratio": logs, "ours_ahead": int(np.sum(arr > 0)), "n": len(logs),
-            "median_log10_ratio": median}  # fmt: skip
+    ahead = int(np.sum(arr > 0))
+    return dict(log10_ratio=logs, ours_ahead=ahead, n=len(logs), median_log10_ratio=median)
 
 
-def _runs(protocol, dataset, specs, done, defaults) -> tuple[dict[str, list], bool]:
-    """Per method, one row's scored runs; and whether a default re-run gave the same RIR."""
-    runs: dict[str, list] = {m: [] for m in METHODS}
-    identical = True
-    for key, spec in specs:
-        if spec["dataset"] == dataset and spec["protocol"] == protocol:
-            unit = done[key]["methods"]
+def _rows(plan, groups, defaults) -> tuple[list[dict[str, Any]], dict[str, bool]]:
+    """A row per (dataset, protocol) run; per dataset, whether the default re-run gave its RIR."""
+    rows, identical = [], {}
+    for dataset, protocol in product(plan.datasets, plan.protocols):
+        if (dataset, protocol) not in groups:
+            continue  # a switch that does not exist for this dataset
+        runs: dict[str, list] = {m: [] for m in METHODS}
+        for spec, unit in groups[dataset, protocol]:
+            at = {"where": _where(spec), "seed": spec["seed"]}
             for m in METHODS:
-                entry = {"where": _where(spec), "seed": spec["seed"], **unit[m]}
+                entry = {**at, "nonzero": unit[m]["nonzero"], "ridge": unit[m]["ridge"]}
                 if protocol == "condreg":
                     official = _default_numbers(defaults, spec, m)
-                    identical &= official["rir"] == unit[m]["condreg_rir"]
-                    entry["nonzero"] = {**unit[m]["nonzero"], **official}
-                runs[m].append(entry)
-    return runs, identical
-
-
-def _rows(plan, specs, done, defaults) -> tuple[list[dict[str, Any]], dict[str, bool]]:
-    rows, identical = [], {}
-    for dataset in plan.datasets:
-        for protocol in plan.protocols:
-            sw = switches_of(protocol, dataset)
-            if protocol != "condreg" and not sw:
-                continue
-            runs, same = _runs(protocol, dataset, specs, done, defaults)
-            if protocol == "condreg":
-                identical[dataset] = same
-            stopped = sorted({e["stopped"] for r in runs.values() for e in r} - {"completed"})
-            rows.append({
-                "dataset": dataset, "protocol": protocol, "switches": sw,
-                "source": "condreg.immunize (the default experiment)" if protocol == "condreg"
+                    same = official["rir"] == unit[m]["condreg_rir"]
+                    identical[dataset] = identical.get(dataset, True) and same
+                    entry["nonzero"] = {**entry["nonzero"], **official}
+                runs[m].append({**entry, "stopped": unit[m]["stopped"]})
+        stopped = sorted({e["stopped"] for r in runs.values() for e in r} - {"completed"})
+        rows.append(
+            {
+                "dataset": dataset,
+                "protocol": protocol,
+                "switches": switches_of(protocol, dataset),
+                "source": "condreg.immunize (the default experiment)"
+                if protocol == "condreg"
                 else "emulated (condreg.experiments.ablation.emulator)",
                 "methods": {m: {w: _summary(runs[m], w) for w in WAYS} for m in METHODS},
                 "ours_vs_opt": {w: _versus(runs, w) for w in WAYS},
-                "runs": {m: [{"where": e["where"], "seed": e["seed"],
-                              **{w: e[w] for w in WAYS}, "stopped": e["stopped"]}
-                             for e in runs[m]] for m in METHODS},
+                "runs": runs,
                 "stopped_early": stopped,
-            })  # fmt: skip
+            }
+        )
     return rows, identical
 
 
@@ -103,8 +102,7 @@ def _inputs(data) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "house" in data:
         out["house"] = {k: v["inputs"] for k, v in data["house"].items()}
-        ours = out["house"]["released"]["ridge"]
-        log = LOGGED["house"]
+        ours, log = out["house"]["released"]["ridge"], LOGGED["house"]
         out["house"]["logged"] = dict(log)
         diff = {k: ours[k] / float(log[k]) - 1.0 for k in ("kappa_K_P", "kappa_K_H")}
         out["house"]["rel_diff_to_logged"] = diff
@@ -112,48 +110,51 @@ def _inputs(data) -> dict[str, Any]:
         mn = data["mnist"]
         pooled = [v["inputs"] for k, v in mn.items() if isinstance(k, tuple)]
         ks = {w: [p[w][k] for p in pooled for k in ("kappa_K_P", "kappa_K_H")] for w in WAYS}
+        span = {
+            w: {"kappa_K_min": float(min(v)), "kappa_K_max": float(max(v))} for w, v in ks.items()
+        }
         out["mnist"] = {
-            "pooled": {w: {"kappa_K_min": float(min(ks[w])), "kappa_K_max": float(max(ks[w]))}
-                       for w in WAYS},
-            "n_features": mn["n_features"], "raw_digit_tasks": mn["raw_inputs"],
+            "pooled": span,
+            "n_features": mn["n_features"],
+            "raw_digit_tasks": mn["raw_inputs"],
             "logged": dict(LOGGED["mnist"]),
-        }  # fmt: skip
+        }
     return out
 
 
-def _sweep(plan, specs, done) -> dict[str, Any]:
+def _step_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Geometric-mean RIR and successes (nonzero-σ κ), and the mean D_P loss of some runs."""
+    rir = _geomean([r["nonzero"]["rir"] for r in runs])
+    successes = int(sum(r["nonzero"]["success"] for r in runs))
+    dp_loss = float(np.mean([r["loss_final"] for r in runs]))
+    return dict(geomean_rir=rir, successes=successes, n=len(runs), dp_loss=dp_loss)
+
+
+def _sweep(plan, groups) -> dict[str, Any]:
     """RIR against ``max_step`` and the epoch, and the D_P-only choice of ``max_step``."""
     out, steps = {}, plan.max_steps
     for dataset in plan.datasets:
-        by_step: dict[float, dict[str, list]] = {ms: {m: [] for m in METHODS} for ms in steps}
-        ref, curves = [], {m: [] for m in METHODS}
-        for key, spec in specs:
-            if spec["dataset"] != dataset or spec["kind"] == "emulated":
-                continue
-            unit = done[key]["methods"]
-            ms = spec.get("max_step") or 0.3
-            for m in METHODS:
-                by_step[ms][m].append(unit[m])
-                if spec["kind"] == "default":
-                    curves[m].append(unit[m]["history_rir"])
-            if "head_only_loss" in unit:
-                ref.append(unit["head_only_loss"])
-        ref_loss = float(np.mean(ref))  # every default unit has one
-        table = {str(ms): {m: {"geomean_rir": _geomean([r["nonzero"]["rir"] for r in rs]),
-                               "successes": int(sum(r["nonzero"]["success"] for r in rs)),
-                               "n": len(rs),
-                               "dp_loss": float(np.mean([r["loss_final"] for r in rs]))}
-                           for m, rs in by_step[ms].items()} for ms in steps}  # fmt: skip
+        default, table = groups[dataset, "condreg"], {}
+        for ms in steps:
+            units = default if ms == 0.3 else groups[dataset, f"max_step={ms}"]
+            table[str(ms)] = {m: _step_summary([u[m] for _, u in units]) for m in METHODS}
+        ref_loss = float(np.mean([u["head_only_loss"] for _, u in default]))
         chosen, passed = {}, {}
         for m in METHODS:
             ok = [ms for ms in steps if table[str(ms)][m]["dp_loss"] <= ref_loss + DP_TOLERANCE]
             chosen[m] = max(ok) if ok else min(steps)
             passed[m] = bool(ok)
         out[dataset] = {
-            "max_steps": list(steps), "by_max_step": table, "head_only_dp_loss": ref_loss,
-            "dp_tolerance": DP_TOLERANCE, "chosen_max_step": chosen, "any_step_passes": passed,
-            "rir_by_epoch": {m: _geomean_curve(c) for m, c in curves.items()},
-        }  # fmt: skip
+            "max_steps": list(steps),
+            "by_max_step": table,
+            "head_only_dp_loss": ref_loss,
+            "dp_tolerance": DP_TOLERANCE,
+            "chosen_max_step": chosen,
+            "any_step_passes": passed,
+            "rir_by_epoch": {
+                m: _geomean_curve([u[m]["history_rir"] for _, u in default]) for m in METHODS
+            },
+        }
     return out
 
 
@@ -170,9 +171,17 @@ def _geomean_curve(curves: list[list[float]]) -> list[float]:
 
 def assemble(plan, data, defaults, specs, done) -> dict[str, Any]:
     """The ``results`` of results.json (see docs/ablation.md)."""
-    rows, identical = _rows(plan, specs, done, defaults)
-    return {"switches": dict(RELEASED_SWITCHES), "rows": rows, "default_rerun_identical": identical,
-            "inputs": _inputs(data), "schedule": _sweep(plan, specs, done)}  # fmt: skip
+    groups = defaultdict(list)  # (dataset, protocol) -> [(spec, its unit's methods)]
+    for key, spec in specs:
+        groups[spec["dataset"], spec["protocol"]].append((spec, done[key]["methods"]))
+    rows, identical = _rows(plan, groups, defaults)
+    return {
+        "switches": dict(RELEASED_SWITCHES),
+        "rows": rows,
+        "default_rerun_identical": identical,
+        "inputs": _inputs(data),
+        "schedule": _sweep(plan, groups),
+    }
 
 
 def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
@@ -180,10 +189,16 @@ def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
     notes = tables.notes(results, store)
     quick = " (quick: not the full run)" if plan.quick else ""
     payload = rp.write_outputs(
-        plan.out_dir, experiment="ablation", settings=settings, seeds=plan.seeds, results=results,
-        runtime_s=runtime_s, notes=notes, table=tables.table(plan, results, notes),
+        plan.out_dir,
+        experiment="ablation",
+        settings=settings,
+        seeds=plan.seeds,
+        results=results,
+        runtime_s=runtime_s,
+        notes=notes,
+        table=tables.table(plan, results, notes),
         title=f"Ablation — condreg's protocol → the released code's{quick}",
-    )  # fmt: skip
+    )
     figures.ranking(plan, results, plan.out_dir / "ranking.png")
     figures.schedule(plan, results, plan.out_dir / "schedule.png")
     return payload
