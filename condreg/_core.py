@@ -31,7 +31,6 @@ def check_tie_rtol(tie_rtol: float | None) -> float | None:
     return None if tie_rtol is None else _spectrum.check_rtol(tie_rtol, "tie_rtol")
 
 
-resolve_tie_rtol = _spectrum.resolve_tie_rtol
 eager = _spectrum.eager
 never = _spectrum.never
 readable = _spectrum.readable

@@ -15,6 +15,7 @@ takes the full decomposition. Everything here reads values: eager only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -51,13 +52,9 @@ def _orthonormal(X: Array, xp: Any) -> Array:
 
 def _lu_solver(M: Array, xp: Any):
     """``b ↦ M⁻¹ b`` from one LU factorisation where the library has it, else ``linalg.solve``."""
-    lu_factor, lu_solve = (
-        getattr(xp.linalg, "lu_factor", None),
-        getattr(xp.linalg, "lu_solve", None),
-    )
-    if lu_factor is not None and lu_solve is not None:
-        LU, piv = lu_factor(M)
-        return lambda b: lu_solve(LU, piv, b)
+    if hasattr(xp.linalg, "lu_factor") and hasattr(xp.linalg, "lu_solve"):
+        LU, piv = xp.linalg.lu_factor(M)
+        return lambda b: xp.linalg.lu_solve(LU, piv, b)
     return lambda b: xp.linalg.solve(M, b)
 
 
@@ -86,10 +83,9 @@ def _column_norms(X: Array, xp: Any) -> Array:
 def gram_cluster(
     G: Array, mu: Array, lo: int, hi: int, xp: Any, *, value_eps: float | None = None
 ) -> Array | None:
-    """Orthonormal eigenvectors (``n×(hi−lo)``, columns in the order of ``mu``) of the symmetric
-    ``G`` for its eigenvalues ``mu[lo:hi]`` (``mu`` descending, as computed by an eigh of ``G``),
-    or ``None`` (see the module docstring). ``value_eps``: the rounding unit of ``mu`` when it
-    was computed in a lower precision than ``G`` (for the check that the Ritz values match)."""
+    """Orthonormal eigenvectors (``n×(hi−lo)``, in the order of ``mu``, descending) of the
+    symmetric ``G`` for ``mu[lo:hi]``, or ``None``; ``value_eps``: the rounding unit of ``mu``
+    when computed in a lower precision than ``G``."""
     n = G.shape[-1]
     t = hi - lo
     values = _host(mu)
@@ -122,17 +118,10 @@ def gram_cluster(
 
 
 def _guard(values: list[float], lo: int, t: int, tol: float) -> tuple[int, float] | None:
-    """Guard vectors ``p`` for the bottom block ``[lo, n)`` and the convergence ratio per
-    iteration ``(σ_lo / σ_{lo−1−p})²`` of the block of ``t + p`` vectors: the ``p`` minimising
-    the work ``(t + p + 4)·iterations`` among those with a ratio <= :data:`MAX_RATIO_TRIANGULAR`
-    (a cluster close to the next value converges in a few iterations once the block also holds
-    its neighbours; Rayleigh–Ritz then separates them). ``None`` when no ``p <= MAX_GUARD``
-    gives such a ratio.
-
-    Guards (``p > 0``) only across a gap ``σ_{lo−1} − σ_lo > 2·tol``: without guards the ratio
-    test keeps the next value away from the cluster, with them only this does, and the residual
-    check (tolerance ``tol``) tells the wanted directions from the guards' across a wider gap
-    only."""
+    """``(p, ratio)``: the number of guard vectors for the bottom block ``[lo, n)`` minimising
+    the work ``(t + p + 4)·iterations`` with a ratio ``(σ_lo / σ_{lo−1−p})²`` <=
+    :data:`MAX_RATIO_TRIANGULAR`, or ``None``. Guards only across a gap ``> 2·tol``, so that the
+    residual check (tolerance ``tol``) tells the wanted directions from the guards'."""
     best: tuple[float, int, float] | None = None
     guards = MAX_GUARD if values[lo - 1] - values[lo] > 2.0 * tol else 0
     for p in range(min(guards, lo - 1) + 1):
@@ -145,10 +134,8 @@ def _guard(values: list[float], lo: int, t: int, tol: float) -> tuple[int, float
 
 
 def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
-    """Right singular vectors of the upper-triangular ``R`` (``n×n``, full rank) for its
-    smallest singular values ``s[lo:]`` (``s`` descending, computed from ``R``): columns in the
-    order of ``s``; ``None`` when not accepted (module docstring). The block carries ``p``
-    guard vectors (:func:`_guard`) when the cluster lies close to the next value up."""
+    """Right singular vectors of the full-rank upper-triangular ``R`` for its smallest singular
+    values ``s[lo:]`` (in the order of ``s``), or ``None`` when not accepted."""
     n = R.shape[-1]
     t = n - lo
     values = _host(s)
@@ -182,9 +169,8 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
 
 
 def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) -> Array:
-    """``a·G + Σ_c W_c diag(e_c) W_cᵀ`` (``clusters = [(W_c, e_c), ...]``, ``e_c`` of shape
-    ``(t_c,)`` or a scalar): the matrix of ``Σ_i g_i w_i w_iᵀ`` for ``g = a·mu + e`` with ``e``
-    nonzero on the clusters only — the gradient's matrix from the extreme vectors alone."""
+    """``a·G + Σ_c W_c diag(e_c) W_cᵀ``: ``Σ_i g_i w_i w_iᵀ`` for ``g = a·mu + e``, ``e`` nonzero
+    on the clusters ``[(W_c, e_c), ...]`` only."""
     M = a * G
     for W, e in clusters:
         M = M + (W * e) @ W.T
@@ -194,15 +180,11 @@ def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) ->
 def gram_product(
     M: Array, mu: Array, a: Any, h: Array, xp: Any, *, value_eps: float
 ) -> Array | None:
-    """``2 (a·M + Σ_c h_c Q_c Q_cᵀ)``: the matrix ``P`` of the gradient ``P F`` or ``F P`` of a
-    quantity whose derivative is ``g = a·mu + h`` on the unit Gram matrix ``M`` (eigenvalues
-    ``mu``, descending, computed to ``value_eps``), from the eigenvectors ``Q_c`` of the runs of
-    equal nonzero ``h`` (the tie sets of the extreme values; :func:`gram_cluster`). Equals
-    ``2 W diag(g) Wᵀ`` of the full eigh at the cost of one factorisation per cluster.
-
-    A single matrix with readable values. ``None`` — the caller then takes the full eigh — when
-    ``a`` or ``h`` is not finite (R_ill's pole), the clusters hold more than
-    ``n / MAX_FRACTION`` (at least 8) values, or a cluster is not certified."""
+    """``P = 2 (a·M + Σ_c h_c Q_c Q_cᵀ)`` = ``2 W diag(a·mu + h) Wᵀ`` of the unit Gram ``M``
+    (eigenvalues ``mu`` computed to ``value_eps``) from the eigenvectors of the runs of equal
+    nonzero ``h`` only (:func:`gram_cluster`). ``None`` (take the full eigh) when ``a`` or ``h``
+    is not finite, the runs hold over ``max(8, n / MAX_FRACTION)`` values, or a cluster is not
+    certified."""
     n = M.shape[-1]
     if M.ndim != 2:
         return None
@@ -210,16 +192,12 @@ def gram_product(
     av = a if isinstance(a, float) else float(a.reshape(()))
     if not (math.isfinite(av) and all(math.isfinite(v) for v in hs)):
         return None
-    runs, i = [], 0
-    while i < n:
-        if hs[i] == 0.0:
-            i += 1
-            continue
-        j = i + 1
-        while j < n and hs[j] == hs[i]:
-            j += 1
-        runs.append((i, j, hs[i]))
-        i = j
+    runs, start = [], 0
+    for value, group in itertools.groupby(hs):
+        size = len(list(group))
+        if value != 0.0:
+            runs.append((start, start + size, value))
+        start += size
     if sum(hi - lo for lo, hi, _ in runs) > max(8, n // MAX_FRACTION):
         return None
     mu_g = xp.astype(mu.reshape(-1), M.dtype)

@@ -87,41 +87,24 @@ def eps(xp: Any, dtype: Any) -> float:
 
 
 def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``max(m, n) * eps(dtype)``: numpy.linalg.matrix_rank's convention, on the singular values
-    of the argument (of ``F`` when ``gram=True``; rank(FᵀF) = rank(F))."""
+    """``max(m, n) * eps(dtype)`` (numpy.linalg.matrix_rank's convention, on ``s``)."""
     return max(shape[-2], shape[-1]) * eps(xp, dtype)
 
 
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``32 * √max(m, n) * eps(dtype)``, relative to the largest singular value ``s_1``:
-    backward-stable SVDs return singular values with absolute error of a small multiple of
-    ``eps * s_1``; values closer than this are equal up to rounding and are tied."""
+    """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: equal up to a backward-stable
+    SVD's rounding."""
     return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
 
 
 def check_rtol(rtol: Any, name: str = "rtol") -> float:
-    if not (isinstance(rtol, (int, float)) and not isinstance(rtol, bool)):
-        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
-    if not 0.0 <= float(rtol) < 1.0:
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
     return float(rtol)
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     return default_rtol(shape, dtype, xp) if rtol is None else check_rtol(rtol)
-
-
-def resolve_tie_rtol(tie_rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """The tie tolerance to use: ``tie_rtol`` checked, or the default for ``shape``/``dtype``."""
-    if tie_rtol is None:
-        return default_tie_rtol(shape, dtype, xp)
-    return check_rtol(tie_rtol, "tie_rtol")
-
-
-def gram_accuracy(xp: Any, dtype: Any) -> float:
-    """``GRAM_ACCURACY·√eps(dtype)``: the relative error the Gram path may have on every counted
-    eigenvalue (``dtype``: the result dtype)."""
-    return GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
 
 
 def eager(x: Array) -> bool:
@@ -306,7 +289,8 @@ def accept_gram(
     """The one accept rule: ``(s, W, err_rel, ok)`` from :func:`eigh_gram`, ``ok`` = in range and
     every counted eigenvalue resolved (:func:`gram_resolves`)."""
     s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype)
-    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, gram_accuracy(xp, dtype), xp)
+    accuracy = GRAM_ACCURACY * math.sqrt(eps(xp, dtype))  # relative, on every counted value
+    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
     return s, W, err_rel, ok
 
 

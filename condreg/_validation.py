@@ -11,17 +11,6 @@ from condreg import _core
 Array = Any
 
 
-def _inferred(arrays: tuple[Array, ...], where: str) -> Any:
-    try:
-        return array_namespace(*arrays)
-    except TypeError as exc:
-        kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
-        raise TypeError(
-            f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
-            f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
-        ) from None
-
-
 def _kind(a: Any) -> str:
     return type(a).__module__.split(".")[0] + "." + type(a).__name__
 
@@ -48,46 +37,40 @@ def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any
 
 
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
-    """The Array API namespace of ``arrays`` (``xp`` overrides it).
-
-    Raises ``TypeError`` for non-arrays, for arrays of different libraries in one call, for an
-    ``xp`` of another library than the arrays, and for a namespace without the ``linalg``
-    extension.
-    """
-    inferred = _inferred(arrays, where)
+    """The Array API namespace of ``arrays`` (``xp`` overrides it); ``TypeError`` for non-arrays,
+    mixed libraries, an ``xp`` of another library, or a namespace without ``linalg``."""
+    try:
+        inferred = array_namespace(*arrays)
+    except TypeError as exc:
+        kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
+        raise TypeError(
+            f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
+            f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
+        ) from None
     chosen = inferred if xp is None else xp
     if not hasattr(chosen, "linalg"):
         raise TypeError(
             f"{where}: the array namespace {getattr(chosen, '__name__', chosen)!r} has no linalg "
             "extension; condreg needs linalg.svd"
         )
-    if _library(inferred) != _library(chosen):
-        # An explicit namespace must belong to the same library as the arrays: condreg does not
-        # convert between libraries (that would silently copy across devices).
+    if _library(inferred) != _library(chosen):  # never convert (a silent device copy)
         raise TypeError(
             f"{where}: the input is a {_library(inferred)} array but xp is the "
             f"{_library(chosen)} namespace; convert the input first (mixed namespaces are not "
             "supported)"
         )
-    xp = chosen
-    return xp
+    return chosen
 
 
 def _library(xp: Any) -> str:
-    """The library a namespace belongs to: ``numpy`` for both ``numpy`` and
-    ``array_api_compat.numpy``, ``torch``, ``jax``, ``array_api_strict``, ``cupy`` ..."""
+    """The library of a namespace (``numpy`` for ``array_api_compat.numpy`` too)."""
     name = getattr(xp, "__name__", type(xp).__name__)
-    if name.startswith("array_api_compat."):
-        name = name[len("array_api_compat.") :]
-    return name.split(".")[0]
+    return name.removeprefix("array_api_compat.").split(".")[0]
 
 
 def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None) -> _core.Concrete:
-    """The callback that reads 0-d booleans for value checks, or skips them (``enabled`` false).
-
-    ``concrete``: the adapter's own callback (PyTorch's returns ``None`` under
-    ``torch.compile``); default :func:`condreg._spectrum.readable` (``None`` for a JAX tracer or
-    inside ``torch.func.vmap``), NumPy arrays are always read."""
+    """The reader of 0-d booleans for value checks: none (``enabled`` false), the adapter's
+    ``concrete``, or :func:`condreg._spectrum.readable` (NumPy arrays: always read)."""
     if not enabled:
         return _core.never
     if concrete is not None:
@@ -119,14 +102,9 @@ def matrix(
     check_finite: bool = True,
     concrete: _core.Concrete | None = None,
 ) -> tuple[Array, Any, _core.Concrete]:
-    """Validate a (batch of) matrices; returns ``(S, xp, concrete)`` (``concrete``: the reader
-    of :func:`concrete_for`, from the adapter's callback where one is passed).
-
-    - ``ndim < 2`` or an empty matrix dimension: ``ValueError``;
-    - boolean or complex dtype: ``TypeError``; integer dtype: promoted to the namespace's default
-      real floating dtype (like ``numpy.linalg``);
-    - NaN/Inf entries: ``ValueError`` when the values can be read (eagerly) and ``check_finite``.
-    """
+    """``(S, xp, concrete)`` for a validated (batch of) matrices: ``ValueError`` for ``ndim < 2``,
+    an empty matrix or readable NaN/Inf (with ``check_finite``); ``TypeError`` for boolean or
+    complex dtypes; integers are promoted to the default real floating dtype."""
     xp = namespace(S, xp=xp, where=where)
     ndim = getattr(S, "ndim", None)
     if ndim is None or ndim < 2:
@@ -155,8 +133,7 @@ def matrix(
 
 
 def nonfinite_error(where: str) -> ValueError:
-    """The error for NaN/Inf input (raised by :func:`matrix`, and by the PyTorch adapter's
-    ``vmap`` rule, which sees the batch :func:`matrix` could not read)."""
+    """The error for NaN/Inf input (:func:`matrix`, and the PyTorch adapter's ``vmap`` rule)."""
     return ValueError(
         f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
     )
@@ -174,14 +151,9 @@ def _dtype_library(dtype: Any) -> str:
 
 
 def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, Any]:
-    """``(S in the compute dtype, the output dtype)``.
-
-    ``dtype=None``: float16/bfloat16 input is computed in float32 (no backend decomposes half
-    precision, and its rounding would swamp every singular value below ~1e-3·sigma_1); other
-    dtypes as they are. An explicit ``dtype`` (a real floating dtype of the namespace, e.g.
-    float64 for float32 input) is used as given. Results and gradients come back in the input
-    dtype (the cast is differentiable on PyTorch and JAX).
-    """
+    """``(S in the compute dtype, the output dtype)``: float32 for float16/bfloat16 input (no
+    backend decomposes half precision) unless ``dtype`` (a real floating dtype of the namespace)
+    is given; results come back in the input dtype (a differentiable cast)."""
     out = S.dtype
     if dtype is None:
         if not _is_half(out):
