@@ -82,17 +82,9 @@ def _no_autocast(S: torch.Tensor):
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
     """``G(S)`` from a differentiable thin SVD (higher order and forward mode)."""
     quantity, rtol, tie_rtol, gram, check = config
-    return _core.gradient(
-        quantity,
-        S,
-        array_namespace(S),
-        rtol=rtol,
-        tie_rtol=tie_rtol,
-        gram=gram,
-        subgradient="min_norm",
-        concrete=_reader(check),
-        method="svd",
-    )
+    options = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "concrete": _reader(check)}
+    xp = array_namespace(S)
+    return _core.gradient(quantity, S, xp, subgradient="min_norm", method="svd", **options)
 
 
 def _extreme_ok(S: torch.Tensor, check: bool) -> bool:
@@ -107,15 +99,9 @@ def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
     xp = array_namespace(S)
     tie = _core.check_tie_rtol(tie_rtol)
     with _no_autocast(S):
-        sp = _spectrum.decompose(
-            S,
-            xp,
-            gram=gram,
-            vectors=vectors,
-            rtol=rtol,
-            concrete=_reader(check),
-            extreme=vectors and gram and _extreme_ok(S, check),
-        )
+        extreme = vectors and gram and _extreme_ok(S, check)
+        options = {"gram": gram, "vectors": vectors, "rtol": rtol, "extreme": extreme}
+        sp = _spectrum.decompose(S, xp, concrete=_reader(check), **options)
         value = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
     if not vectors:
         return value, S.new_empty(0), S.new_empty(0), S.new_empty(0), S.new_empty(0)
