@@ -52,10 +52,6 @@ class ProbeResult:
         fraction : float
             The share of ``L(w_0) − L(w*)`` to reach, ``0 < fraction ≤ 1``.
 
-        Returns
-        -------
-        int or None
-
         Raises
         ------
         ValueError
@@ -117,18 +113,14 @@ def _nesterov(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array
 
 
 def _adam(p: _Problem, steps: int, params: dict[str, Any]) -> Iterator[Array]:
-    xp = p.xp
-    lr, eps = params["lr"], params["eps"]
+    xp, w, lr, eps = p.xp, p.w0, params["lr"], params["eps"]
     b1, b2 = params["betas"]
-    w = p.w0
     m, v = xp.zeros_like(w), xp.zeros_like(w)
     for t in range(1, steps + 1):
         g = p.grad(w)
         m = b1 * m + (1.0 - b1) * g
         v = b2 * v + (1.0 - b2) * (g * g)
-        m_hat = m / (1.0 - b1**t)
-        v_hat = v / (1.0 - b2**t)
-        w = w - lr * m_hat / (xp.sqrt(v_hat) + eps)
+        w = w - lr * (m / (1.0 - b1**t)) / (xp.sqrt(v / (1.0 - b2**t)) + eps)
         yield w
 
 
@@ -206,7 +198,8 @@ def _reduction(loss: Array, loss_min: Array) -> Array:
 
 
 def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0.99) -> int | None:
-    """The first step ``t`` with ``L(w_0) − L(w_t) ≥ fraction·(L(w_0) − L(w*))``.
+    """The first step ``t`` with ``L(w_0) − L(w_t) ≥ fraction·(L(w_0) − L(w*))`` (``0`` when
+    nothing can be reduced), ``None`` if never reached.
 
     Parameters
     ----------
@@ -214,11 +207,6 @@ def steps_to_reduction(loss: Array, loss_min: Array | float, fraction: float = 0
         The loss curve ``L(w_t)``, ``t = 0..steps``, and ``L(w*)`` (as in :class:`ProbeResult`).
     fraction : float
         The share of the achievable reduction to reach, ``0 < fraction ≤ 1``.
-
-    Returns
-    -------
-    int or None
-        The first such ``t`` (``0`` when nothing can be reduced), ``None`` if never reached.
 
     Raises
     ------
@@ -322,10 +310,6 @@ def probe(
         Rank tolerance on the singular values of ``A`` (default ``max(N, K)·eps``).
     **options
         ``lr``, ``beta`` (momentum), ``betas``, ``eps`` (adam), ``history`` (lbfgs).
-
-    Returns
-    -------
-    ProbeResult
 
     Raises
     ------

@@ -55,7 +55,8 @@ def check_matrix(X: Array, name: str, where: str) -> None:
 
 
 def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
-    """The one rank tolerance of a pair of tasks: ``max(N_P, N_H, D)·eps(dtype)``.
+    """The one rank tolerance of a pair of tasks, ``max(N_P, N_H, D)·eps(dtype)`` relative to
+    ``σ₁``: the default of :func:`rir` and :func:`condreg.immunize`.
 
     Parameters
     ----------
@@ -63,11 +64,6 @@ def run_rtol(X_p: Array, X_h: Array, dtype: Any = None) -> float:
         The pre-training and harmful data, ``N_P×D`` and ``N_H×D``.
     dtype : optional
         The dtype whose ``eps`` counts (default ``X_p``'s; float64 for a non-floating dtype).
-
-    Returns
-    -------
-    float
-        Relative to ``σ₁``: the default of :func:`rir` and :func:`condreg.immunize`.
 
     Examples
     --------
@@ -103,8 +99,7 @@ class RIRSpectra:
         self._xp = xp
         self.rtol = float(rtol)
 
-    def __getstate__(self) -> tuple:
-        """Picklable: the namespace by its module name."""
+    def __getstate__(self) -> tuple:  # picklable: the namespace by its module name
         return self._parts, self._fingerprint, self._xp.__name__, self.rtol
 
     def __setstate__(self, state: tuple) -> None:
@@ -144,10 +139,6 @@ class RIRSpectra:
         rtol : float, optional
             In ``[self.rtol, 1)``; default :attr:`rtol`.
 
-        Returns
-        -------
-        RIR
-
         Raises
         ------
         ValueError, TypeError
@@ -165,10 +156,6 @@ class RIRSpectra:
         ----------
         rtol : float, optional
             In ``[self.rtol, 1)``; default :attr:`rtol`.
-
-        Returns
-        -------
-        tuple of int
 
         Raises
         ------
@@ -209,10 +196,6 @@ def rir_spectra(
     tasks : RIRSpectra, optional
         An earlier result on the same ``X_p``, ``X_h`` at a tolerance ``<= rtol``, to reuse.
 
-    Returns
-    -------
-    RIRSpectra
-
     Raises
     ------
     ValueError, TypeError
@@ -229,8 +212,8 @@ def rir_spectra(
     """
     arrays = {"X_p": X_p, "X_h": X_h} if theta is None else {"theta": theta, "X_p": X_p, "X_h": X_h}
     xp = _validation.named_namespace("rir", arrays)
-    for X, name in ((X_p, "X_p"), (X_h, "X_h")):
-        check_matrix(X, name, "rir")
+    check_matrix(X_p, "X_p", "rir")
+    check_matrix(X_h, "X_h", "rir")
     if theta is not None:
         if getattr(theta, "ndim", None) != 2:
             shape = tuple(getattr(theta, "shape", ()))
@@ -321,10 +304,6 @@ def rir(theta: Array, X_p: Array, X_h: Array, *, rtol: float | None = None) -> R
     rtol : float, optional
         One tolerance for all four κ: ``σ_i > rtol·σ₁`` counts; default :func:`run_rtol`.
 
-    Returns
-    -------
-    RIR
-
     Raises
     ------
     ValueError
@@ -371,10 +350,6 @@ def rir_theta0(
         Seed of the ``numpy.random.default_rng`` that draws the groups.
     rtol : float, optional
         Rank tolerance of each κ (default ``max(n, d)·eps`` per feature matrix).
-
-    Returns
-    -------
-    RIRTheta0
 
     Raises
     ------

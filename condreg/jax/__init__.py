@@ -24,10 +24,6 @@ def concrete(x: jax.Array) -> bool | None:
     x : jax.Array
         A 0-d boolean array.
 
-    Returns
-    -------
-    bool or None
-
     Examples
     --------
     >>> import jax.numpy as jnp, condreg.jax
@@ -93,8 +89,8 @@ def value(
     gram: bool,
     check: bool,
 ) -> jax.Array:
-    """Differentiable ``quantity`` of a validated JAX array ``S`` with the closed-form backward
-    (what :func:`condreg.r_ill` etc. call for JAX arrays).
+    """Differentiable ``quantity`` (shape ``S.shape[:-2]``) of a validated JAX array ``S`` with the
+    closed-form backward (what :func:`condreg.r_ill` etc. call for JAX arrays).
 
     Parameters
     ----------
@@ -104,10 +100,6 @@ def value(
         As in :func:`condreg.r_ill` (``S`` validated, ``(..., m, n)``).
     check : bool
         Run the value checks where values are concrete (``check_finite``).
-
-    Returns
-    -------
-    jax.Array, shape S.shape[:-2]
 
     Raises
     ------

@@ -48,11 +48,6 @@ def regularizer_loss(
     normalize : bool
         Use ``H / tr(H)`` (the norm under ``stop_gradient``) or the plain ``H`` of Eq. 11.
 
-    Returns
-    -------
-    jax.Array
-        0-d.
-
     Raises
     ------
     condreg.RankError
@@ -91,7 +86,7 @@ _precondition.defvjp(lambda features, inputs, ridge: (features, inputs), _precon
 
 
 def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) -> jax.Array:
-    """The dummy layer: the identity on ``features``; its VJP left-multiplies ``∇_θ`` by
+    """The dummy layer: ``features`` unchanged; its VJP left-multiplies ``∇_θ`` by
     ``(K + ε I)⁻¹``, ``K = xᵀx`` of this batch, ``ε = ridge·λ_max(K)``.
 
     Parameters
@@ -100,11 +95,6 @@ def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) ->
         ``F = x @ θ`` and ``x`` (no gradient), ``(N, ·)`` or ``(B, T, ·)`` with the same rows.
     ridge : float
         ``>= 0`` (0: the pseudo-inverse).
-
-    Returns
-    -------
-    jax.Array
-        ``features``, carrying the preconditioning VJP.
 
     Raises
     ------
@@ -159,18 +149,13 @@ def preconditioned_update(
     Parameters
     ----------
     theta : jax.Array
-        The immunized map, ``D_in×D`` (features ``F = xθ``).
+        The immunized map, ``D_in×D`` (features ``F = xθ``); the result has its shape and dtype.
     x_p, x_h, lam_p, lam_h : jax.Array or None, float
         ``(N, D_in)`` or ``(B, T, D_in)`` batches and their weights (``None`` or 0: no term).
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
     axis_name : hashable, optional
         Inside ``shard_map`` / ``pmap``: all-gather the batches over this axis first.
-
-    Returns
-    -------
-    jax.Array
-        ``D_in×D``, in θ's dtype.
 
     Raises
     ------

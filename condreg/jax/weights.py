@@ -34,10 +34,6 @@ def weight_matrices(
     matrix : callable, optional
         ``matrix(W)`` → a 2-D array; default ``W.reshape(-1, W.shape[-1])``.
 
-    Returns
-    -------
-    list of (str, jax.Array)
-
     Raises
     ------
     ValueError
@@ -86,7 +82,8 @@ def weight_conditioning_loss(
     normalize: bool = True,
     reduction: Literal["sum", "mean"] = "sum",
 ) -> jax.Array:
-    """Sum (or mean) of ``penalty`` over :func:`weight_matrices` of ``params``.
+    """Sum (or mean) of ``penalty`` over :func:`weight_matrices` of ``params``: a 0-d array,
+    differentiable with ``jax.grad``.
 
     Parameters
     ----------
@@ -98,11 +95,6 @@ def weight_conditioning_loss(
         ``"r_well"`` of ``W/‖W‖_F`` (the norm under ``stop_gradient``): scale-free.
     reduction : {"sum", "mean"}
         Over the selected matrices.
-
-    Returns
-    -------
-    jax.Array
-        0-d, differentiable with ``jax.grad``.
 
     Raises
     ------
@@ -145,10 +137,6 @@ def weight_condition_numbers(
     ----------
     params, filter, matrix
         As in :func:`weight_matrices`.
-
-    Returns
-    -------
-    dict of str to float
 
     Raises
     ------

@@ -25,10 +25,6 @@ def to_numpy(x: Array) -> np.ndarray:
     x : array_like
         The array to copy.
 
-    Returns
-    -------
-    numpy.ndarray
-
     Examples
     --------
     >>> from condreg.testing import to_numpy
@@ -63,10 +59,6 @@ def default_tolerance(dtype: Any) -> float:
     ----------
     dtype : dtype_like
         Anything ``numpy.dtype`` accepts.
-
-    Returns
-    -------
-    float
 
     Examples
     --------
@@ -156,10 +148,6 @@ def random_orthonormal(n: int, r: int, *, seed: Any = None) -> np.ndarray:
     seed : optional
         Anything ``numpy.random.default_rng`` accepts, or a ``Generator``.
 
-    Returns
-    -------
-    numpy.ndarray
-
     Raises
     ------
     ValueError
@@ -183,7 +171,8 @@ def random_orthonormal(n: int, r: int, *, seed: Any = None) -> np.ndarray:
 
 
 class SpectralFactors(NamedTuple):
-    """Float64 factors ``S = U @ (s[..., :, None] * Vt)`` of :func:`matrix_with_spectrum`."""
+    """Float64 factors ``S = U @ (s[..., :, None] * Vt)`` of :func:`matrix_with_spectrum`;
+    ``rank`` counts the nonzero ``s`` (of the first matrix of a batch)."""
 
     U: np.ndarray
     s: np.ndarray
@@ -195,7 +184,6 @@ class SpectralFactors(NamedTuple):
 
     @property
     def rank(self) -> int:
-        """Number of exactly nonzero values (of the first matrix of a batch)."""
         return int(np.count_nonzero(self.s.reshape(-1, self.s.shape[-1])[0]))
 
 
@@ -296,10 +284,6 @@ def numerical_gradient(
     h : float, optional
         The step; default ``eps**(1/3)·max(1, max|S|)``.
 
-    Returns
-    -------
-    numpy.ndarray
-
     Raises
     ------
     ValueError
@@ -331,10 +315,6 @@ def rank_preserving_direction(U: Any, V: Any, rng: Any = None) -> np.ndarray:
         ``(..., m, k)`` and ``(..., n, k)``: orthonormal factors of ``S``'s nonzero part.
     rng : optional
         A seed or ``numpy.random.Generator``.
-
-    Returns
-    -------
-    numpy.ndarray
 
     Examples
     --------
@@ -409,12 +389,8 @@ def check_gradient(
         E = to_numpy(E).astype(np.float64)
         if E.shape != S.shape:
             raise ValueError(f"direction {i} has shape {E.shape}, expected {S.shape}")
-        fd = (
-            -_scalar(f(S + 2 * h * E))
-            + 8 * _scalar(f(S + h * E))
-            - 8 * _scalar(f(S - h * E))
-            + _scalar(f(S - 2 * h * E))
-        ) / (12 * h)
+        fp2, fp1, fm1, fm2 = (_scalar(f(S + c * h * E)) for c in (2, 1, -1, -2))
+        fd = (-fp2 + 8 * fp1 - 8 * fm1 + fm2) / (12 * h)
         analytic = float(np.sum(G * E))
         scale = max(abs(fd), float(np.linalg.norm(G) * np.linalg.norm(E)))
         err = abs(analytic - fd)

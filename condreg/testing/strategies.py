@@ -124,10 +124,6 @@ def spectra(
     gap : float
         ``≥ 0``: the middle values' least relative distance from both ends (κ raised to fit it).
 
-    Returns
-    -------
-    SearchStrategy
-
     Raises
     ------
     TypeError, ValueError
@@ -143,7 +139,8 @@ def spectra(
 
 
 class SpectralCase(NamedTuple):
-    """A drawn matrix, its zero-padded singular values, rank, exact tie counts and seed."""
+    """A drawn matrix, its zero-padded singular values, rank, exact tie counts and seed;
+    ``kappa`` = σ_1/σ_k, ``sigma_min`` = σ_k, ``sigma_max`` = σ_1 (floats, or batch arrays)."""
 
     matrix: Any
     singular_values: np.ndarray
@@ -156,17 +153,14 @@ class SpectralCase(NamedTuple):
 
     @property
     def kappa(self) -> np.ndarray | float:
-        """``σ_1/σ_k`` (a float, or a float64 array of ``batch_shape``)."""
         return _item(self.singular_values[..., 0] / self.singular_values[..., self.rank - 1])
 
     @property
     def sigma_min(self) -> np.ndarray | float:
-        """The smallest nonzero singular value ``σ_k``."""
         return _item(self.singular_values[..., self.rank - 1])
 
     @property
     def sigma_max(self) -> np.ndarray | float:
-        """The largest singular value ``σ_1``."""
         return _item(self.singular_values[..., 0])
 
 
@@ -253,10 +247,6 @@ def spectral_cases(
     xp, dtype, device : optional
         Convert with ``xp.asarray(S, dtype=dtype, device=device)``; ``dtype`` may be a strategy.
 
-    Returns
-    -------
-    SearchStrategy
-
     Raises
     ------
     TypeError, ValueError
@@ -268,16 +258,10 @@ def spectral_cases(
     >>> strategy = spectral_cases(rank=(2, 4), kappa=(1.0, 100.0), batch_shape=(3,))
     """
     spectrum_args = _spectrum_args(kappa, sigma_min, top_ties, bottom_ties, gap)
-    return _case(
-        _ints(rank, "rank", 1),
-        None if rows is None else _ints(rows, "rows", 1),
-        None if cols is None else _ints(cols, "cols", 1),
-        spectrum_args,
-        _shape(batch_shape),
-        xp,
-        dtype,
-        device,
-    )
+    rank = _ints(rank, "rank", 1)
+    rows = None if rows is None else _ints(rows, "rows", 1)
+    cols = None if cols is None else _ints(cols, "cols", 1)
+    return _case(rank, rows, cols, spectrum_args, _shape(batch_shape), xp, dtype, device)
 
 
 def matrices(**kwargs: Any) -> SearchStrategy[Any]:
@@ -287,10 +271,6 @@ def matrices(**kwargs: Any) -> SearchStrategy[Any]:
     ----------
     **kwargs
         The keyword arguments of :func:`spectral_cases`.
-
-    Returns
-    -------
-    SearchStrategy
 
     Raises
     ------
