@@ -1,7 +1,5 @@
-"""The global batch of a data-parallel step for :mod:`condreg.torch.nn` (docs/scaling.md): the
-regularizer's values (uneven rows padded with zero rows), the normalisation's norm and the dummy
-layer's preconditioner (an all-reduce of ``[K | M]``, ``K = Σ x_rᵀx_r``, ``M = Σ x_rᵀḡ_r``, when
-``K`` is well resolved, else an all-gather of ``[x_r | ḡ_r]``) over every rank's rows."""
+"""The global batch of a data-parallel step for :mod:`condreg.torch.nn` (docs/scaling.md); each
+function is the single-process one for ``group=None``."""
 
 from __future__ import annotations
 
@@ -9,12 +7,14 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F_
 from array_api_compat import array_namespace
 
+import condreg
 from condreg import _precondition
 from condreg.torch import distributed as cdist
 
-__all__ = ["process_group", "global_norm", "global_quantity", "global_sample_precondition"]
+__all__ = ["process_group", "normalized", "global_quantity", "global_sample_precondition"]
 
 
 def process_group(local: bool, group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -25,38 +25,37 @@ def process_group(local: bool, group: dist.ProcessGroup | None) -> dist.ProcessG
     return dist.group.WORLD if group is None else group
 
 
-def global_norm(F: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """The detached Frobenius norm of the rows of every rank (of ``F`` alone for ``group=None``)."""
+def normalized(F: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``F`` over the detached Frobenius norm of every rank's rows (a zero batch stays zero)."""
     sq = torch.linalg.vector_norm(F.detach()).square()
     if group is not None:
         sq = sq.clone()
         dist.all_reduce(sq, group=group)
-    return sq.sqrt()
+    norm = sq.sqrt()
+    return F / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
 def _row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[int]:
-    world = dist.get_world_size(group)
     mine = torch.tensor([n], dtype=torch.int64, device=device)
-    counts = [torch.zeros_like(mine) for _ in range(world)]
+    counts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(counts, mine, group=group)
     return [int(c.item()) for c in counts]
 
 
 def global_quantity(
-    quantity: str, F: torch.Tensor, group: dist.ProcessGroup, rtol: float | None = None
+    quantity: str, F: torch.Tensor, group: dist.ProcessGroup | None, rtol: float | None = None
 ) -> torch.Tensor:
     """``condreg.torch.distributed.<quantity>`` of the rows ``F`` (``N_r×D``) of every rank,
     uneven row counts included."""
+    kw = {} if quantity == "r_well" else {"rtol": rtol}
+    if group is None:
+        return getattr(condreg, quantity)(F, gram=True, **kw)
     counts = _row_counts(F.shape[0], F.device, group)
-    top, n_total = max(counts), sum(counts)
-    if F.shape[0] < top:
-        F = torch.cat([F, F.new_zeros((top - F.shape[0], F.shape[1]))], dim=0)
-    fn = getattr(cdist, quantity)
-    if quantity == "r_well":
-        return fn(F, group=group)
-    if rtol is None:
-        rtol = _precondition.resolve_rtol(None, (n_total, F.shape[1]), F.dtype, array_namespace(F))
-    return fn(F, group=group, rtol=rtol)
+    n, d = sum(counts), F.shape[1]
+    if kw and rtol is None:  # the default of the unpadded global batch
+        kw["rtol"] = _precondition.resolve_rtol(None, (n, d), F.dtype, array_namespace(F))
+    F = F_.pad(F, (0, 0, 0, max(counts) - F.shape[0]))  # zero rows up to the largest rank's
+    return getattr(cdist, quantity)(F, group=group, **kw)
 
 
 def _gram_route(
@@ -82,9 +81,7 @@ def _gather_route(
     x: torch.Tensor, g: torch.Tensor, counts: list[int], ridge: float, rtol: float | None, group
 ) -> torch.Tensor:
     rank, top = dist.get_rank(group), max(counts)
-    local = torch.cat([x, g], dim=1)
-    pad = local.new_zeros((top, local.shape[1]))
-    pad[: local.shape[0]] = local
+    pad = F_.pad(torch.cat([x, g], dim=1), (0, 0, 0, top - x.shape[0]))  # zero rows up to top
     parts = [torch.empty_like(pad) for _ in counts]
     dist.all_gather(parts, pad, group=group)
     stacked = torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)], dim=0)
@@ -95,10 +92,16 @@ def _gather_route(
 
 
 def global_sample_precondition(
-    x: torch.Tensor, g: torch.Tensor, *, ridge: float, rtol: float | None, group: dist.ProcessGroup
+    x: torch.Tensor,
+    g: torch.Tensor,
+    ridge: float,
+    rtol: float | None,
+    group: dist.ProcessGroup | None,
 ) -> torch.Tensor:
-    """This rank's rows of ``(x xᵀ + ε I)⁻¹ ḡ`` for the batch stacked over ``group``
-    (``x``: ``N_r×D_in`` in the single-process dtype, ``g``: ``N_r×D``)."""
+    """This rank's rows of ``(x xᵀ + ε I)⁻¹ ḡ`` for the batch stacked over ``group``: an all-reduce
+    of ``[xᵀx | xᵀḡ]`` when that resolves the spectrum, else an all-gather of ``[x | ḡ]``."""
+    if group is None:
+        return _precondition.sample_preconditioner(x, ridge=ridge, rtol=rtol).apply(g.to(x.dtype))
     counts = _row_counts(x.shape[0], x.device, group)
     n_total, d = sum(counts), x.shape[1]
     if cdist.choose_strategy(n_total, d) == "gram":

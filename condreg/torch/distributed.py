@@ -1,12 +1,6 @@
-"""Scaling condreg's regularizers out with ``torch.distributed`` (docs/scaling.md).
-
-The probing Hessian of a data-parallel batch is ``H = Σ_r F_rᵀF_r = FᵀF``, ``F`` every rank's rows
-stacked. Its spectrum comes from one all-reduce of the ``D×D`` Grams (``"gram"``; the backward is
-local) or, when ``N_total < D`` or that eigh does not resolve it, from :func:`gather_features`
-(``"gather"``). The gradient reaching a rank's rows is ``world_size ×`` that of the replicated loss,
-which DDP's averaging turns into the full gradient (without DDP, divide by ``world_size``).
-Without an initialised process group every function is the single-process one.
-"""
+"""condreg's quantities of ``H = Σ_r F_rᵀF_r``, every rank's rows, by an all-reduce of the Grams
+or an all-gather of the rows (docs/scaling.md). A rank's gradient is ``world_size ×`` that of the
+replicated loss (DDP averages; without DDP, divide). Without a process group: single-process."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ def _initialised() -> bool:
 
 
 def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Differentiable all-gather of a feature batch along axis 0 over ``group`` (its backward sums
-    the gradients over ranks); every rank must pass the same number of rows.
+    """Differentiable all-gather of every rank's rows (equal counts; the backward sums over ranks).
 
     Parameters
     ----------
@@ -46,15 +39,16 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
 
     Examples
     --------
-    >>> import torch, condreg.torch.distributed
+    >>> import torch, condreg.torch.distributed as cd
     >>> F = torch.ones(4, 3)
-    >>> condreg.torch.distributed.gather_features(F) is F   # no process group
+    >>> cd.gather_features(F) is F   # no process group
     True
     """
     if not _initialised():
         return features
     group = dist.group.WORLD if group is None else group
     from torch.distributed.nn.functional import all_gather
+
     return torch.cat(all_gather(features.contiguous(), group=group), dim=0)
 
 
@@ -63,15 +57,12 @@ def choose_strategy(n_total: int, d: int) -> str:
 
     Parameters
     ----------
-    n_total : int
-        Rows of the global batch, ``N_total = Σ_r N_r``.
-    d : int
-        The feature dimension ``D``.
+    n_total, d : int
+        Rows of the global batch, ``N_total = Σ_r N_r``, and the feature dimension ``D``.
 
     Returns
     -------
     str
-        ``"gram"`` or ``"gather"``.
 
     Examples
     --------
@@ -99,48 +90,36 @@ class _GramValue(torch.autograd.Function):
         mask, k = _spectrum.rank(s, tol, xp)
         tie = _spectrum.default_tie_rtol((N, D), F.dtype, xp)  # s is rounded to F's dtype
         sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
-        ctx.sp, ctx.cfg, ctx.world = sp, (quantity, tie_rtol), world
+        ctx.sp, ctx.quantity, ctx.world = sp, quantity, world
+        ctx.tie_rtol = _core.check_tie_rtol(tie_rtol)
         ctx.save_for_backward(F)
-        return _core.value_from_spectrum(quantity, sp, xp, tie_rtol=_core.check_tie_rtol(tie_rtol))
+        return _core.value_from_spectrum(quantity, sp, xp, tie_rtol=ctx.tie_rtol)
 
     @staticmethod
     def backward(ctx, grad_value):  # type: ignore[override]
         (F,) = ctx.saved_tensors
-        quantity, tie_rtol = ctx.cfg
-        sp = ctx.sp._replace(F=F)
-        G = _core.gradient_from_spectrum(
-            quantity,
-            sp,
-            array_namespace(F),
-            tie_rtol=_core.check_tie_rtol(tie_rtol),
-            subgradient="min_norm",
-            concrete=_core.eager,
-            weight=grad_value * ctx.world,
-        )
+        sp, xp, w = ctx.sp._replace(F=F), array_namespace(F), grad_value * ctx.world
+        kw = {"subgradient": "min_norm", "concrete": _core.eager, "weight": w}
+        G = _core.gradient_from_spectrum(ctx.quantity, sp, xp, tie_rtol=ctx.tie_rtol, **kw)
         return G, None, None, None, None, None, None, None, None
 
 
 def _value(
     quantity: str,
     features: torch.Tensor,
-    *,
     group: dist.ProcessGroup | None,
     strategy: Strategy,
-    rtol: float | None,
-    tie_rtol: float | None,
+    **kw: float | None,
 ) -> torch.Tensor:
+    """``quantity`` of the data-parallel batch; ``kw``: its ``rtol`` / ``tie_rtol``."""
     if strategy not in ("auto", "gram", "gather"):
         raise ValueError(f"strategy must be 'auto', 'gram' or 'gather', got {strategy!r}")
     fn = getattr(condreg, quantity)
-    kw = {} if quantity == "r_well" else {"rtol": rtol}
-    if quantity == "r_ill":
-        kw["tie_rtol"] = tie_rtol
     if not _initialised():
         return fn(features, gram=True, **kw)
     F = features.reshape(features.shape[0], -1)
     group = dist.group.WORLD if group is None else group
-    n_total = _global_rows(F, group)
-    D = F.shape[-1]
+    n_total, D = _global_rows(F, group), F.shape[-1]
     chosen = choose_strategy(n_total, D) if strategy == "auto" else strategy
     if chosen == "gram":
         xp = array_namespace(F)
@@ -155,11 +134,11 @@ def _value(
             if bool(bad[0] > 0):
                 raise ValueError(f"{quantity}: the features contain NaN or Inf (on some rank)")
             # an overflowing H: accept_gram refuses it, the gather path decides
+        rtol = kw.get("rtol")
         tol = _spectrum.resolve_rtol(rtol, (n_total, D), Fv.dtype, xp)
         s, W, err_rel, ok = _spectrum.accept_gram(H, (n_total, D), xp, True, Fv.dtype, tol)
         if bool(ok):
-            world = dist.get_world_size(group)
-            args = (n_total, quantity, rtol, tie_rtol, world)
+            args = (n_total, quantity, rtol, kw.get("tie_rtol"), dist.get_world_size(group))
             return _GramValue.apply(Fv, s, W, err_rel, *args).to(features.dtype)
     return fn(gather_features(F, group), gram=True, **kw)
 
@@ -198,14 +177,11 @@ def condition_number(
 
     Examples
     --------
-    >>> import torch
-    >>> from condreg.torch.distributed import condition_number
-    >>> condition_number(torch.tensor([[2.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
+    >>> import torch, condreg.torch.distributed as cd
+    >>> cd.condition_number(torch.tensor([[2.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
     tensor(4., dtype=torch.float64)
     """
-    return _value(
-        "condition_number", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=None
-    )
+    return _value("condition_number", features, group, strategy, rtol=rtol)
 
 
 def r_well(
@@ -216,7 +192,7 @@ def r_well(
     Parameters
     ----------
     features : torch.Tensor
-        This rank's features ``F_r``, flattened to ``(N_r, D)`` (``"gather"`` needs equal ``N_r``).
+        This rank's features ``F_r``, ``(N_r, D)``, as in :func:`condition_number`.
     group : torch.distributed.ProcessGroup, optional
         The ranks whose rows form the batch (default: the world).
     strategy : {"auto", "gram", "gather"}
@@ -234,7 +210,7 @@ def r_well(
     condreg.RankError
         For all-zero features.
     """
-    return _value("r_well", features, group=group, strategy=strategy, rtol=None, tie_rtol=None)
+    return _value("r_well", features, group, strategy)
 
 
 def r_ill(
@@ -250,14 +226,13 @@ def r_ill(
     Parameters
     ----------
     features : torch.Tensor
-        This rank's features ``F_r``, flattened to ``(N_r, D)`` (``"gather"`` needs equal ``N_r``).
+        This rank's features ``F_r``, ``(N_r, D)``, as in :func:`condition_number`.
     group : torch.distributed.ProcessGroup, optional
         The ranks whose rows form the batch (default: the world).
     strategy : {"auto", "gram", "gather"}
         How to get the spectrum of ``H``; ``"auto"``: :func:`choose_strategy`.
     rtol, tie_rtol : float, optional
-        Rank tolerance on the singular values of ``F`` (default ``max(N_total, D)·eps``) and tie
-        tolerance of the subgradient relative to ``σ_1``.
+        Rank tolerance on the singular values of ``F`` and tie tolerance relative to ``σ_1``.
 
     Returns
     -------
@@ -271,4 +246,4 @@ def r_ill(
     condreg.RankError
         For all-zero features.
     """
-    return _value("r_ill", features, group=group, strategy=strategy, rtol=rtol, tie_rtol=tie_rtol)
+    return _value("r_ill", features, group, strategy, rtol=rtol, tie_rtol=tie_rtol)

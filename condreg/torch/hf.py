@@ -1,10 +1,5 @@
-"""Algorithm 1 in the Hugging Face ``Trainer``: immunize one ``nn.Linear`` of any model.
-
-Needs ``pip install 'condreg-ml[hf]'``. :class:`ImmunizationTrainer`'s loss is
-``model(**inputs).loss + λ_P R_well(F_PᵀF_P) + λ_H R_ill(F_HᵀF_H)``, ``F`` the immunized map's
-outputs on the training batch and on a harmful batch, captured by a forward hook and
-preconditioned with the map's inputs (docs/immunization.md; several processes: docs/scaling.md).
-"""
+"""Algorithm 1 in the Hugging Face ``Trainer`` (``pip install 'condreg-ml[hf]'``): immunize one
+``nn.Linear`` of any model (docs/immunization.md; several processes: docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -24,18 +19,16 @@ __all__ = ["ImmunizationTrainer"]
 
 
 class ImmunizationTrainer(transformers.Trainer):
-    """A ``transformers.Trainer`` adding condreg's preconditioned regularizer to the model's loss.
-
-    The model must return a loss given ``labels``; ``self.last_terms`` is the last step's
-    ``(task, reg)``.
+    """A ``transformers.Trainer`` training on ``model(**inputs).loss + λ_P R_well(F_PᵀF_P) +
+    λ_H R_ill(F_HᵀF_H)``, ``F`` the immunized map's preconditioned outputs on the training batch and
+    on a harmful batch; ``self.last_terms`` is the last step's ``(task, reg)``.
 
     Parameters
     ----------
     harmful_dataset : torch.utils.data.Dataset
         The harmful task's model inputs (labels are dropped), drawn with the trainer's collator.
     immunized : str or torch.nn.Module
-        The ``nn.Linear`` (any module with ``F = zθ`` of its first input ``z``) whose features
-        are regularized, or its name in ``model.named_modules()``.
+        The ``nn.Linear`` (or any ``F = zθ`` of its first input) or its name in the model.
     lam_p, lam_h : float
         Weights of R_well (pre-training features) and R_ill (harmful features), ``>= 0``.
     ridge : float
@@ -50,17 +43,9 @@ class ImmunizationTrainer(transformers.Trainer):
     Raises
     ------
     ValueError
-        If ``immunized`` names no module of the model; in training, if the model returns no loss.
+        If ``immunized`` names no module of the model (training errors: :meth:`compute_loss`).
     TypeError
-        If ``immunized`` is neither a module nor a name, or a batch is not a mapping.
-    RuntimeError
-        If the immunized module does not run exactly once per forward pass.
-
-    Examples
-    --------
-    >>> trainer = ImmunizationTrainer(model=model, args=args, train_dataset=data,  # doctest: +SKIP
-    ...     harmful_dataset=harmful, immunized="bert.pooler.dense")
-    >>> trainer.train()  # doctest: +SKIP
+        If ``immunized`` is neither a module nor a name.
     """
 
     def __init__(
@@ -122,21 +107,19 @@ class ImmunizationTrainer(transformers.Trainer):
             batch.pop(key, None)
         return {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
-    @staticmethod
-    def _rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if t.ndim == 3 and mask is not None and mask.shape == t.shape[:-1]:
-            return t[mask.bool()]
-        return rows(t, "the immunized module's input/output")
-
-    def _features(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _features(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
         if len(self._captured) != 1:
             raise RuntimeError(
                 f"the immunized module ran {len(self._captured)} times in one forward pass; "
                 "ImmunizationTrainer needs exactly one call per forward"
             )
-        z, f = self._captured.pop()
-        mask = inputs.get("attention_mask")
-        return self._rows(z, mask), self._rows(f, mask)
+        mask, out = inputs.get("attention_mask"), []
+        for t in self._captured.pop():
+            if t.ndim == 3 and mask is not None and mask.shape == t.shape[:-1]:
+                out.append(t[mask.bool()])
+            else:
+                out.append(rows(t, "the immunized module's input/output"))
+        return out
 
     def compute_loss(
         self,
@@ -145,7 +128,7 @@ class ImmunizationTrainer(transformers.Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """The model's loss plus the regularizer of this batch's and a harmful batch's features.
+        """The model's loss plus the regularizer (training), or the model's loss (evaluation).
 
         Parameters
         ----------

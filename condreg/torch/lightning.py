@@ -1,8 +1,5 @@
-"""Algorithm 1 in PyTorch Lightning: a ``LightningModule`` that immunizes one linear map.
-
-Needs ``pip install 'condreg-ml[lightning]'``; docs/immunization.md shows it with a
-``CombinedLoader``, docs/scaling.md under data parallelism (the global batch).
-"""
+"""Algorithm 1 in PyTorch Lightning (``pip install 'condreg-ml[lightning]'``): a
+``LightningModule`` that immunizes one linear map (docs/immunization.md, docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ import lightning as L
 import torch
 from torch import nn
 
-import condreg
 from condreg.torch._data_parallel import global_quantity, process_group
 from condreg.torch.nn import ConditionRegularizer, Precondition, rows
 from condreg.torch.weights import weight_conditioning_loss
@@ -25,13 +21,10 @@ class ImmunizationModule(L.LightningModule):
     """Algorithm 1 on ``immunized``: ``task(head(F_P), y_P) + λ_P R_well(F_PᵀF_P) +
     λ_H R_ill(F_HᵀF_H)``, the regularizer's ``F`` through :class:`~condreg.torch.nn.Precondition`.
 
-    Logs ``task``, ``reg`` (and ``weights``, ``kappa_hp``, ``kappa_hh``) per step.
-
     Parameters
     ----------
     backbone, immunized, head : nn.Module
-        ``z = backbone(x)``, ``F = immunized(z)`` (a linear map; its input ``z`` is the
-        preconditioner's ``x``), ``logits = head(F)``.
+        ``z = backbone(x)``, the linear map ``F = immunized(z)`` and ``logits = head(F)``.
     lam_p, lam_h : float
         Weights of R_well (pre-training features) and R_ill (harmful features), ``>= 0``.
     ridge : float
@@ -40,14 +33,16 @@ class ImmunizationModule(L.LightningModule):
         Passed to :class:`~condreg.torch.nn.ConditionRegularizer` (scale-free terms).
     task_loss : callable
         ``task_loss(head(F_P), y_P)``; default ``torch.nn.functional.cross_entropy``.
-    lr, momentum : float
-        The SGD optimizer of :meth:`configure_optimizers` (override it for another one).
+    lr : float
+        Learning rate of the SGD of :meth:`configure_optimizers` (override it for another one).
+    momentum : float
+        Its momentum.
     lam_weights : float
-        Weight of the weight-conditioning penalty of ``backbone`` and ``head`` (0: off).
+        Weight of the weight-conditioning penalty of ``backbone`` and ``head`` (0: off), logged.
     weights_kwargs : mapping, optional
         Keyword arguments of :func:`condreg.torch.weights.weight_conditioning_loss`.
     log_kappa : bool
-        Also log ``kappa_hp`` and ``kappa_hh`` of the batch.
+        Also log ``kappa_hp`` and ``kappa_hh`` of the batch (``task``, ``reg`` always).
     local : bool
         ``True``: under data parallelism each process uses its own rows (default: global batch).
 
@@ -58,10 +53,9 @@ class ImmunizationModule(L.LightningModule):
 
     Examples
     --------
-    >>> import torch
-    >>> from condreg.torch.lightning import ImmunizationModule
+    >>> import torch, condreg.torch.lightning as cl
     >>> lin, x, y = torch.nn.Linear, torch.randn(16, 8), torch.randint(0, 2, (16,))
-    >>> module = ImmunizationModule(torch.nn.Identity(), lin(8, 8, bias=False), lin(8, 2))
+    >>> module = cl.ImmunizationModule(torch.nn.Identity(), lin(8, 8, bias=False), lin(8, 2))
     >>> loss = module.training_step({"pretrain": (x, y), "harmful": (torch.randn(16, 8),)}, 0)
     """
 
@@ -107,29 +101,8 @@ class ImmunizationModule(L.LightningModule):
         Returns
         -------
         torch.Tensor
-            The head's output.
         """
         return self.head(self.immunized(self.backbone(x)))
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The immunized features ``F = immunized(backbone(x))`` as rows.
-
-        Parameters
-        ----------
-        x : torch.Tensor
-            A batch of the backbone's inputs.
-
-        Returns
-        -------
-        torch.Tensor
-            ``(N, D)``; token features ``(B, T, D)`` as ``(B·T, D)``.
-
-        Raises
-        ------
-        ValueError
-            If the features are neither 2-D nor 3-D.
-        """
-        return rows(self.immunized(self.backbone(x)))
 
     @staticmethod
     def _unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,19 +124,8 @@ class ImmunizationModule(L.LightningModule):
             x_h = x_h[0]
         return pre[0], pre[1], x_h
 
-    def _kappas(self, f_p: torch.Tensor, f_h: torch.Tensor) -> dict[str, torch.Tensor]:
-        group = process_group(self.local, None)
-        with torch.no_grad():
-            fp, fh = rows(f_p.detach()), rows(f_h.detach())
-            if group is None:
-                kp, kh = (condreg.condition_number(f, gram=True) for f in (fp, fh))
-            else:
-                kp, kh = (global_quantity("condition_number", f, group) for f in (fp, fh))
-        return {"kappa_hp": kp, "kappa_hh": kh}
-
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """The loss of one combined batch (the class's formula, plus ``lam_weights·`` the weight
-        penalty); the terms are logged.
+        """The 0-d loss of one combined batch (the class's formula and the weight penalty), logged.
 
         Parameters
         ----------
@@ -175,7 +137,6 @@ class ImmunizationModule(L.LightningModule):
         Returns
         -------
         torch.Tensor
-            The 0-d loss.
 
         Raises
         ------
@@ -195,7 +156,10 @@ class ImmunizationModule(L.LightningModule):
             loss = loss + self.lam_weights * w
             logs["weights"] = w.detach()
         if self.log_kappa:
-            logs.update(self._kappas(f_p, f_h))
+            group = process_group(self.local, None)
+            with torch.no_grad():
+                logs["kappa_hp"] = global_quantity("condition_number", rows(f_p.detach()), group)
+                logs["kappa_hh"] = global_quantity("condition_number", rows(f_h.detach()), group)
         self.log_dict(logs, batch_size=int(x_p.shape[0]))
         return loss
 

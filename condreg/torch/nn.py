@@ -1,10 +1,6 @@
-"""PyTorch training adapters for Algorithm 1 on real models (docs/immunization.md, docs/deepnet.md).
-
-:class:`ConditionRegularizer` is the regularizer as a loss term; :class:`Precondition` /
-:func:`precondition` the paper's "dummy layer" that left-preconditions the immunized map's update
-(docs/math.md §9.2); :func:`layer_gram` / :func:`left_precondition` the same for a network's own
-layers. Under a ``torch.distributed`` process group they use the global batch (docs/scaling.md).
-"""
+"""PyTorch adapters for Algorithm 1: the regularizer as a loss term, the "dummy layer" that
+preconditions the immunized map's update, and its per-layer form (docs/immunization.md,
+docs/deepnet.md); under ``torch.distributed`` they use the global batch (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import torch.distributed as dist
 import torch.nn.functional as F_
 from torch import nn
 
-import condreg
 from condreg import _precondition
 from condreg.torch import _data_parallel as dp
 
@@ -67,21 +62,19 @@ def rows(F: torch.Tensor, name: str = "features") -> torch.Tensor:
 
 
 class ConditionRegularizer(nn.Module):
-    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` of the probing Hessians ``H = FᵀF`` of feature batches.
-
-    Under a process group every rank must call it with the same terms.
+    """``λ_P R_well(H_P) + λ_H R_ill(H_H)`` of the probing Hessians ``H = FᵀF`` of feature batches
+    (under a process group every rank calls it with the same terms).
 
     Parameters
     ----------
     lam_p, lam_h : float
         Weights of the two terms (``>= 0``; 0 leaves a term out).
     normalize : bool
-        Divide each batch by its (detached, global) Frobenius norm: scale-free terms of
-        ``H / tr(H)`` (default). ``False``: the plain terms of Eq. 11.
+        Divide each batch by its detached global Frobenius norm (terms of ``H / tr(H)``).
     rtol : float, optional
         Rank tolerance passed to :func:`condreg.r_ill`.
     local : bool
-        ``True``: each process regularizes its own rows even under a process group.
+        ``True``: each process uses its own rows even under a process group.
     group : torch.distributed.ProcessGroup, optional
         The group whose rows form the batch (default: the world).
 
@@ -114,20 +107,10 @@ class ConditionRegularizer(nn.Module):
         self.lam_p, self.lam_h, self.normalize = float(lam_p), float(lam_h), bool(normalize)
         self.rtol, self.local, self.group = rtol, bool(local), group
 
-    def _term(self, F: torch.Tensor, quantity: str, group) -> torch.Tensor:
-        if self.normalize:
-            norm = dp.global_norm(F, group)
-            # A zero batch stays zero (condreg then raises RankError), not 0/0 = NaN.
-            F = F / torch.where(norm > 0, norm, torch.ones_like(norm))
-        kw = {"rtol": self.rtol} if quantity == "r_ill" else {}
-        if group is None:
-            return getattr(condreg, quantity)(F, gram=True, **kw)
-        return dp.global_quantity(quantity, F, group, self.rtol)
-
     def forward(
         self, features_p: torch.Tensor | None = None, features_h: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The regularizer of the two feature batches.
+        """The 0-d regularizer of the two feature batches.
 
         Parameters
         ----------
@@ -137,7 +120,6 @@ class ConditionRegularizer(nn.Module):
         Returns
         -------
         torch.Tensor
-            A 0-d tensor.
 
         Raises
         ------
@@ -154,7 +136,8 @@ class ConditionRegularizer(nn.Module):
         total = (Fp if Fp is not None else Fh).new_zeros(())
         for F, lam, quantity in ((Fp, self.lam_p, "r_well"), (Fh, self.lam_h, "r_ill")):
             if F is not None and lam != 0:
-                total = total + lam * self._term(F, quantity, group)
+                F = dp.normalized(F, group) if self.normalize else F
+                total = total + lam * dp.global_quantity(quantity, F, group, self.rtol)
         return total
 
     def extra_repr(self) -> str:
@@ -180,13 +163,7 @@ class _Precondition(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         x = rows(x.detach(), "inputs")
         g = grad.reshape(-1, grad.shape[-1])
-        if ctx.group is None:
-            pre = _precondition.sample_preconditioner(x, ridge=ctx.ridge, rtol=ctx.rtol)
-            out = pre.apply(g.to(x.dtype))
-        else:
-            out = dp.global_sample_precondition(
-                x, g, ridge=ctx.ridge, rtol=ctx.rtol, group=ctx.group
-            )
+        out = dp.global_sample_precondition(x, g, ctx.ridge, ctx.rtol, ctx.group)
         return out.reshape(grad.shape).to(grad.dtype), None, None, None, None
 
 
@@ -204,10 +181,8 @@ def precondition(
 
     Parameters
     ----------
-    features : torch.Tensor
-        ``(N, D)`` or ``(B, T, D)``, the immunized map's output.
-    inputs : torch.Tensor
-        ``(N, D_in)`` or ``(B, T, D_in)``, its input, the same rows.
+    features, inputs : torch.Tensor
+        ``F`` and ``x``, ``(N, D)`` and ``(N, D_in)`` or ``(B, T, ·)``: the same rows.
     ridge : float
         ``>= 0``; 0 gives the pseudo-inverse (directions with ``s_i ≤ rtol·s_1`` dropped).
     rtol : float, optional
@@ -299,7 +274,6 @@ class Precondition(nn.Module):
         Returns
         -------
         torch.Tensor
-            ``features``, its backward preconditioned.
         """
         return precondition(
             features, inputs, ridge=self.ridge, rtol=self.rtol, local=self.local, group=self.group
@@ -311,9 +285,8 @@ class Precondition(nn.Module):
 
 def _conv_pad(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """``x`` padded as ``layer`` pads it (any ``padding_mode``, ``"same"`` / ``"valid"``)."""
-    kh, kw = layer.kernel_size
-    dh, dw = layer.dilation
     if layer.padding == "same":
+        (kh, kw), (dh, dw) = layer.kernel_size, layer.dilation
         th, tw = dh * (kh - 1), dw * (kw - 1)  # torch puts the extra pixel last
         pad = (tw // 2, tw - tw // 2, th // 2, th - th // 2)
     else:
@@ -325,12 +298,10 @@ def _conv_pad(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F_.pad(x, pad, mode=mode)
 
 
+@torch.no_grad()
 def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The input Gram matrix ``K`` of an ``nn.Linear`` or ``nn.Conv2d`` for the input batch ``x``.
-
-    Linear: ``K = XᵀX``, ``X`` the inputs flattened to ``(M, in)``. Conv2d: per group ``j``,
-    ``K[j] = Σ p pᵀ`` over the im2col patches ``p`` the layer sees (docs/deepnet.md). Without
-    gradient, from this process's batch only.
+    """The input Gram matrix ``K`` (no gradient, this process's batch) of an ``nn.Linear``,
+    ``XᵀX``, or per group of an ``nn.Conv2d``, ``Σ p pᵀ`` over its im2col patches ``p``.
 
     Parameters
     ----------
@@ -357,31 +328,29 @@ def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     >>> condreg.torch.nn.layer_gram(torch.nn.Linear(3, 2), torch.randn(10, 3)).shape
     torch.Size([3, 3])
     """
-    with torch.no_grad():
-        x = x.detach()
-        if isinstance(layer, nn.Linear):
-            if x.shape[-1:] != (layer.in_features,):
-                raise ValueError(
-                    f"layer_gram: Linear({layer.in_features}, …) needs inputs (..., "
-                    f"{layer.in_features}), got shape {tuple(x.shape)}"
-                )
-            X = x.reshape(-1, layer.in_features)
-            return X.T @ X
-        if isinstance(layer, nn.Conv2d):
-            if x.ndim == 3:
-                x = x[None]
-            if x.ndim != 4 or x.shape[1] != layer.in_channels:
-                raise ValueError(
-                    f"layer_gram: Conv2d({layer.in_channels}, …) needs inputs (N, "
-                    f"{layer.in_channels}, H, W), got shape {tuple(x.shape)}"
-                )
-            x = _conv_pad(layer, x)
-            P = F_.unfold(x, layer.kernel_size, dilation=layer.dilation, stride=layer.stride)
-            g = layer.groups
-            d = P.shape[1] // g  # (N, C·kh·kw, L), channel-major: group j is a contiguous slice
-            P = P.reshape(P.shape[0], g, d, P.shape[2]).permute(1, 2, 0, 3).reshape(g, d, -1)
-            return P @ P.mT
-        raise TypeError(f"layer_gram supports nn.Linear and nn.Conv2d, got {type(layer).__name__}")
+    if isinstance(layer, nn.Linear):
+        if x.shape[-1:] != (layer.in_features,):
+            raise ValueError(
+                f"layer_gram: Linear({layer.in_features}, …) needs inputs (..., "
+                f"{layer.in_features}), got shape {tuple(x.shape)}"
+            )
+        X = x.reshape(-1, layer.in_features)
+        return X.T @ X
+    if isinstance(layer, nn.Conv2d):
+        if x.ndim == 3:
+            x = x[None]
+        if x.ndim != 4 or x.shape[1] != layer.in_channels:
+            raise ValueError(
+                f"layer_gram: Conv2d({layer.in_channels}, …) needs inputs (N, "
+                f"{layer.in_channels}, H, W), got shape {tuple(x.shape)}"
+            )
+        x = _conv_pad(layer, x)
+        P = F_.unfold(x, layer.kernel_size, dilation=layer.dilation, stride=layer.stride)
+        g = layer.groups
+        d = P.shape[1] // g  # (N, C·kh·kw, L), channel-major: group j is a contiguous slice
+        P = P.reshape(P.shape[0], g, d, P.shape[2]).permute(1, 2, 0, 3).reshape(g, d, -1)
+        return P @ P.mT
+    raise TypeError(f"layer_gram supports nn.Linear and nn.Conv2d, got {type(layer).__name__}")
 
 
 def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: float | None):
@@ -402,6 +371,7 @@ def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: 
     return (((Gd @ V) * inv[..., None, :]) @ V.mT).to(G.dtype)
 
 
+@torch.no_grad()
 def left_precondition(
     layer: nn.Module,
     grad_weight: torch.Tensor,
@@ -417,10 +387,8 @@ def left_precondition(
     ----------
     layer : nn.Linear or nn.Conv2d
         The layer.
-    grad_weight : torch.Tensor
-        A gradient of ``layer.weight`` (its shape), the regularizer's only.
-    K : torch.Tensor
-        :func:`layer_gram` of the layer's input batch.
+    grad_weight, K : torch.Tensor
+        A gradient of ``layer.weight`` (the regularizer's only) and :func:`layer_gram` of its input.
     ridge : float, optional
         ``None``: the pseudo-inverse; ``> 0``: ``(K + ridge·I)⁻¹`` (absolute ridge).
     rtol : float, optional
@@ -447,22 +415,21 @@ def left_precondition(
     """
     if ridge is not None and not ridge > 0:
         raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge}")
-    with torch.no_grad():
-        if tuple(grad_weight.shape) != tuple(layer.weight.shape):
-            raise ValueError(
-                f"left_precondition: grad_weight has shape {tuple(grad_weight.shape)}, the "
-                f"layer's weight {tuple(layer.weight.shape)}"
-            )
-        if not isinstance(layer, (nn.Linear, nn.Conv2d)):
-            raise TypeError(
-                f"left_precondition supports nn.Linear and nn.Conv2d, got {type(layer).__name__}"
-            )
-        d = grad_weight.shape[1:].numel()
-        shape = (d, d) if isinstance(layer, nn.Linear) else (layer.groups, d, d)
-        if tuple(K.shape) != shape:
-            raise ValueError(
-                f"left_precondition: K must be {shape} for this {type(layer).__name__}, got "
-                f"{tuple(K.shape)}"
-            )
-        G = grad_weight.reshape(*shape[:-2], -1, d)
-        return _inverse_apply(G, K, ridge, rtol).reshape(grad_weight.shape)
+    if tuple(grad_weight.shape) != tuple(layer.weight.shape):
+        raise ValueError(
+            f"left_precondition: grad_weight has shape {tuple(grad_weight.shape)}, the "
+            f"layer's weight {tuple(layer.weight.shape)}"
+        )
+    if not isinstance(layer, (nn.Linear, nn.Conv2d)):
+        raise TypeError(
+            f"left_precondition supports nn.Linear and nn.Conv2d, got {type(layer).__name__}"
+        )
+    d = grad_weight.shape[1:].numel()
+    shape = (d, d) if isinstance(layer, nn.Linear) else (layer.groups, d, d)
+    if tuple(K.shape) != shape:
+        raise ValueError(
+            f"left_precondition: K must be {shape} for this {type(layer).__name__}, got "
+            f"{tuple(K.shape)}"
+        )
+    G = grad_weight.reshape(*shape[:-2], -1, d)
+    return _inverse_apply(G, K, ridge, rtol).reshape(grad_weight.shape)

@@ -1,10 +1,5 @@
-"""Keep the weight matrices of any PyTorch network well-conditioned (Nenov et al.'s use of R_well).
-
-:func:`weight_conditioning_loss` sums a conditioning penalty over chosen weight matrices of a
-module, a differentiable 0-d tensor to add to the training loss (docs/immunization.md)::
-
-    loss = task_loss + 1e-2 * weight_conditioning_loss(model)          # every Linear/Conv weight
-"""
+"""Keep the weight matrices of any PyTorch network well-conditioned (Nenov et al.'s use of R_well):
+``loss = task_loss + 1e-2 * weight_conditioning_loss(model)`` (docs/immunization.md)."""
 
 from __future__ import annotations
 
@@ -38,12 +33,11 @@ ModuleFilter = Callable[[str, nn.Module], bool]
 NameFilter = Callable[[str], bool] | str
 
 
-def _name_predicate(name_filter: NameFilter | None) -> Callable[[str], bool]:
+def _name_predicate(name_filter: NameFilter | None) -> Callable[[str], object]:
     if name_filter is None:
         return lambda name: True
     if isinstance(name_filter, str):
-        pattern = re.compile(name_filter)
-        return lambda name: pattern.search(name) is not None
+        return re.compile(name_filter).search
     if callable(name_filter):
         return name_filter
     raise TypeError(f"name_filter must be a callable or a regular expression, got {name_filter!r}")
@@ -55,10 +49,8 @@ def weight_matrices(
     module_filter: ModuleFilter | None = None,
     name_filter: NameFilter | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, W.reshape(W.shape[0], -1))`` for every selected parameter (differentiable views).
-
-    Selected: each *direct* parameter with ``ndim >= 2`` (default: only ``weight``) of the modules
-    that ``module_filter`` chooses, whose full name passes ``name_filter``; shared ones once.
+    """``(name, W.reshape(W.shape[0], -1))`` for each *direct* parameter with ``ndim >= 2``
+    (default: only ``weight``) of the chosen modules whose name passes ``name_filter``, once each.
 
     Parameters
     ----------
@@ -72,13 +64,12 @@ def weight_matrices(
     Returns
     -------
     iterator of (str, torch.Tensor)
-        The names and ``(W.shape[0], -1)`` views, in module order.
+        The names and differentiable views, in module order.
 
     Examples
     --------
-    >>> import torch
+    >>> from torch import nn
     >>> from condreg.torch.weights import weight_matrices
-    >>> nn = torch.nn
     >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
     >>> [(n, tuple(W.shape)) for n, W in weight_matrices(net)]  # LazyLinear: not yet a matrix
     [('0.weight', (4, 27))]
@@ -91,16 +82,12 @@ def weight_matrices(
             continue
         for pname, p in module.named_parameters(recurse=False):
             full = f"{prefix}.{pname}" if prefix else pname
-            if (
-                (module_filter is None and pname != "weight")
-                or isinstance(p, nn.parameter.UninitializedParameter)
-                or p.ndim < 2
-                or id(p) in seen
-                or not npred(full)
-            ):
+            skip = (module_filter is None and pname != "weight") or id(p) in seen
+            if skip or isinstance(p, nn.parameter.UninitializedParameter) or p.ndim < 2:
                 continue
-            seen.add(id(p))
-            yield full, p.reshape(p.shape[0], -1)
+            if npred(full):
+                seen.add(id(p))
+                yield full, p.reshape(p.shape[0], -1)
 
 
 def _penalty(W: torch.Tensor, penalty: str, normalize: bool) -> torch.Tensor:
@@ -129,8 +116,7 @@ def weight_conditioning_loss(
     model : torch.nn.Module
         The network.
     penalty : {"r_well", "condition_number", "log_condition_number"}
-        Per matrix: ``R_well(W) = ½σ_1² − ‖W‖_F²/(2p)`` (``p`` the smaller size), ``κ(W)`` over the
-        nonzero singular values, or ``log κ(W)``.
+        Per matrix: ``R_well(W) = ½σ_1² − ‖W‖_F²/(2·min(m, n))``, ``κ(W)`` or ``log κ(W)``.
     module_filter, name_filter : optional
         The selection of :func:`weight_matrices`.
     normalize : bool
@@ -141,7 +127,7 @@ def weight_conditioning_loss(
     Returns
     -------
     torch.Tensor
-        0-d, on the parameters' device and dtype, differentiable with respect to them.
+        0-d, differentiable with respect to the parameters.
 
     Raises
     ------
@@ -161,10 +147,8 @@ def weight_conditioning_loss(
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
     if penalty not in _PENALTIES:
         raise ValueError(f"penalty must be one of {_PENALTIES}, got {penalty!r}")
-    terms = [
-        _penalty(W, penalty, normalize)
-        for _, W in weight_matrices(model, module_filter=module_filter, name_filter=name_filter)
-    ]
+    selected = weight_matrices(model, module_filter=module_filter, name_filter=name_filter)
+    terms = [_penalty(W, penalty, normalize) for _, W in selected]
     if not terms:
         raise ValueError(
             "weight_conditioning_loss: no parameter selected (no Linear/Conv weight, or the "
@@ -193,7 +177,6 @@ def weight_condition_numbers(
     Returns
     -------
     dict of str to float
-        κ over the nonzero singular values of each selected matrix.
 
     Raises
     ------
@@ -203,12 +186,8 @@ def weight_condition_numbers(
     Examples
     --------
     >>> import torch, condreg.torch.weights
-    >>> lin = torch.nn.Linear(2, 2)
-    >>> _ = torch.nn.init.eye_(lin.weight)
-    >>> condreg.torch.weights.weight_condition_numbers(lin)
+    >>> condreg.torch.weights.weight_condition_numbers(torch.nn.Linear(1, 1))  # 1×1: κ = 1
     {'weight': 1.0}
     """
-    return {
-        name: float(condreg.condition_number(W.detach()))
-        for name, W in weight_matrices(model, module_filter=module_filter, name_filter=name_filter)
-    }
+    selected = weight_matrices(model, module_filter=module_filter, name_filter=name_filter)
+    return {name: float(condreg.condition_number(W.detach())) for name, W in selected}
