@@ -344,8 +344,10 @@ def rir_theta0(
         The immunized and the initial feature map (two objects), batch → features.
     X_p, X_h : array
         The pre-training and harmful samples (axis 0), of one namespace.
-    groups, group_size : int
-        Number of groups (``>= 1``); samples per task and group (``>= 2``; all if fewer).
+    groups : int
+        Number of groups (``>= 1``).
+    group_size : int
+        Samples per task and group (``>= 2``; all if fewer).
     seed : int
         Seed of the ``numpy.random.default_rng`` that draws the groups.
     rtol : float, optional

@@ -301,6 +301,68 @@ def _undocumented_parameters() -> tuple[dict[str, list[str]], list[str]]:
     return gaps, sorted(without)
 
 
+def _misrendered_defaults() -> list[str]:
+    """Parameters whose default in the rendered table differs from the signature's. A numpydoc
+    entry naming several parameters (``a, b : float``) gives all of them the first one's default,
+    and ``{"x", "y"}`` as a type makes ``"x"`` the default; both show users a wrong value. A
+    signature default ``None`` documented as its effective value (``default 0.005``) is fine."""
+    griffe = pytest.importorskip("griffe")
+    pkg = griffe.load(
+        "condreg",
+        search_paths=[str(ROOT)],
+        docstring_parser="numpy",
+        docstring_options={"warnings": False},
+        resolve_aliases=True,
+    )
+
+    def norm(value) -> str | None:
+        return None if value is None else str(value).replace('"', "'")
+
+    bad, seen = [], set()
+
+    def check(path: str, func, doc_obj) -> None:
+        signature = {p.name.lstrip("*"): p for p in func.parameters}
+        for section in doc_obj.docstring.parse("numpy", warnings=False) if doc_obj.docstring else ():
+            if section.kind.value not in ("parameters", "other parameters"):
+                continue
+            for entry in section.value:
+                param = signature.get(entry.name.lstrip("*"))
+                if param is None or param.kind.value.startswith("variadic"):
+                    continue
+                shown, real = norm(entry.value), norm(param.default)
+                if shown != real and real != "None":
+                    bad.append(f"{path}: {entry.name} shows {shown}, signature {real}")
+
+    def visit(path: str, obj) -> None:
+        obj = obj.final_target if obj.is_alias else obj
+        if id(obj) in seen or not path.split(".")[-1][:1].isalpha():
+            return
+        seen.add(id(obj))
+        if obj.is_function:
+            check(path, obj, obj)
+        elif obj.is_class:
+            init = obj.members.get("__init__")
+            if init is not None and init.is_function:
+                check(path, init, obj)
+            for name, member in obj.members.items():
+                if not name.startswith("_") and not member.is_alias and member.is_function:
+                    check(f"{path}.{name}", member, member)
+        elif obj.is_module:
+            for name, member in obj.members.items():
+                if member.is_alias and not str(member.target_path).startswith("condreg"):
+                    continue
+                visit(f"{path}.{name}", member)
+
+    for identifier, _ in _reference_objects():
+        visit(identifier, pkg[identifier[len("condreg.") :]] if identifier != "condreg" else pkg)
+    return bad
+
+
+def test_api_reference_defaults_are_the_signatures():
+    bad = _misrendered_defaults()
+    assert not bad, "\n".join(bad)
+
+
 def test_api_reference_parameter_tables_are_complete():
     """The API pages render a numpydoc ``Parameters`` table (mkdocs.yml): where a public
     function, method or constructor has one, it lists every parameter of the signature."""

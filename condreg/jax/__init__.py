@@ -94,8 +94,8 @@ def value(
 
     Parameters
     ----------
-    quantity : {"condition_number", "r_well", "r_ill"}
-        The quantity.
+    quantity : str
+        ``"condition_number"``, ``"r_well"`` or ``"r_ill"``.
     S, rtol, tie_rtol, gram
         As in :func:`condreg.r_ill` (``S`` validated, ``(..., m, n)``).
     check : bool

@@ -43,8 +43,10 @@ def regularizer_loss(
 
     Parameters
     ----------
-    features_p, features_h, lam_p, lam_h : jax.Array or None, float
-        ``(N, D)`` or ``(B, T, D)`` features and their weights (``None`` or 0: no term).
+    features_p, features_h : jax.Array or None
+        ``(N, D)`` or ``(B, T, D)`` features of each task (``None``: no term).
+    lam_p, lam_h : float
+        Their weights (0: no term).
     normalize : bool
         Use ``H / tr(H)`` (the norm under ``stop_gradient``) or the plain ``H`` of Eq. 11.
 
@@ -150,8 +152,10 @@ def preconditioned_update(
     ----------
     theta : jax.Array
         The immunized map, ``D_in×D`` (features ``F = xθ``); the result has its shape and dtype.
-    x_p, x_h, lam_p, lam_h : jax.Array or None, float
-        ``(N, D_in)`` or ``(B, T, D_in)`` batches and their weights (``None`` or 0: no term).
+    x_p, x_h : jax.Array or None
+        ``(N, D_in)`` or ``(B, T, D_in)`` input batches (``None``: no term).
+    lam_p, lam_h : float
+        Their weights (0: no term).
     ridge : float, optional
         ``None``: pseudo-inverse ``K⁺``; ``ε > 0``: ``(K + ε·λ_max(K)·I)⁻¹``.
     axis_name : hashable, optional
@@ -208,7 +212,23 @@ def algorithm1_step(
     ----------
     X_p, y_p, X_h, lam_p, lam_h
         The data (``N_P×D``, ``N_P``, ``N_H×D``) and weights of :func:`condreg.immunize`.
-    method, task, lr, max_step, ridge, y_h, seed, imma_steps, imma_lr, rtol
+    method : str
+        As in :func:`condreg.immunize`.
+    task : str
+        As in :func:`condreg.immunize`.
+    lr : float
+        As in :func:`condreg.immunize`.
+    max_step : float
+        As in :func:`condreg.immunize`.
+    ridge : float or None
+        As in :func:`condreg.immunize`.
+    y_h : jax.Array or None
+        As in :func:`condreg.immunize`.
+    seed : int
+        As in :func:`condreg.immunize`.
+    imma_steps : int
+        As in :func:`condreg.immunize`.
+    imma_lr, rtol : float or None
         As in :func:`condreg.immunize`.
 
     Returns

@@ -354,12 +354,16 @@ def check_gradient(
         The gradient to check and the point, of one shape.
     directions : sequence of array_like, optional
         The directions ``E``; default ``n_directions`` random unit ones drawn from ``seed``.
-    n_directions, seed : int, optional
-        Number and seed of the random directions.
+    n_directions : int, optional
+        Number of random directions.
+    seed : int, optional
+        Their seed.
     h : float, optional
         The step; default ``eps**(1/5)·max(1, max|S|)``.
-    rtol, atol : float
-        The tolerances of the test above.
+    rtol : float
+        Relative tolerance of the test above.
+    atol : float
+        Absolute tolerance of the test above.
 
     Raises
     ------

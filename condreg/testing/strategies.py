@@ -117,10 +117,16 @@ def spectra(
 
     Parameters
     ----------
-    rank, kappa, sigma_min : int or float, (low, high) or SearchStrategy
-        ``k ≥ 1``, ``κ = σ_1/σ_k ≥ 1`` and ``σ_k > 0``.
-    top_ties, bottom_ties : int, (int, int) or SearchStrategy
-        ``t`` and ``b``, ``≥ 1``.
+    rank : int, (low, high) or SearchStrategy
+        The rank ``k ≥ 1``.
+    kappa : float, (low, high) or SearchStrategy
+        ``κ = σ_1/σ_k ≥ 1``.
+    sigma_min : float, (low, high) or SearchStrategy
+        ``σ_k > 0``.
+    top_ties : int, (int, int) or SearchStrategy
+        Multiplicity ``t ≥ 1`` of ``σ_1``.
+    bottom_ties : int, (int, int) or SearchStrategy
+        Multiplicity ``b ≥ 1`` of ``σ_k``.
     gap : float
         ``≥ 0``: the middle values' least relative distance from both ends (κ raised to fit it).
 
@@ -238,8 +244,18 @@ def spectral_cases(
 
     Parameters
     ----------
-    rank, kappa, sigma_min, top_ties, bottom_ties, gap
-        The spectrum, as in :func:`spectra`.
+    rank : int, (low, high) or SearchStrategy
+        As in :func:`spectra`.
+    kappa : float, (low, high) or SearchStrategy
+        As in :func:`spectra`.
+    sigma_min : float, (low, high) or SearchStrategy
+        As in :func:`spectra`.
+    top_ties : int, (int, int) or SearchStrategy
+        As in :func:`spectra`.
+    bottom_ties : int, (int, int) or SearchStrategy
+        As in :func:`spectra`.
+    gap : float
+        As in :func:`spectra`.
     rows, cols : int, (int, int) or SearchStrategy, optional
         ``m`` and ``n`` (the rank clipped to ``min(m, n)``); default ``k + 0…2`` each.
     batch_shape : tuple of int or SearchStrategy

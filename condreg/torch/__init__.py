@@ -220,8 +220,8 @@ def value(
 
     Parameters
     ----------
-    quantity : {"condition_number", "r_well", "r_ill"}
-        The quantity.
+    quantity : str
+        ``"condition_number"``, ``"r_well"`` or ``"r_ill"``.
     S : torch.Tensor, shape (..., m, n)
         A float32/float64 matrix or batch (``(B, N, D)``: B matrices, value shape ``(B,)``).
     rtol, tie_rtol : float or None
