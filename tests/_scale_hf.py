@@ -102,3 +102,8 @@ def main(out: str) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     main(sys.argv[1])
+    # Leave the process group before the interpreter exits: a gloo thread still running at
+    # shutdown can abort the process ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

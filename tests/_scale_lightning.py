@@ -74,3 +74,8 @@ if __name__ == "__main__":
     result = fit(2, sys.argv[1])
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(result, os.path.join(sys.argv[1], "lightning2.pt"))
+    # Leave the process group before the interpreter exits: a gloo thread still running at
+    # shutdown can abort the process ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
