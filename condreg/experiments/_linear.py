@@ -13,8 +13,8 @@ import numpy as np
 
 import condreg
 from condreg import metrics
-from condreg.experiments._errors import DataError
 from condreg.experiments._report import mean_std
+from condreg.experiments.data import DataError
 
 __all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
 __all__ += ["score", "spectrum_numbers", "tolerance_robustness", "immunize_method", "stopped_early"]
