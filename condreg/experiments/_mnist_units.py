@@ -107,17 +107,12 @@ PAPER_PER_PAIR_NOTE = (
 )
 
 
-def pair_key(pair: Sequence[int]) -> str:
-    """``"P-H"``, the key of a pair in results.json."""
-    return f"{pair[0]}-{pair[1]}"
-
-
 def collect(units: Mapping[Any, dict], pairs, seed_values, methods) -> dict[str, Any]:
     """``{"per_pair": {method: {"P-H": [run per seed]}}, "kappas", "loss_best_input"}``."""
     per_pair, kappas, inputs = {m: {} for m in methods}, {}, {}
     for seed in seed_values:
         for pair in pairs:
-            unit, key = units[(seed, pair)], pair_key(pair)
+            unit, key = units[(seed, pair)], f"{pair[0]}-{pair[1]}"
             kappas.setdefault(key, unit["kappas"])
             inputs.setdefault(key, []).append(unit.get("loss_best_input", float("nan")))
             for method in methods:
@@ -132,7 +127,7 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
     """Each method's statistics over the pairs (per seed, then mean ± std over seeds) and runs."""
     out = {}
     for method, by_pair in per_pair.items():
-        per_seed = [[by_pair[pair_key(p)][k] for p in pairs] for k in range(len(seed_values))]
+        per_seed = [[by_pair[f"{p[0]}-{p[1]}"][k] for p in pairs] for k in range(len(seed_values))]
         rirs = [np.array([r["rir"] for r in runs]) for runs in per_seed]
         succ = {
             f: [sum(r["tolerance"][f"{f}x"]["success"] for r in runs) for runs in per_seed]
@@ -166,9 +161,8 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
 
 
 def timing(units, computed, jobs: int, compute_wall: float, methods) -> dict[str, Any]:
-    """How long the units took: means per pair (all methods; of which condreg.immunize and the
-    scoring), the workers that computed units now, and the full run (90 pairs × 4 methods on
-    ``jobs`` workers) extrapolated from these pairs."""
+    """How long the units took (means per pair, workers), and the full run (90 pairs × 4 methods
+    on ``jobs`` workers) extrapolated from them."""
     mean_pair_s = float(np.mean([u["seconds"] for u in units.values()]))
 
     def per_pair_sum(key):  # mean over the units computed now of the sum over the methods

@@ -1,6 +1,5 @@
 """Shared reporting helpers of the experiments: output folders, seeds, progress bars, number
-formatting, ``results.json`` / ``table.md`` and headless Matplotlib figures (no ``pyplot``).
-"""
+formatting, ``results.json`` / ``table.md`` and headless Matplotlib figures (no ``pyplot``)."""
 
 from __future__ import annotations
 

@@ -158,8 +158,7 @@ def _branch(tree: dict, *keys: str) -> dict:
 
 
 def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]:
-    """``(probes, curves (first seed), immunization)`` by dataset, task, θ and attacker: every
-    (seed, dataset, θ = I or a method's) attacked on both tasks by every attacker."""
+    """Every (seed, dataset, θ) attacked on both tasks: ``(probes, curves, immunization)``."""
     probes, curves, immunization = {}, {}, {}
     thetas = ["identity", *settings["methods"]]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
@@ -230,8 +229,7 @@ def _slowdowns(probes, steps, key):
 
 
 def _summary(slowdown, settings):
-    """Geometric mean of the slow-down over datasets and seeds per task, method and attacker
-    (censored values at their bound)."""
+    """Per task, method and attacker: the slow-downs' geometric mean (censored: their bound)."""
     out: dict[str, Any] = {}
     combos = itertools.product(TASKS, settings["methods"], settings["attackers"])
     for task, method, attacker in combos:

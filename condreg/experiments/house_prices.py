@@ -1,6 +1,5 @@
 """Table 1: immunizing a linear feature extractor on Ames house prices (docs/reproduction.md):
-D_P MSZoning ≠ RL (target LotArea), D_H MSZoning = RL (SalePrice), θ_0 = I, Eq. 15, Def. 3.1.
-"""
+D_P MSZoning ≠ RL (target LotArea), D_H MSZoning = RL (SalePrice), θ_0 = I, Eq. 15, Def. 3.1."""
 
 from __future__ import annotations
 
@@ -138,7 +137,7 @@ def _results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) 
     """The ``results`` of results.json: the data, θ = I, each method's summary and runs."""
     methods = {
         m: {
-            "summary": lin.summarise_runs(r, SUMMARY_KEYS),
+            "summary": {k: rp.mean_std([x[k] for x in r]) for k in SUMMARY_KEYS},
             "successes": int(sum(x["success"] for x in r)),
             "successes_by_rtol": {
                 f"{f}x": int(sum(x["tolerance"][f"{f}x"]["success"] for x in r))

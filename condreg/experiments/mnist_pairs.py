@@ -122,12 +122,8 @@ def prepare_inputs(
 
 def build_tasks(X, y, digits, *, seed, n_positive, negative_fraction):
     """The binary task of each digit in ``digits``."""
-    return {
-        d: mnist_digit_task(
-            X, y, d, n_positive=n_positive, negative_fraction=negative_fraction, seed=seed
-        )
-        for d in digits
-    }
+    kw = dict(n_positive=n_positive, negative_fraction=negative_fraction, seed=seed)
+    return {d: mnist_digit_task(X, y, d, **kw) for d in digits}
 
 
 def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
@@ -139,8 +135,7 @@ def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _settings(quick: bool, given: dict[str, Any], options) -> tuple[dict[str, Any], list]:
-    """The run's checked settings (results.json, the key of its units) and pairs; ``given``:
-    :func:`run`'s keyword arguments. Raises :class:`condreg.experiments.UsageError`."""
+    """``(settings, pairs)`` from :func:`run`'s keywords ``given``, checked (UsageError)."""
     inputs, pool, activity, pairs = (given[k] for k in ("inputs", "pool", "activity", "pairs"))
     methods = rp.check_methods(given["methods"])
     rp.check_positive("--epochs", given["epochs"], integer=True)
