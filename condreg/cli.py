@@ -1,13 +1,12 @@
 """The ``condreg`` command line: ``condreg reproduce NAME [options]`` (docs/reproduction.md).
-
-Bad arguments or unusable data: one line on stderr, exit status 2, no output folder left behind.
-"""
+Bad arguments or unusable data: one line on stderr, exit status 2, no output folder left behind."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
+import itertools
 import pathlib
 import signal
 import sys
@@ -44,10 +43,8 @@ def _add_common(p: argparse.ArgumentParser, name: str) -> None:
         ),
     }
     for flag, kwargs in common.items():
-        try:
+        with contextlib.suppress(argparse.ArgumentError):  # declared by the experiment itself
             p.add_argument(flag, **kwargs)
-        except argparse.ArgumentError:  # declared by the experiment itself
-            pass
 
 
 def _add_experiment(exps, name: str) -> None:
@@ -108,25 +105,6 @@ def _blas_threads(n: int):
         yield
 
 
-def _new_dirs(path: pathlib.Path) -> list[pathlib.Path]:
-    """``path`` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    for p in (path, *path.parents):
-        if p.exists():
-            break
-        missing.append(p)
-    return missing
-
-
-def _remove_empty(dirs: Sequence[pathlib.Path]) -> None:
-    """Remove the folders in ``dirs`` (deepest first) that a failed run left empty."""
-    for d in dirs:
-        try:
-            d.rmdir()  # only succeeds on an empty directory
-        except OSError:
-            break
-
-
 def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -145,9 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = _options(args)
     if name == "deepnet" and args.threads is not None:
         options["num_threads"] = args.threads
-    created = _new_dirs(out)
+    created = list(itertools.takewhile(lambda p: not p.exists(), (out, *out.parents)))
     start = time.perf_counter()
-    ok = False
     # SIGTERM unwinds like Ctrl-C: the units finished so far stay in --out for --resume
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
@@ -156,11 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
         with _blas_threads(args.threads or 1):
-            quick = getattr(args, "quick", False)
-            payload = module.run(
-                out, quick=quick, seeds=args.seeds, progress=args.progress, **options
-            )
-        ok = True
+            kw = dict(quick=getattr(args, "quick", False), seeds=args.seeds, progress=args.progress)
+            payload = module.run(out, **kw, **options)
+        created = []  # a finished run keeps its folders
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message holds
         print(f"condreg reproduce {name}: error: {message}", file=sys.stderr)
@@ -168,8 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if not ok:
-            _remove_empty(created)
+        for folder in created:  # deepest first: the folders a failed run left empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return _summary(name, out, payload, time.perf_counter() - start, getattr(args, "lr", None))
 
 

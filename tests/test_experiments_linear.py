@@ -421,7 +421,7 @@ def _titles(fig) -> list[str]:
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_mnist_heatmap_titles(tmp_path, quick):
-    from condreg.experiments import _mnist_report as report
+    from condreg.experiments import _mnist_units as report
 
     payload = _run(tmp_path / "mn", [(0, 1), (1, 0)])
     fig = report.heatmap(
@@ -441,7 +441,7 @@ def test_mnist_heatmap_titles(tmp_path, quick):
 
 
 def test_quick_house_prices_says_quick_in_every_title(tmp_path):
-    from condreg.experiments import _house_report as report
+    from condreg.experiments import house_prices as report
     from condreg.experiments import house_prices as hpm
 
     payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)

@@ -1,7 +1,6 @@
 """Reproductions of the paper's experiments (docs/math.md §8), one module per experiment, each with
 ``HELP``, ``add_arguments(parser)`` and ``run(out_dir, *, quick, seeds, progress, **options)``
-(writes ``results.json``, ``table.md`` and plots; returns the ``results.json`` payload).
-"""
+(writes ``results.json``, ``table.md`` and plots; returns the ``results.json`` payload)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Shared code of the linear experiments: :func:`condreg.immunize` per method, scored by Eq. 15 at
-the run's rank tolerance (and 10×, 100× it; docs/math.md §10), cross-checked by NumPy SVDs.
-"""
+the run's rank tolerance (and 10×, 100× it; docs/math.md §10), cross-checked by NumPy SVDs."""
 
 from __future__ import annotations
 
@@ -13,13 +12,11 @@ import numpy as np
 
 import condreg
 from condreg import metrics
-from condreg.experiments._errors import DataError
-from condreg.experiments._report import mean_std
+from condreg.experiments.data import DataError
 
 __all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
 __all__ += ["score", "spectrum_numbers", "tolerance_robustness", "immunize_method", "stopped_early"]
-__all__ += ["summarise_runs", "success", "best_loss", "SEPARABLE_LOSS", "data_setup"]
-__all__ += ["RANK_KEPT_TEXT"]
+__all__ += ["success", "best_loss", "SEPARABLE_LOSS", "data_setup", "RANK_KEPT_TEXT"]
 
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
 TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
@@ -156,8 +153,7 @@ def score(
     cross_check: bool = True,
 ) -> dict[str, Any]:
     """Eq. 15 at ``rtol`` with κ's, ranks and :func:`tolerance_robustness`; ``cross_check`` adds
-    the largest relative difference to NumPy SVDs (``check_rel_diff``) at each tolerance.
-    """
+    the largest relative difference to NumPy SVDs (``check_rel_diff``) at each tolerance."""
     pair = _pair_of(pair, X_p, X_h)
     if spectra is None:
         spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol, tasks=pair.tasks(rtol))
@@ -181,8 +177,7 @@ def tolerance_robustness(
     theta: np.ndarray, X_p: np.ndarray, X_h: np.ndarray, *, rtol: float, spectra: Any = None
 ) -> dict[str, Any]:
     """The verdict at ``f·rtol`` for f in :data:`TOLERANCE_FACTORS`:
-    ``{"1x": {rtol, i, ii, rir, success}, "10x": …, "100x": …, "flips": bool}``.
-    """
+    ``{"1x": {rtol, i, ii, rir, success}, "10x": …, "100x": …, "flips": bool}``."""
     if spectra is None:
         spectra = metrics.rir_spectra(theta, X_p, X_h, rtol=rtol)
     out: dict[str, Any] = {}
@@ -211,8 +206,7 @@ def immunize_method(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """One :func:`condreg.immunize` run: :func:`score`, history, runtimes, warnings, stop reason,
-    :func:`success` and the D_P losses. ``y_h`` reaches ``"imma"`` only.
-    """
+    :func:`success` and the D_P losses. ``y_h`` reaches ``"imma"`` only."""
     if method == "imma" and y_h is not None:
         kwargs = {**kwargs, "y_h": y_h}
     start = time.perf_counter()
@@ -265,8 +259,7 @@ def best_loss(
     F: np.ndarray, y: np.ndarray, *, task: str, rtol: float, rank: int | None = None
 ) -> float:
     """Definition 3.1 (c)'s ``min_ω L(D_P; Fω)`` over the column space of ``F = X_pθ`` (singular
-    values above ``rtol·σ₁``; ``rank`` lets a full-rank ``F`` use QR): least squares or logistic.
-    """
+    values above ``rtol·σ₁``; ``rank`` lets a full-rank ``F`` use QR): least squares or logistic."""
     F = np.asarray(F, dtype=np.float64)
     if rank is not None and rank == F.shape[1] <= F.shape[0]:
         Q = np.linalg.qr(F)[0]
@@ -286,18 +279,9 @@ def best_loss(
         loss = np.mean(np.logaddexp(0.0, z) - y * z)
         return float(loss), Q.T @ (p - y) / y.size
 
-    options = {"maxiter": 1000, "gtol": 1e-9}
-    res = minimize(
-        loss_and_gradient, np.zeros(Q.shape[1]), jac=True, method="L-BFGS-B", options=options
-    )
+    x0, options = np.zeros(Q.shape[1]), {"maxiter": 1000, "gtol": 1e-9}
+    res = minimize(loss_and_gradient, x0, jac=True, method="L-BFGS-B", options=options)
     return float(res.fun)
-
-
-def summarise_runs(
-    runs: Sequence[Mapping[str, Any]], keys: Sequence[str] = ("i", "ii", "rir")
-) -> dict[str, Any]:
-    """mean ± std over seeds of each key (:func:`condreg.experiments._report.mean_std`)."""
-    return {k: mean_std([r[k] for r in runs]) for k in keys}
 
 
 #: Definition 3.1 (c) in words when every run kept the rank of X_P (the tables' explanation).

@@ -1,6 +1,5 @@
 """Shared reporting helpers of the experiments: output folders, seeds, progress bars, number
-formatting, ``results.json`` / ``table.md`` and headless Matplotlib figures (no ``pyplot``).
-"""
+formatting, ``results.json`` / ``table.md`` and headless Matplotlib figures (no ``pyplot``)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import math
 import pathlib
 import platform
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +19,7 @@ import condreg
 from condreg.experiments import UsageError
 
 __all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
-__all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET"]
+__all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET", "section"]
 __all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
 __all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
 __all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
@@ -309,8 +309,15 @@ def write_results(
     return payload
 
 
-def write_outputs(out_dir: str | pathlib.Path, *, table: str, title: str, **fields: Any) -> dict:
-    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; the payload."""
+def write_outputs(
+    out_dir: str | pathlib.Path, *, table: str, title: str, start: float | None = None, **fields
+) -> dict:
+    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; the payload.
+    With ``start`` (a ``time.perf_counter()``): the runtime since then, notes as bullets."""
+    if start is not None:
+        fields["runtime_s"] = time.perf_counter() - start
+        bullets = "".join(f"\n- {n}" for n in fields["notes"])
+        table = table.rstrip("\n") + "\n" + bullets + "\n" if bullets else table
     payload = write_results(out_dir, **fields)
     write_table(out_dir, table, title=title)
     return payload
@@ -324,6 +331,11 @@ def write_table(
     body = (f"# {title}\n\n" if title else "") + text.rstrip() + "\n"
     path.write_text(body, encoding="utf-8")
     return path
+
+
+def section(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A ``## title`` section of table.md holding a Markdown table."""
+    return f"## {title}\n\n" + markdown_table(headers, rows) + "\n"
 
 
 def new_figure(

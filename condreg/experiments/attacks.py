@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import UsageError
-from condreg.experiments import _house_report as report
 from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._linear import default_rtol, immunize_method, spectrum_numbers
@@ -141,10 +140,11 @@ def run(
     results = dict(immunization=immunization, probes=probes, slowdown=slowdown, summary=summary)
     results["curves"] = curves
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=_notes(probes))
+    fields.update(start=start, table=_table(results, settings))
     title = "Immunization under stronger attackers: probing steps to 99 % of the loss reduction"
     if quick:
         title += " — quick: fewer pairs, epochs and steps, not comparable with the full run"
-    payload = report.write(out_dir, "attacks", start, fields, _table(results, settings), title)
+    payload = rp.write_outputs(out_dir, experiment="attacks", title=title, **fields)
     for task, fname in (("D_H", "attack_curves.png"), ("D_P", "attack_curves_pretrain.png")):
         _plot(out_dir / fname, curves, task, settings)
     return payload
@@ -158,8 +158,7 @@ def _branch(tree: dict, *keys: str) -> dict:
 
 
 def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]:
-    """``(probes, curves (first seed), immunization)`` by dataset, task, θ and attacker: every
-    (seed, dataset, θ = I or a method's) attacked on both tasks by every attacker."""
+    """Every (seed, dataset, θ) attacked on both tasks: ``(probes, curves, immunization)``."""
     probes, curves, immunization = {}, {}, {}
     thetas = ["identity", *settings["methods"]]
     jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
@@ -230,8 +229,7 @@ def _slowdowns(probes, steps, key):
 
 
 def _summary(slowdown, settings):
-    """Geometric mean of the slow-down over datasets and seeds per task, method and attacker
-    (censored values at their bound)."""
+    """Per task, method and attacker: the slow-downs' geometric mean (censored: their bound)."""
     out: dict[str, Any] = {}
     combos = itertools.product(TASKS, settings["methods"], settings["attackers"])
     for task, method, attacker in combos:
@@ -280,7 +278,7 @@ def _table(results, settings) -> str:
                 rows.append([rp.METHOD_LABELS[m], *cells])
             title = f"Slow-down against θ = I to {float(k):.4g} of the loss reduction, D_H / D_P "
             title += "(geometric mean over the datasets)"
-            text += report.section(title, ["θ", *attackers], rows)
+            text += rp.section(title, ["θ", *attackers], rows)
         text += (
             "A factor > 1 on D_H is immunization holding against that attacker; on D_P it "
             "should be ≤ 1 (the pre-training task stays easy). ≥: some runs did not reach the "
@@ -299,7 +297,7 @@ def _table(results, settings) -> str:
             rows.append(row + [" / ".join(rp.fmt_number(r["rir"], 3) for r in immunized)])
         label = "D_H (the attack)" if task == "D_H" else "D_P (pre-training task)"
         title = f"{name}: {label}, steps to {float(key):.4g} of the loss reduction"
-        text += report.section(title, ["θ", "κ(AᵀA)", *attackers, "RIR"], rows)
+        text += rp.section(title, ["θ", "κ(AᵀA)", *attackers, "RIR"], rows)
     epochs = ", ".join(f"{k} {v}" for k, v in settings["epochs"].items())
     text += (
         f"Cells: probing steps until the loss ‖Xθw − y‖² has dropped by "

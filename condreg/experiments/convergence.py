@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import UsageError
-from condreg.experiments import _house_report as report
 from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._linear import (
@@ -183,12 +182,12 @@ def run(
     immunized = [rs for by in numbers.values() for m, rs in by.items() if m != "identity"]
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
     results["stopped_early"] = stopped_early([r for rs in immunized for r in rs])
-    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes, start=start)
     title = "Fig. 1 — linear-probing convergence (Eq. 16, exact line search)"
     if quick:
         title += " — quick: fewer epochs and steps, not comparable with the paper"
-    table = _table(final, numbers, steps, quick)
-    payload = report.write(out_dir, "convergence", start, fields, table, title)
+    fields["table"] = _table(final, numbers, steps, quick)
+    payload = rp.write_outputs(out_dir, experiment="convergence", title=title, **fields)
     _plot(out_dir, curves, steps, quick)
     return payload
 
@@ -231,7 +230,7 @@ def _table(final, numbers, steps, quick: bool) -> str:
             counts = [sum(r["tolerance"][f]["success"] for r in runs) for f in factors]
             cells.append(" / ".join(f"{c}/{len(runs)}" for c in counts) or "—")
             rows.append(cells)
-        text += report.section(name, header, rows)
+        text += rp.section(name, header, rows)
     text += (
         "Norm ratio ‖w_t − w*‖²/‖w_0 − w*‖² (Eq. 16), gradient descent with exact line search "
         "from w_0 = 0; −log₁₀ ratio = the decimal digits of the distance to w* closed (a ratio "

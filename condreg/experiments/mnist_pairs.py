@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 
 from condreg.experiments import UsageError
-from condreg.experiments import _house_report as house_report
-from condreg.experiments import _mnist_report as report
-from condreg.experiments import _mnist_units as units_
+from condreg.experiments import _mnist_units as report
 from condreg.experiments import _report as rp
 from condreg.experiments import options as opt
 from condreg.experiments._mnist_units import default_jobs, largest_first
@@ -124,12 +122,8 @@ def prepare_inputs(
 
 def build_tasks(X, y, digits, *, seed, n_positive, negative_fraction):
     """The binary task of each digit in ``digits``."""
-    return {
-        d: mnist_digit_task(
-            X, y, d, n_positive=n_positive, negative_fraction=negative_fraction, seed=seed
-        )
-        for d in digits
-    }
+    kw = dict(n_positive=n_positive, negative_fraction=negative_fraction, seed=seed)
+    return {d: mnist_digit_task(X, y, d, **kw) for d in digits}
 
 
 def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +135,7 @@ def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _settings(quick: bool, given: dict[str, Any], options) -> tuple[dict[str, Any], list]:
-    """The run's checked settings (results.json, the key of its units) and pairs; ``given``:
-    :func:`run`'s keyword arguments. Raises :class:`condreg.experiments.UsageError`."""
+    """``(settings, pairs)`` from :func:`run`'s keywords ``given``, checked (UsageError)."""
     inputs, pool, activity, pairs = (given[k] for k in ("inputs", "pool", "activity", "pairs"))
     methods = rp.check_methods(given["methods"])
     rp.check_positive("--epochs", given["epochs"], integer=True)
@@ -235,10 +228,10 @@ def run(
     results = report.results(collected, summary, timing, n_features, first, cross_check)
     notes = report.notes(results, settings, store.dir)
     fields = dict(settings={**settings, "pairs": [list(p) for p in pairs]}, seeds=seed_values)
-    fields.update(results=results, notes=notes)
+    fields.update(results=results, notes=notes, start=start)
+    fields["table"] = report.table(results, settings, len(seed_values))
     title = f"Table 2 — MNIST digit pairs{' (quick)' if quick else ''}: ours beside the paper's"
-    table = report.table(results, settings, len(seed_values))
-    payload = house_report.write(out_dir, "mnist-pairs", start, fields, table, title)
+    payload = rp.write_outputs(out_dir, experiment="mnist-pairs", title=title, **fields)
     report.heatmap(out_dir, collected["per_pair"], settings["methods"], pairs, quick=quick)
     return payload
 
@@ -256,6 +249,6 @@ def _compute_units(store, tasks, keys, settings, options, jobs, progress):
 
     start, methods = time.perf_counter(), settings["methods"]
     shared = (methods, settings["epochs"], settings["lr"], options, settings["cross_check"])
-    units_.run_units(todo, tasks, shared, jobs=n_jobs, progress=progress, done=done)
+    report.run_units(todo, tasks, shared, jobs=n_jobs, progress=progress, done=done)
     wall = time.perf_counter() - start
     return units, report.timing(units, [units[k] for k in todo], n_jobs, wall, methods)

@@ -1,7 +1,5 @@
-"""Command-line option types and option groups shared by the experiments' ``add_arguments``.
-
-Every type raises :class:`argparse.ArgumentTypeError`, which argparse reports as one line.
-"""
+"""Command-line option types and option groups shared by the experiments' ``add_arguments``;
+every type raises :class:`argparse.ArgumentTypeError`, which argparse reports as one line."""
 
 from __future__ import annotations
 
