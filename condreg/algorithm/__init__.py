@@ -9,20 +9,26 @@ method of :data:`REGISTRY`. Functional interface: :func:`setup_data`, :func:`pre
 from __future__ import annotations
 
 from condreg import _linalg  # noqa: F401  (the engine; tests patch it to detect late validation)
-from condreg.algorithm._gradient import preconditioned_gradient
 from condreg.algorithm._loop import immunize
-from condreg.algorithm._methods import METHODS, REGISTRY, Method, imma_gradient
+from condreg.algorithm._methods import (
+    METHODS,
+    REGISTRY,
+    Method,
+    imma_gradient,
+    preconditioned_gradient,
+)
 from condreg.algorithm._prepare import prepare
-from condreg.algorithm._problem import Problem, State, TaskData
-from condreg.algorithm._result import (
+from condreg.algorithm._problem import (
     HISTORY_KEYS,
     STOP_REASONS,
     ImmunizationResult,
     ImmunizationWarning,
+    Problem,
+    State,
+    TaskData,
 )
-from condreg.algorithm._setup import DataSetup, setup_data
+from condreg.algorithm._setup import TASKS, DataSetup, setup_data
 from condreg.algorithm._step import RECORD_FIELDS, evaluate, step
-from condreg.algorithm._validate import TASKS
 
 __all__ = [
     "immunize",

@@ -11,17 +11,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from condreg.algorithm import _validate as v
+from condreg.algorithm import _problem
 from condreg.algorithm._factored import Tracked, cross_basis, is_identity
 from condreg.algorithm._prepare import prepare, run_options
-from condreg.algorithm._problem import Problem, State
-from condreg.algorithm._result import (
-    HISTORY_KEYS,
-    ImmunizationResult,
-    ImmunizationWarning,
-    ResumeState,
-)
-from condreg.algorithm._setup import DataSetup
+from condreg.algorithm._problem import ImmunizationResult, ImmunizationWarning, Problem, State
+from condreg.algorithm._setup import DataSetup, integer
 from condreg.algorithm._step import advance, evaluate, is_linalg_error
 from condreg.metrics import rir_spectra
 
@@ -63,7 +57,7 @@ def _append_row(history: dict, problem: Problem, t: int, rec: list[float]) -> di
     kp, kh = problem.P.kappa_K, problem.H.kappa_K
     i_ratio, ii_ratio = rec[1] / kh, rec[0] / kp
     values = (t, rec[0], rec[1], kp, kh, i_ratio, ii_ratio, i_ratio / ii_ratio)
-    row = dict(zip(HISTORY_KEYS, (*map(float, values), *rec[2:5]), strict=True))
+    row = dict(zip(_problem.HISTORY_KEYS, (*map(float, values), *rec[2:5]), strict=True))
     for key, value in row.items():
         history[key].append(value)
     return row
@@ -89,7 +83,7 @@ def run(
 ) -> Outcome:
     """Iterate :func:`advance` on the factored iterate, keeping the last healthy state
     (:func:`_health`); a decomposition error counts as unhealthy."""
-    history: dict[str, list[float]] = {key: [] for key in HISTORY_KEYS}
+    history: dict[str, list[float]] = {key: [] for key in _problem.HISTORY_KEYS}
     state = state if isinstance(state, Tracked) else Tracked.start(problem, state)
     cross = cross_basis(problem)
     zero_head = 1.0 if problem.task == "regression" else math.log(2.0)
@@ -136,7 +130,7 @@ def run(
             break
         state = new
     if not history["epoch"]:  # θ_0 itself is unusable: report it, from the metrics
-        for key in HISTORY_KEYS:
+        for key in _problem.HISTORY_KEYS:
             history[key].append(0.0 if key == "epoch" else float("nan"))
     return Outcome(kept, history, stopped, kept_t, (loss_ref, ranks))
 
@@ -259,7 +253,7 @@ def immunize(
     >>> res.stopped, res.succeeded, bool((rest.theta == res.theta).all())
     ('completed', True, True)
     """
-    epochs = v.integer(epochs, "epochs", 0)
+    epochs = integer(epochs, "epochs", 0)
     if callback is not None and not callable(callback):
         raise TypeError(f"immunize: callback must be callable, got {type(callback).__name__}")
     if resume is not None and (theta0 is not None or omega0 is not None):
@@ -276,7 +270,6 @@ def immunize(
         imma_steps=imma_steps,
         imma_lr=imma_lr,
         rtol=rtol,
-        paths=None,
         seed=seed,
         y_h=y_h,
         theta0=theta0,
@@ -321,10 +314,12 @@ def _result(
         else:
             first = rir_spectra(theta0, X_p, X_h, rtol=problem.rtol, tasks=tasks).rir()
     for index, m in ((0, first), (-1, metrics)):  # rows 0 and -1 report metrics.rir exactly
-        for key in ("kappa_hp", "kappa_hh", "kappa_kp", "kappa_kh", "i", "ii", "rir"):
+        for key in _problem.RIR_KEYS:
             history[key][index] = float(getattr(m, key))
     P, H = (replace(task, at_identity=()) for task in (out.kept.P, out.kept.H))  # re-attached
-    saved = ResumeState(out.kept._replace(P=P, H=H), problem.head_scale, out.references, kw["y_h"])
+    saved = _problem.ResumeState(
+        out.kept._replace(P=P, H=H), problem.head_scale, out.references, kw["y_h"]
+    )
     same = ("task", "lam_p", "lam_h", "lr", "max_step", "rtol", "paths", "imma_steps")
     return ImmunizationResult(
         theta=theta,

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from array_api_compat import device as _device
 
-from condreg.algorithm import _validate as v
+from condreg.algorithm import _setup
 from condreg.algorithm._factored import initial_features
 from condreg.algorithm._methods import REGISTRY
-from condreg.algorithm._problem import Problem, State, robust_rms
-from condreg.algorithm._result import ImmunizationResult, ImmunizationWarning
+from condreg.algorithm._problem import ImmunizationResult, ImmunizationWarning, Problem, State
 from condreg.algorithm._setup import DataSetup, build_setup
 from condreg.algorithm._step import PATHS, is_linalg_error, probe_path, spectrum
 from condreg.metrics import run_rtol
@@ -23,21 +21,13 @@ from condreg.metrics import run_rtol
 Array = Any
 
 
-def _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp) -> tuple:
-    """``(xp, X_p, X_h, y_p, y_h, theta0, omega0)`` checked and cast (``I`` for no ``theta0``)."""
-    named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
-    xp = v.namespace(named, xp)
-    X_p, X_h = v.data_matrices(X_p, X_h, xp)
-    D, dtype, dev = X_p.shape[1], X_p.dtype, _device(X_p)
-    yp = v.labels(y_p, X_p.shape[0], "y_p", task, xp, dtype, dev)
-    yh = None if y_h is None else v.labels(y_h, X_h.shape[0], "y_h", task, xp, dtype, dev)
-    theta = xp.eye(D, dtype=dtype, device=dev)
-    if theta0 is not None:
-        theta = v.checked(theta0, "theta0", (D, D), xp, dtype, dev)
-        if not bool(xp.any(theta != 0)):
-            raise ValueError("immunize: theta0 is zero (rank 0)")
-    omega = None if omega0 is None else v.checked(omega0, "omega0", (D,), xp, dtype, dev)
-    return xp, X_p, X_h, yp, yh, theta, omega
+def robust_rms(y: Array, xp: Any) -> float:
+    """``sqrt(mean(y²))`` without overflow or underflow (0 for y = 0)."""
+    m = float(xp.max(xp.abs(y)))
+    if not m > 0:
+        return 0.0
+    z = y / m
+    return m * math.sqrt(float(xp.mean(z * z)))
 
 
 def _harmful_labels(y_h: Array | None, X_h: Array, task: str, seed: Any, xp: Any) -> Array:
@@ -171,21 +161,22 @@ imma_steps, imma_lr, rtol, warn, xp, setup
         isinstance(paths, str) or len(paths) != 2 or any(p not in PATHS for p in paths)
     ):
         raise ValueError(f"immunize: paths must be two of {PATHS}, got {paths!r}")
-    opts = v.options(
-        method=method,
-        task=task,
-        methods=REGISTRY,
-        lr=lr,
-        max_step=max_step,
-        lam_p=lam_p,
-        lam_h=lam_h,
-        ridge=ridge,
-        imma_steps=imma_steps,
-        imma_lr=imma_lr,
-        rtol=rtol,
+    opts = _setup.options(
+        method, task, lr, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr, rtol
     )
-    seed = v.integer(seed, "seed", 0, TypeError)
-    xp, Xp, Xh, yp, yh, theta, omega = _data(X_p, y_p, X_h, theta0, omega0, y_h, task, xp)
+    seed = _setup.integer(seed, "seed", 0, TypeError)
+    named = {"X_p": X_p, "X_h": X_h, "y_p": y_p, "y_h": y_h, "theta0": theta0, "omega0": omega0}
+    xp = _setup.namespace(named, xp)
+    Xp, Xh = _setup.data_matrices(X_p, X_h, xp)
+    D, dtype, dev = Xp.shape[1], Xp.dtype, _device(Xp)
+    yp = _setup.labels(y_p, Xp.shape[0], "y_p", task, xp, dtype, dev)
+    yh = None if y_h is None else _setup.labels(y_h, Xh.shape[0], "y_h", task, xp, dtype, dev)
+    theta = xp.eye(D, dtype=dtype, device=dev)
+    if theta0 is not None:
+        theta = _setup.checked(theta0, "theta0", (D, D), xp, dtype, dev)
+        if not bool(xp.any(theta != 0)):
+            raise ValueError("immunize: theta0 is zero (rank 0)")
+    omega = None if omega0 is None else _setup.checked(omega0, "omega0", (D,), xp, dtype, dev)
     rtol = opts["rtol"] or run_rtol(Xp, Xh)  # max(N_P, N_H, D)·eps, as metrics.rir
     if setup is None:
         setup = build_setup(X_p, X_h, Xp, Xh, xp, rtol, opts["ridge"])
@@ -200,6 +191,8 @@ imma_steps, imma_lr, rtol, warn, xp, setup
         )
     y_unit = (robust_rms(yp, xp) or 1.0) if task == "regression" else 1.0
     yh = _harmful_labels(yh, Xh, task, seed, xp) if m.needs_y_h else None
+    if not paths:
+        paths = setup.paths if theta0 is None else _paths(setup, theta)
     problem = Problem(
         m,
         task,
@@ -216,58 +209,33 @@ imma_steps, imma_lr, rtol, warn, xp, setup
         setup.rtol,
         setup.P.scale * y_unit,
         xp,
-        setup=setup,
+        tuple(paths),
+        setup,
     )
-    omega = xp.zeros_like(theta[0, :]) if omega is None else omega
-    state = problem.state(theta, omega)
-    if not paths:
-        paths = setup.paths if theta0 is None else _paths(problem, theta)
-    problem = replace(problem, paths=tuple(paths))
+    state = problem.state(theta, xp.zeros_like(theta[0, :]) if omega is None else omega)
     return _weights(problem, state, opts, warn), state
 
 
-def _paths(problem: Problem, theta: Array) -> tuple[str, str]:
+def _paths(setup: DataSetup, theta: Array) -> tuple[str, ...]:
     """Per task, the path to run from ``θ_0`` (:func:`probe_path`)."""
-    P, H, rtol, xp = problem.P, problem.H, problem.rtol, problem.xp
     with np.errstate(all="ignore"):
-        F_P, F_H = initial_features(P, theta), initial_features(H, theta)
-    path_p = probe_path(P, F_P, rtol, xp, vectors=False)[1]
-    return path_p, probe_path(H, F_H, rtol, xp, vectors=False)[1]
+        F = [initial_features(task, theta) for task in (setup.P, setup.H)]
+    tasks = zip((setup.P, setup.H), F, strict=True)
+    return tuple(probe_path(t, f, setup.rtol, setup.xp, vectors=False)[1] for t, f in tasks)
 
 
 #: The defaults of :func:`condreg.immunize`'s options that a resumed run takes from its result.
 DEFAULTS = MappingProxyType(
-    {
-        "method": "condreg",
-        "task": "regression",
-        "lr": 0.005,
-        "max_step": 0.3,
-        "imma_steps": 5,
-        "seed": 0,
-    }
+    dict(method="condreg", task="regression", lr=0.005, max_step=0.3, imma_steps=5, seed=0)
 )
 
 #: The options a result records and ``resume=`` reuses where not given.
-RESUMED = (
-    "method",
-    "task",
-    "lam_p",
-    "lam_h",
-    "lr",
-    "max_step",
-    "ridge",
-    "imma_steps",
-    "imma_lr",
-    "rtol",
-    "paths",
-    "seed",
-    "y_h",
-)
+RESUMED = (*DEFAULTS, "lam_p", "lam_h", "ridge", "imma_lr", "rtol", "paths", "y_h")
 
 
 def run_options(resume: ImmunizationResult | None, **given: Any) -> dict[str, Any]:
     """The options of a run: those ``given``, else the resumed run's, else :data:`DEFAULTS`."""
-    out = dict(given)
+    out = {"paths": None, **given}
     if resume is not None:
         if not isinstance(resume, ImmunizationResult):
             raise TypeError(

@@ -112,7 +112,7 @@ def _coerce(key: str, value: Any) -> Any:
         raise UsageError(msg) from None
 
 
-def _check_torch(device: str):
+def _check_torch(device: str) -> None:
     try:
         import torch
     except ImportError:
@@ -128,7 +128,6 @@ def _check_torch(device: str):
         raise UsageError(f"--device {device!r}: MPS is not available on this machine")
     if dev.type not in ("cpu", "cuda", "mps"):
         raise UsageError(f"--device {device!r}: use cpu, cuda or mps")
-    return torch
 
 
 def _check(s: Settings) -> None:

@@ -93,15 +93,12 @@ def _imma_attack_loss(y_h, F_h, n_classes: int, inner_steps: int, inner_lr):
     return F_.cross_entropy(A @ W, y_h)
 
 
-def _ours(F_p, F_h, y_h, ctx) -> Terms:
-    return [
-        ("p", condreg.r_well(_unit(F_p), gram=True)),
-        ("h", condreg.r_ill(_unit(F_h), gram=True)),
-    ]
-
-
 def _r_ill_only(F_p, F_h, y_h, ctx) -> Terms:
     return [("h", condreg.r_ill(_unit(F_h), gram=True))]
+
+
+def _ours(F_p, F_h, y_h, ctx) -> Terms:
+    return [("p", condreg.r_well(_unit(F_p), gram=True)), *_r_ill_only(F_p, F_h, y_h, ctx)]
 
 
 def _opt_kappa(F_p, F_h, y_h, ctx) -> Terms:
