@@ -213,8 +213,8 @@ def imma_gradient(
         The immunized map.
     X, y : array, shape (N, D) and (N,)
         The harmful data and labels (``{0, 1}`` for classification).
-    task : {"regression", "classification"}
-        Squared error or logistic loss ``ℓ``.
+    task : str
+        ``"regression"`` (squared error) or ``"classification"`` (logistic loss ``ℓ``).
     steps, alpha : int, float
         ``J`` and ``α``, the attacker's inner steps and step size.
     xp : namespace

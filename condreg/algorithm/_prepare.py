@@ -132,9 +132,24 @@ def prepare(
 
     Parameters
     ----------
-    X_p, y_p, X_h, method, task, lam_p, lam_h, lr, theta0, omega0, seed, y_h, max_step, ridge, \
-imma_steps, imma_lr, rtol, warn, xp, setup
-        As in :func:`condreg.immunize` (same defaults and errors).
+    X_p, y_p, X_h : array
+        As in :func:`condreg.immunize` (same defaults and errors, here and below).
+    lam_p, lam_h, theta0, omega0, y_h, ridge, imma_lr, rtol, xp, setup : optional
+        As in :func:`condreg.immunize`.
+    method : str
+        As in :func:`condreg.immunize`.
+    task : str
+        As in :func:`condreg.immunize`.
+    lr : float
+        As in :func:`condreg.immunize`.
+    max_step : float
+        As in :func:`condreg.immunize`.
+    seed : int
+        As in :func:`condreg.immunize`.
+    imma_steps : int
+        As in :func:`condreg.immunize`.
+    warn : bool
+        As in :func:`condreg.immunize`.
     paths : tuple of two str, optional
         The engine's path per task, ``"auto"`` or ``"exact"``; default: chosen at ``θ_0``.
 
