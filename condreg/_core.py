@@ -299,22 +299,19 @@ def dmu_parts(
         return r_ill_parts(sp, bottom, wb, den, xp)
 
 
-def _dmu(quantity: str) -> Callable[..., Array]:
-    def dmu(sp, tie_rtol, policy, xp, concrete, pole="raise"):
-        a, h = dmu_parts(quantity, sp, tie_rtol, policy, xp, concrete, pole)
-        return a * sp.mu + h
+def dmu(
+    quantity: str,
+    sp: Spectrum,
+    tie_rtol: float | None,
+    policy: str,
+    xp: Any,
+    concrete: Concrete,
+    pole: str = "raise",
+) -> Array:
+    """``d value / d mu = a·mu + h`` (:func:`dmu_parts`)."""
+    a, h = dmu_parts(quantity, sp, tie_rtol, policy, xp, concrete, pole)
+    return a * sp.mu + h
 
-    dmu.__name__ = dmu.__qualname__ = f"{quantity}_dmu"
-    dmu.__doc__ = f"d {quantity} / d mu = a·mu + h (:func:`dmu_parts`)."
-    return dmu
-
-
-kappa_dmu = _dmu("condition_number")
-r_well_dmu = _dmu("r_well")
-r_ill_dmu = _dmu("r_ill")
-
-#: d value / d mu of each quantity (:func:`dmu_parts`).
-DMU = {"condition_number": kappa_dmu, "r_well": r_well_dmu, "r_ill": r_ill_dmu}
 
 #: Degree of homogeneity of d value / d mu in mu (see :func:`gradient_from_spectrum`).
 DEGREE = {"condition_number": -1, "r_well": 1, "r_ill": -3}

@@ -62,13 +62,13 @@ def r_ill(hs: HessianSpectrum, xp: Any) -> Array:
 
 def d_r_well(hs: HessianSpectrum, xp: Any) -> Array:
     """dR_well/dμ (minimum-norm at a tied top)."""
-    return _core.r_well_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never)
+    return _core.dmu("r_well", hs.sp, hs.tie_rtol, "min_norm", xp, _core.never)
 
 
 def d_r_ill(hs: HessianSpectrum, xp: Any) -> Array:
     """dR_ill/dμ (minimum-norm at a tied bottom); zero at the pole (``pole="zero"`` of
     :func:`condreg._core.dmu_parts`, the one home of R_ill's derivative)."""
-    return _core.r_ill_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
+    return _core.dmu("r_ill", hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
 
 
 def r_well_mu_coefficient(hs: HessianSpectrum, xp: Any) -> float:

@@ -110,7 +110,7 @@ def preconditioned_gradient(
     tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
     # scale-free, as the core's gradients: an over- or underflowing result is ±inf or 0, not NaN
     unit, s1 = _core.normalized(sp, xp)
-    d = _core.DMU[quantity](unit, tie, "min_norm", xp, _core.never)
+    d = _core.dmu(quantity, unit, tie, "min_norm", xp, _core.never)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
     step = _core.rescale(step, s1, 2 * _core.DEGREE[quantity], xp)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)
