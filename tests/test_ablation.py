@@ -13,7 +13,7 @@ import pytest
 
 from condreg.experiments import UsageError, ablation
 from condreg.experiments.ablation import emulator as em
-from condreg.experiments.ablation import released as rel
+from condreg.experiments.ablation import emulator as rel
 from condreg.experiments.data import DataError, house_price_dir, load_house_prices
 
 

@@ -1,18 +1,187 @@
-"""The ablation's NumPy training loop: condreg's Algorithm 1 with any set of the released code's
-choices (:class:`Protocol`) switched on."""
+"""The released code (``amberyzheng/model-immunization-cond-num``) as the ablation emulates it: its
+switches, config, κ, preprocessing, logs, Algorithm 1 with its choices on (:class:`Protocol`)."""
 
 from __future__ import annotations
 
 import math
+import pathlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from condreg.experiments.ablation.released import RELEASED_CONFIG, RIDGE_FLOOR, ridge_floor_spectrum
+from condreg.experiments.data import DataError, read_csv_table
 
-__all__ = ["Protocol", "Trained", "emulate", "regularizer_gradient", "batches", "Adam"]
-__all__ += ["TaskArrays", "prepare_task", "precondition", "initial_parameters", "head_only_loss"]
+__all__ = ["RELEASED_SWITCHES", "SWITCHES_BY_DATASET", "RELEASED_CONFIG", "LOGGED", "RIDGE_FLOOR"]
+__all__ += ["PANDAS_NA_VALUES", "ReleasedHousePrices", "ridge_floor_kappa", "ridge_floor_spectrum"]
+__all__ += ["released_house_prices", "encode_column", "Protocol", "Trained", "emulate", "Adam"]
+__all__ += ["regularizer_gradient", "batches", "TaskArrays", "prepare_task", "precondition"]
+__all__ += ["initial_parameters", "head_only_loss"]
+
+#: The released code's choices the ablation emulates: name -> what it does when on (off: condreg's).
+RELEASED_SWITCHES: dict[str, str] = {
+    "ridge_kappa": "κ from eigvalsh(S + 1e-6·I), σ_min = the smallest eigenvalue above 1e-6, in "
+    "the regularizers and Opt κ's objective (condreg: κ over the nonzero singular values)",
+    "right_precond": "K⁻¹ multiplies the θ-gradient on the right (output index), not the left",
+    "adam": "Adam (β = 0.9, 0.999; ε = 1e-8) on θ, bias and head, not plain gradient descent",
+    "linear_init": "θ and a bias from nn.Linear's default init (U(±1/√D)), head ω ~ N(0, 1) "
+    "(condreg: θ = I, no bias, ω = 0)",
+    "raw_normaliser": "R_well's and R_ill's normaliser = the raw input's last axis (house: the "
+    "number of features; MNIST: 28), not p and the rank k",
+    "fixed_lambda": "the configs' fixed λ_P / λ_H (house 100 / 1e7, MNIST 1 / 5e7; Opt κ 1e-5 / "
+    "1, utils/loss.py's kappa_loss), no step clipping (condreg: λ balanced at θ_0, every "
+    "regularizer step clipped to max_step)",
+    "config_schedule": "the configs' epochs and learning rate (house 10 / 5e-3, MNIST 30 / 1e-3)",
+    "minibatch": "mini-batches of 64 row pairs (drop_last; house on 2 devices, gradients "
+    "averaged), the regularizers and the preconditioner's K per batch with a ridge (1 for D_P, "
+    "lambda_reg for D_H: house 1, MNIST 1e-7)",
+    "released_preprocessing": "house prices as dataset.py: every column but LotArea and "
+    "SalePrice (Id included), fillna(0), label-encoded per file, standardised per file "
+    "(std 0 → 1), float32, the first 200 rows of each file",
+}
+
+#: Switches per dataset (MNIST keeps condreg's pooled tasks; docs/math.md §9.5).
+SWITCHES_BY_DATASET: dict[str, tuple[str, ...]] = {
+    "house": tuple(RELEASED_SWITCHES),
+    "mnist": tuple(s for s in RELEASED_SWITCHES if s != "released_preprocessing"),
+}
+
+#: The released configs (configs/house_price.yaml, configs/mnist.yaml) and code constants.
+RELEASED_CONFIG: dict[str, dict[str, float]] = {
+    "house": {
+        "epochs": 10,
+        "lr": 5e-3,
+        "lam_p": 100.0,
+        "lam_h": 1e7,
+        "ridge_p": 1.0,
+        "ridge_h": 1.0,
+        "batch": 64,
+        "devices": 2,
+        "rows": 200,
+    },
+    "mnist": {
+        "epochs": 30,
+        "lr": 1e-3,
+        "lam_p": 1.0,
+        "lam_h": 5e7,
+        "ridge_p": 1.0,
+        "ridge_h": 1e-7,
+        "batch": 64,
+        "devices": 1,
+        "normaliser": 28,
+    },
+    "opt_kappa": {"lam_p": 1e-5, "lam_h": 1.0},
+}
+
+#: The released κ's floor: eigvalsh(S + RIDGE_FLOOR·I), σ_min = min eigenvalue > RIDGE_FLOOR.
+RIDGE_FLOOR = 1e-6
+
+#: What the authors' runs printed (wandb output.log in the released repository's commit dc536a8):
+#: κ(K_P), κ(K_H) ("X1/X2 condition") and κ(H_P), κ(H_H) ("A1/A2") by the ridge-floor κ.
+LOGGED: dict[str, dict[str, float | str]] = {
+    "house": {
+        "source": "wandb/run-20250608_031141-b400gz2b/files/output.log (and 3 identical runs)",
+        "kappa_K_P": 1795161651.0645268,
+        "kappa_K_H": 2009611173.1950781,
+        "kappa_H_P": 394404313.74806696,
+        "kappa_H_H": 531779644.03056484,
+        "ii": 0.21970406593422162,
+        "i": 0.26461817645305435,
+        "rir": 1.2044300378686656,
+        "protocol": "configs/house_price.yaml: 10 epochs, 2 GPUs, lr 5e-3, λ 100 / 1e7",
+    },
+    "mnist": {
+        "source": "wandb/run-20250608_032358-ikncuytd/files/output.log",
+        "pair": "0-1",
+        "kappa_K_P": 3108297500759.5996,
+        "kappa_K_H": 1727520316176.9072,
+        "kappa_H_P": 215216254250.395,
+        "kappa_H_H": 12615119762991.012,
+        "rir": 105.46678932580377,
+        "protocol": "configs/mnist.yaml with max_epochs 1; full MNIST (5923 images per digit), "
+        "784 raw pixels",
+    },
+}
+
+#: pandas' default missing-value strings (``read_csv``), as the released dataset.py reads them.
+PANDAS_NA_VALUES: frozenset[str] = frozenset(
+    "|#N/A|#N/A N/A|#NA|-1.#IND|-1.#QNAN|-NaN|-nan|1.#IND|1.#QNAN|<NA>|N/A|NA|NULL|NaN|None|"
+    "n/a|nan|null".split("|")
+)
+
+
+def ridge_floor_spectrum(F: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """``(w, V, lo, hi)``: eigh(``FᵀF + 1e-6·I``), w[lo] the least above 1e-6 (none: DataError)."""
+    F = np.asarray(F, dtype=np.float64)
+    w, V = np.linalg.eigh(F.T @ F + RIDGE_FLOOR * np.eye(F.shape[1]))
+    above = np.flatnonzero(w > RIDGE_FLOOR)
+    if above.size == 0:
+        raise DataError("ridge-floor κ: no eigenvalue of FᵀF + 1e-6·I exceeds 1e-6")
+    return w, V, int(above[0]), int(w.size - 1)
+
+
+def ridge_floor_kappa(F: np.ndarray) -> float:
+    """The released κ(FᵀF): λ_max/λ_min of ``FᵀF + 1e-6·I``, λ_min the least above 1e-6."""
+    w, _, lo, hi = ridge_floor_spectrum(F)
+    return float(math.exp(math.log(w[hi]) - math.log(w[lo])))
+
+
+@dataclass(frozen=True)
+class ReleasedHousePrices:
+    """The released house-price tasks (float32 values in float64) and the 79 feature names."""
+
+    X_p: np.ndarray
+    y_p: np.ndarray
+    X_h: np.ndarray
+    y_h: np.ndarray
+    columns: tuple[str, ...]
+
+
+def encode_column(values: Sequence[str]) -> np.ndarray:
+    """One column as pandas reads it, after ``fillna(0)`` and (text) LabelEncoder's sorted codes."""
+    missing = [v in PANDAS_NA_VALUES for v in values]
+    try:
+        return np.array([0.0 if m else float(v) for v, m in zip(values, missing, strict=True)])
+    except ValueError:  # a text column
+        text = ["0" if m else v for v, m in zip(values, missing, strict=True)]
+        codes = {s: i for i, s in enumerate(sorted(set(text)))}
+        return np.array([float(codes[s]) for s in text])
+
+
+def _released_file(path: pathlib.Path, label: str, rows: int) -> tuple[np.ndarray, ...]:
+    header, table = read_csv_table(path)
+    for needed in ("LotArea", "SalePrice", "Id"):
+        if needed not in header:
+            raise DataError(f"{path}: no {needed!r} column; cannot preprocess the released way")
+    if len(table) < rows + 1:
+        raise DataError(f"{path}: {len(table)} rows; the released protocol needs more than {rows}")
+    columns = [c for c in header if c not in ("LotArea", "SalePrice")]
+    data = {c: encode_column([r[j] for r in table]) for j, c in enumerate(header)}
+    X = np.stack([data[c] for c in columns], axis=1)
+    std = X.std(axis=0, ddof=1)
+    X = (X - X.mean(axis=0)) / np.where(std == 0, 1.0, std)
+    y = data[label]
+    y = (y - y.mean()) / (y.std(ddof=1) or 1.0)
+    return *(a.astype(np.float32).astype(np.float64)[:rows] for a in (X, y)), tuple(columns)
+
+
+def released_house_prices(data_dir: str | pathlib.Path, rows: int = 200) -> ReleasedHousePrices:
+    """D1.csv / D2.csv as the released ``dataset.py`` reads them, first ``rows`` rows; DataError."""
+    data_dir = pathlib.Path(data_dir)
+    paths = [data_dir / "D1.csv", data_dir / "D2.csv"]
+    for path in paths:
+        if not path.is_file():
+            raise DataError(
+                f"{path}: missing; the released preprocessing needs the split files "
+                f"D1.csv and D2.csv"
+            )
+    X_p, y_p, cols_p = _released_file(paths[0], "LotArea", rows)
+    X_h, y_h, cols_h = _released_file(paths[1], "SalePrice", rows)
+    if cols_p != cols_h:
+        raise DataError(f"{data_dir}: D1.csv and D2.csv have different columns")
+    return ReleasedHousePrices(X_p, y_p, X_h, y_h, cols_p)
+
 
 _EPS = np.finfo(np.float64).eps
 
@@ -45,12 +214,6 @@ class Protocol:
         """The released config of this dataset."""
         return RELEASED_CONFIG[self.dataset]
 
-    def schedule(self) -> tuple[int, float]:
-        """(epochs, lr) of this protocol."""
-        if self.on("config_schedule"):
-            return int(self.config["epochs"]), float(self.config["lr"])
-        return self.epochs, self.lr
-
 
 @dataclass
 class Trained:
@@ -78,8 +241,7 @@ def _spectrum(F: np.ndarray, ridge_kappa: bool) -> tuple[np.ndarray, np.ndarray,
 def regularizer_gradient(
     F: np.ndarray, quantity: str, *, ridge_kappa: bool, normaliser: int | None
 ) -> tuple[np.ndarray, float]:
-    """``(G = ∇_S f(S), f)`` for ``S = FᵀF`` and ``quantity`` ``"r_well"``, ``"r_ill"`` or
-    ``"log_kappa"``; the normalisers p = D and k = rank, or both ``normaliser`` (released)."""
+    """``(∇_S f, f)``, S = FᵀF, f = ``quantity``; p = D, k = rank, or both ``normaliser``."""
     mu, V, lo, hi = _spectrum(F, ridge_kappa)
     S = F.T @ F
     s_max, s_min = float(mu[hi]), float(mu[lo])
@@ -123,16 +285,14 @@ class TaskArrays:
 
 
 def prepare_task(X: np.ndarray, y: np.ndarray | None, task: str, ridge: float) -> TaskArrays:
-    """:class:`TaskArrays` of one task: K⁺ (rank tolerance ``max(N, D)·eps``), inputs scaled by
-    ``√N/σ₁(X)`` and (regression) labels by their RMS, as ``condreg.immunize`` does."""
+    """K⁺ (rtol ``max(N, D)·eps``), X·√N/σ₁(X), regression y / RMS (as ``condreg.immunize``)."""
     _, s, Vh = np.linalg.svd(X, full_matrices=False)
     keep = s > max(X.shape) * _EPS * s[0]
     pinv = (Vh[keep].T / s[keep] ** 2) @ Vh[keep]
     scale = math.sqrt(X.shape[0]) / s[0]
-    ys = None
-    if y is not None:
-        rms = math.sqrt(float(np.mean(y * y))) or 1.0
-        ys = y / rms if task == "regression" else y
+    ys = y
+    if y is not None and task == "regression":
+        ys = y / (math.sqrt(float(np.mean(y * y))) or 1.0)
     return TaskArrays(X, y, X * scale, ys, pinv, ridge)
 
 
@@ -301,9 +461,10 @@ def emulate(
     *,
     seed: int = 0,
 ) -> Trained:
-    """Train ``method`` on (``X_p``, ``y_p``) against ``X_h`` (``y_h``: IMMA's attacker); a
-    failing or non-finite step ends the run at the last finite θ."""
-    epochs, lr = protocol.schedule()
+    """Train ``method`` (``y_h``: IMMA's attacker); a bad step ends it at the last finite θ."""
+    epochs, lr = protocol.epochs, protocol.lr
+    if protocol.on("config_schedule"):
+        epochs, lr = int(protocol.config["epochs"]), float(protocol.config["lr"])
     P = prepare_task(X_p, y_p, protocol.task, float(protocol.config["ridge_p"]))
     H = prepare_task(X_h, y_h, protocol.task, float(protocol.config["ridge_h"]))
     rng = np.random.default_rng(seed)
