@@ -51,20 +51,24 @@ def _orthonormal(X: Array, xp: Any) -> Array:
 
 
 def _lu_solver(M: Array, xp: Any):
-    """``b ↦ M⁻¹ b`` from one LU factorisation where the library has it, else ``linalg.solve``."""
+    """``b ↦ M⁻¹ b`` from one factorisation: the library's LU where it has one (PyTorch), else
+    one explicit inverse (NumPy has no LU solve: a ``solve`` per iteration refactorises)."""
     if hasattr(xp.linalg, "lu_factor") and hasattr(xp.linalg, "lu_solve"):
         LU, piv = xp.linalg.lu_factor(M)
         return lambda b: xp.linalg.lu_solve(LU, piv, b)
-    return lambda b: xp.linalg.solve(M, b)
+    M_inv = xp.linalg.inv(M)
+    return lambda b: M_inv @ b
 
 
 def _triangular_solvers(R: Array, xp: Any):
-    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``."""
+    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: triangular solves where the library
+    has them, else ``R⁻¹`` once (its LU is ``R`` itself: back substitution on the identity)."""
     Rt = R.T
     solve = getattr(xp.linalg, "solve_triangular", None)
     if solve is not None:
         return (lambda b: solve(R, b, upper=True), lambda b: solve(Rt, b, upper=False))
-    return (lambda b: xp.linalg.solve(R, b), lambda b: xp.linalg.solve(Rt, b))
+    R_inv = xp.linalg.inv(R)
+    return (lambda b: R_inv @ b, lambda b: R_inv.T @ b)
 
 
 def _host(x: Array) -> list[float]:
