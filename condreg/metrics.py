@@ -99,6 +99,23 @@ class RIRSpectra:
         self._xp = xp
         self.rtol = float(rtol)
 
+    def _task_parts(self, fingerprint: tuple, rtol: float) -> tuple:
+        """``K_P``'s and ``K_H``'s parts for reuse on the same data at ``rtol``."""
+        if self._fingerprint != fingerprint:
+            raise ValueError(
+                "rir_spectra: tasks was computed on other X_p, X_h (shape, dtype or entries "
+                "differ); pass the result of a call on these arrays"
+            )
+        if self.rtol > rtol:
+            raise ValueError(
+                f"rir_spectra: tasks resolves the singular values above {self.rtol:.3g}·σ₁ "
+                f"only, not rtol={rtol:.3g}"
+            )
+        parts = self._parts[:2]
+        if self.rtol == rtol:
+            return parts
+        return tuple(_Part(_recut(part.sp, rtol, self._xp), part.dtype) for part in parts)
+
     def __getstate__(self) -> tuple:  # picklable: the namespace by its module name
         return self._parts, self._fingerprint, self._xp.__name__, self.rtol
 
@@ -242,20 +259,7 @@ def rir_spectra(
     if tasks is None:
         k_p, k_h = _decompose(X_p, rtol), _decompose(X_h, rtol)
     else:
-        task_parts, task_fingerprint, _, task_rtol = tasks.__getstate__()
-        if task_fingerprint != fingerprint:
-            raise ValueError(
-                "rir_spectra: tasks was computed on other X_p, X_h (shape, dtype or entries "
-                "differ); pass the result of a call on these arrays"
-            )
-        if task_rtol > rtol:
-            raise ValueError(
-                f"rir_spectra: tasks resolves the singular values above {task_rtol:.3g}·σ₁ "
-                f"only, not rtol={rtol:.3g}"
-            )
-        k_p, k_h = task_parts[:2]
-        if task_rtol != rtol:
-            k_p, k_h = (_Part(_recut(part.sp, rtol, xp), part.dtype) for part in (k_p, k_h))
+        k_p, k_h = tasks._task_parts(fingerprint, rtol)
     h_p, h_h = (k_p, k_h) if theta is None else (_decompose(F_p, rtol), _decompose(F_h, rtol))
     return RIRSpectra((k_p, k_h, h_p, h_h), fingerprint, xp, rtol)
 
