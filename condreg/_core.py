@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from array_api_compat import device
 
@@ -138,9 +138,11 @@ def _safe_k(sp: Spectrum, xp: Any) -> Array:
     return xp.where(sp.k < 1.0, 1.0, sp.k)[..., None]
 
 
-def kappa_value(sp: Spectrum, xp: Any) -> Array:
-    """kappa = mu_1 / mu_k over the nonzero values (Eq. 1); NaN for rank 0 (unchecked input)."""
-    return xp.where(sp.k > 0, (mu_top(sp) / mu_bottom(sp, xp))[..., 0], math.nan)
+def kappa_value(sp: Spectrum, xp: Any, bottom: Array | None = None) -> Array:
+    """kappa = mu_1 / mu_k over the nonzero values (Eq. 1); NaN for rank 0 (unchecked input).
+    ``bottom``: ``mu_k`` if already at hand."""
+    bottom = mu_bottom(sp, xp) if bottom is None else bottom
+    return xp.where(sp.k > 0, (mu_top(sp) / bottom)[..., 0], math.nan)
 
 
 def r_well_value(sp: Spectrum, xp: Any) -> Array:
@@ -194,21 +196,46 @@ def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
 _VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 
 
+class Parts(NamedTuple):
+    """What a value and its derivative share: the spectrum over ``s_1`` (:func:`normalized`),
+    ``s_1``, and on it ``mu_k`` with the 0/1 indicator of the values tied with it (κ, R_ill)
+    and R_ill's denominator (:func:`r_ill_denominator`; 0 at the pole)."""
+
+    unit: Spectrum
+    s1: Array
+    bottom: Array | None = None
+    ties: Array | None = None
+    den: Array | None = None
+
+
+def parts(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None) -> Parts:
+    """The :class:`Parts` of ``quantity`` on ``sp``, computed once for the value and its
+    derivative (``tie_rtol=None``: the spectrum's own default, ``sp.tie``)."""
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
+    unit, s1 = normalized(sp, xp)
+    if quantity == "r_well":
+        return Parts(unit, s1)
+    bottom, ties = _bottom(unit, tie_rtol, xp)
+    den = _r_ill_den(unit, bottom, ties, xp) if quantity == "r_ill" else None
+    return Parts(unit, s1, bottom, ties, den)
+
+
+def value_of(quantity: str, p: Parts, xp: Any) -> Array:
+    """The value of ``quantity`` from its :class:`Parts`, evaluated scale-free and rescaled."""
+    unit = p.unit
+    if quantity == "condition_number":
+        return kappa_value(unit, xp, p.bottom)
+    v = r_well_value(unit, xp) if quantity == "r_well" else r_ill_from_denominator(p.den, xp)
+    power = _VALUE_DEGREE[quantity] * (2 if unit.gram else 1)
+    return rescale(v, p.s1[..., 0], power, xp)
+
+
 def value_from_spectrum(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None) -> Array:
     """Value of ``quantity`` from a spectrum, evaluated scale-free (:func:`normalized`).
     ``tie_rtol=None``: the spectrum's own default (``sp.tie``, at the rounding scale of the
     path that computed it)."""
-    if quantity not in QUANTITIES:
-        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
-    unit, s1 = normalized(sp, xp)
-    if quantity == "condition_number":
-        return kappa_value(unit, xp)
-    if quantity == "r_well":
-        v = r_well_value(unit, xp)
-    else:
-        v = r_ill_from_denominator(r_ill_denominator(unit, tie_rtol, xp), xp)
-    power = _VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
-    return rescale(v, s1[..., 0], power, xp)
+    return value_of(quantity, parts(quantity, sp, xp, tie_rtol=tie_rtol), xp)
 
 
 def value(
@@ -263,6 +290,7 @@ def dmu_parts(
     xp: Any,
     concrete: Concrete,
     pole: str = "raise",
+    shared: Parts | None = None,
 ) -> tuple[Any, Array]:
     """``(a, h)`` with ``d value / d mu = a·mu + h``: ``a`` a float or of shape ``(..., 1)``, ``h``
     nonzero only on the tie sets of the extreme values — the one home of every derivative.
@@ -275,6 +303,7 @@ def dmu_parts(
     (``den == 0``: all nonzero values tied, kappa = 1 or rank 1) there is no derivative:
     ``pole="raise"`` raises :class:`PoleError` when ``concrete`` can tell (otherwise the entries
     are inf/NaN), ``"zero"`` returns 0 for the matrices at the pole (Algorithm 1: no step).
+    ``shared``: the :class:`Parts` of ``quantity`` whose ``unit`` is ``sp`` (not recomputed).
     """
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
@@ -282,11 +311,14 @@ def dmu_parts(
         raise ValueError(f"pole must be one of {POLES}, got {pole!r}")
     if quantity == "r_well":
         return -1.0 / sp.p, mu_top(sp) * top_weights(sp, tie_rtol, policy, xp, concrete)
-    bottom, ties = _bottom(sp, tie_rtol, xp)
+    if shared is None:
+        bottom, ties = _bottom(sp, tie_rtol, xp)
+        den = _r_ill_den(sp, bottom, ties, xp) if quantity == "r_ill" else None
+    else:
+        bottom, ties, den = shared.bottom, shared.ties, shared.den
     if quantity == "condition_number":
         wt = top_weights(sp, tie_rtol, policy, xp, concrete)
         return 0.0, _kappa_d(sp, bottom, wt, _bottom_w(sp, ties, policy, xp, concrete))
-    den = _r_ill_den(sp, bottom, ties, xp)
     at_pole = den == 0
     if pole == "raise":
         check_pole(xp.any(at_pole), concrete)
@@ -334,6 +366,17 @@ def _quiet(x: Array) -> Any:
     return contextlib.nullcontext()
 
 
+def gradient_from_parts(
+    quantity: str, p: Parts, a: Any, h: Array, xp: Any, weight: Array | None = None
+) -> Array:
+    """The gradient from ``d value / d mu = a·mu + h`` on the unit spectrum ``p.unit`` (with its
+    vectors), times ``weight``: assembled scale-free, then times sigma_1 to the gradient's
+    degree (:data:`DEGREE`; ``2·degree + 1`` with ``gram``)."""
+    power = 2 * DEGREE[quantity] + 1 if p.unit.gram else DEGREE[quantity]
+    with _quiet(h):
+        return _spectrum.assemble(p.unit, a, h, xp, p.s1, power, weight)
+
+
 def gradient_from_spectrum(
     quantity: str,
     sp: Spectrum,
@@ -345,18 +388,13 @@ def gradient_from_spectrum(
     weight: Array | None = None,
 ) -> Array:
     """Closed-form gradient from a spectrum with vectors (times ``weight`` of shape
-    ``S.shape[:-2]``, the incoming gradient): the one assembly of the ``*_grad`` functions and
-    both adapters' backward. Scale-free: assembled on the spectrum over sigma_1, then times
-    sigma_1 to the gradient's degree (:data:`DEGREE`; ``2·degree + 1`` with ``gram``)."""
+    ``S.shape[:-2]``, the incoming gradient): :func:`parts`, :func:`dmu_parts`,
+    :func:`gradient_from_parts`."""
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
-    if quantity not in QUANTITIES:
-        raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
-    unit, s1 = normalized(sp, xp)
-    a, h = dmu_parts(quantity, unit, tie_rtol, subgradient, xp, concrete)
-    power = 2 * DEGREE[quantity] + 1 if sp.gram else DEGREE[quantity]
-    with _quiet(h):
-        return _spectrum.assemble(unit, a, h, xp, s1, power, weight)
+    p = parts(quantity, sp, xp, tie_rtol=tie_rtol)
+    a, h = dmu_parts(quantity, p.unit, tie_rtol, subgradient, xp, concrete, shared=p)
+    return gradient_from_parts(quantity, p, a, h, xp, weight)
 
 
 def gradient(

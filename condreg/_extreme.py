@@ -105,7 +105,10 @@ def gram_cluster(
     far = min(abs(v - sigma) for v in outside)
     if not far > 0 or near / far > MAX_RATIO_GRAM:
         return None
-    solve = _lu_solver(G - sigma * xp.eye(n, dtype=G.dtype, device=device(G)), xp)
+    shifted = xp.eye(n, dtype=G.dtype, device=device(G))
+    shifted *= -sigma
+    shifted += G  # G − σI with one n×n temporary
+    solve = _lu_solver(shifted, xp)
     X = _start(n, t, G, xp)
     for _ in range(_iterations(near / far)):
         X = _orthonormal(solve(X), xp)
@@ -177,7 +180,7 @@ def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) ->
     on the clusters ``[(W_c, e_c), ...]`` only."""
     M = a * G
     for W, e in clusters:
-        M = M + (W * e) @ W.T
+        M += (W * e) @ W.T
     return M
 
 
@@ -211,4 +214,4 @@ def gram_product(
         if Q is None:
             return None
         clusters.append((Q, c))
-    return 2.0 * gram_plus_clusters(M, av, clusters)
+    return gram_plus_clusters(M, 2.0 * av, [(Q, 2.0 * c) for Q, c in clusters])

@@ -232,26 +232,30 @@ def gram_trace_limit(shape: tuple[int, ...], big: float) -> float:
     return big / (4.0 * max(shape[-2], shape[-1]))
 
 
-def _finite_gram(M: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array | None]:
-    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); where not,
-    ``M`` is replaced by the identity (a traceable select)."""
+def _finite_gram(
+    M: Array, shape: tuple[int, int], xp: Any, read: Concrete
+) -> tuple[Array, Array | None]:
+    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); where it
+    does not hold for all (or ``read`` cannot tell), ``M`` is replaced by the identity where not
+    (a traceable select) and ``fits`` returned, else ``None``."""
     diagonal = getattr(xp.linalg, "diagonal", None)
     d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
     fits = xp.sum(d, axis=-1) < gram_trace_limit(shape, finfo(xp, M.dtype)[2])
-    if is_numpy_array(M) and bool(xp.all(fits)):
+    if read(xp.all(fits)):
         return M, None
     eye = xp.eye(M.shape[-1], dtype=M.dtype, device=device(M))
     return xp.where(fits[..., None, None], M, eye), fits
 
 
 def eigh_gram(
-    M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any
+    M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any, read: Concrete = never
 ) -> tuple[Array, Any, Array, Array, Array]:
     """``(s, W, mu / mu_1, err / mu_1, in_range)`` from the eigh of a formed Gram matrix ``M``
     (the smaller one, or data-parallel ranks' all-reduced ``Σ_r F_rᵀF_r``) of an ``(N, D)``
     feature batch; ``in_range``: ``mu_1`` safely inside the dtype's range. A Gram matrix whose
-    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values)."""
-    M, fits = _finite_gram(M, shape, xp)
+    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values); ``read``
+    tells whether the check can be skipped (:func:`_finite_gram`)."""
+    M, fits = _finite_gram(M, shape, xp, read)
     if vectors:
         mu, W = xp.linalg.eigh(M)
         W = xp.flip(W, axis=-1)
@@ -262,6 +266,8 @@ def eigh_gram(
     gdtype = mu.dtype
     mu = xp.flip(mu, axis=-1)
     mu = xp.where(mu < 0, 0.0, mu)  # NaN stays NaN
+    if fits is not None:  # a matrix replaced by the identity: NaN values (not in range)
+        mu = xp.where(fits[..., None], mu, math.nan)
     n, m = min(N, D), max(N, D)
     top = mu[..., :1]
     e, tiny, big = finfo(xp, gdtype)
@@ -271,9 +277,6 @@ def eigh_gram(
     s, mu_rel, err_rel = xp.sqrt(mu), mu / safe_top, err / safe_top
     if gdtype != dtype:
         s, mu_rel, err_rel = (xp.astype(a, dtype) for a in (s, mu_rel, err_rel))
-    if fits is not None:  # a matrix replaced by the identity: NaN values
-        s, mu_rel, err_rel = (xp.where(fits[..., None], a, math.nan) for a in (s, mu_rel, err_rel))
-        in_range = in_range & xp.all(fits)
     return s, W, mu_rel, err_rel, in_range
 
 
@@ -284,11 +287,17 @@ def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, x
 
 
 def accept_gram(
-    M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any, rtol: float
+    M: Array,
+    shape: tuple[int, int],
+    xp: Any,
+    vectors: bool,
+    dtype: Any,
+    rtol: float,
+    read: Concrete = never,
 ) -> tuple[Array, Any, Array, Array]:
     """The one accept rule: ``(s, W, err_rel, ok)`` from :func:`eigh_gram`, ``ok`` = in range and
     every counted eigenvalue resolved (:func:`gram_resolves`)."""
-    s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype)
+    s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype, read)
     accuracy = GRAM_ACCURACY * math.sqrt(eps(xp, dtype))  # relative, on every counted value
     ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
     return s, W, err_rel, ok
@@ -339,7 +348,7 @@ def small_side(
     if how == "exact":
         return exact()
     G = gram_matrix(F, xp, gram_dtype(F, xp))
-    s, W, err_rel, ok = accept_gram(G, F.shape[-2:], xp, vectors, F.dtype, rtol)
+    s, W, err_rel, ok = accept_gram(G, F.shape[-2:], xp, vectors, F.dtype, rtol, read)
     # ties at the rounding scale of s, returned in F's dtype
     gram = Small(s, W, err_rel, xp.full_like(err_rel, tie_exact), G if keep else None, None)
     if how == "gram":
@@ -403,8 +412,9 @@ def decompose(
             exact_vectors=vectors,
         )
         s, mu_err, tie = sm.s, sm.mu_err, sm.tie
-        if sm.G is not None:
-            M = sm.G / xp.astype(s[..., :1] * s[..., :1], sm.G.dtype)[..., None]
+        if sm.G is not None:  # the Gram matrix formed here: made the unit Gram in place
+            M = sm.G
+            M /= xp.astype(s[..., :1] * s[..., :1], M.dtype)[..., None]
         if vectors:
             U, Vh, F = (
                 (sm.Q, None, S) if left_side(S.shape) or sm.Q is None else (None, mT(xp, sm.Q), S)
@@ -435,29 +445,30 @@ def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
     ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
     ``m**power`` is representable for ``|power| <= 6`` and the power of two is split into two
     exact factors (the second is 1 unless the exponent leaves the dtype's range; clipped so that
-    it is never 0 or inf). A non-positive or non-finite ``s`` gives NaN.
+    it is never 0 or inf). A non-positive or non-finite ``s`` gives NaN (``log2`` is NaN or
+    ``±inf``, and ``m`` then ``0/0`` or ``inf/inf``).
     """
-    ok = (s > 0) & (s < math.inf)  # False for NaN
-    safe = xp.where(ok, s, 1.0)
-    e = xp.floor(xp.log2(safe))
-    m = safe / 2.0**e
+    e = xp.floor(xp.log2(s))
+    m = s / 2.0**e
     E = e * float(power)
     lim = float(math.floor(math.log2(finfo(xp, s.dtype)[2])))
     E1 = xp.clip(E, -(lim - 8.0), lim - 7.0)
-    first = xp.where(ok, m**power * 2.0**E1, math.nan)  # s = 0, inf, NaN: NaN
-    return first, 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
+    return m**power * 2.0**E1, 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
 
 
-def scale_by_power(x: Array, s: Array, power: int, xp: Any, weight: Array | None = None) -> Array:
-    """``x · s**power`` for positive ``s`` broadcastable to ``x``, without an over- or underflow
-    that the result itself would not have (:func:`power_factors`); ``weight`` (broadcastable
-    like ``s``) multiplies the first factor (the chain rule's incoming gradient)."""
+def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
+    """``x · s**power`` for positive ``s`` broadcastable to ``x`` (and with no batch dimension
+    that ``x`` lacks), without an over- or underflow that the result itself would not have
+    (:func:`power_factors`). ``x`` is a new array of the caller's: it is scaled in place (no
+    ``x``-sized temporaries) unless autodiff records it."""
     if power == 0:
-        return x if weight is None else x * weight
+        return x
     first, second = power_factors(s, power, xp)
-    if weight is not None:
-        first = first * weight
-    return (x * first) * second
+    if getattr(x, "requires_grad", False):
+        return (x * first) * second
+    x *= first
+    x *= second
+    return x
 
 
 def gram_gradient(Q: Array, g: Array, F: Array, xp: Any, left: bool | None = None) -> Array:
@@ -500,10 +511,12 @@ def assemble(
     equals ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H
     (Theorem 4.2); from one side's vectors ``2 (U diag(g) Uᵀ) F`` or ``2 F (V diag(g) Vᵀ)``,
     where ``F`` is ``sp.F / scale`` (the unit factor of a spectrum divided by ``s_1``); from the
-    unit Gram ``sp.M`` (``"extreme"`` route) ``2 (a·M + Σ_c h_c Q_c Q_cᵀ) F``. ``scale**power``
-    (``scale`` of shape ``(..., 1)``) and ``weight`` (shape ``(...)``) are applied by
-    :func:`scale_by_power`.
+    unit Gram ``sp.M`` (``"extreme"`` route) ``2 (a·M + Σ_c h_c Q_c Q_cᵀ) F``. ``weight``
+    (shape ``(...)``) multiplies ``a`` and ``h``; ``scale**power`` (``scale`` of shape
+    ``(..., 1)``) is applied by :func:`scale_by_power`.
     """
+    if weight is not None:  # folded into g: G then has every batch dimension (in place below)
+        a, h = a * weight[..., None], h * weight[..., None]
     if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
         if sp.M is not None:
             P = _gram_matrix_part(sp, a, h, xp)
@@ -516,7 +529,4 @@ def assemble(
         g = a * sp.mu + h
         d = 2.0 * sp.s * g if sp.gram else g
         G = (sp.U * d[..., None, :]) @ sp.Vh
-    w = None if weight is None else weight[..., None, None]
-    if scale is None:
-        return G if w is None else G * w
-    return scale_by_power(G, scale[..., None], power, xp, w)
+    return G if scale is None else scale_by_power(G, scale[..., None], power, xp)

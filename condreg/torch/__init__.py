@@ -26,6 +26,7 @@ gives NaN/inf), except that ``vmap``'s rule checks the whole batch. Training ada
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 try:
     import torch
@@ -92,97 +93,103 @@ def _extreme_ok(S: torch.Tensor, check: bool) -> bool:
     return check and S.device.type == "cpu" and not _spectrum.traced(S)
 
 
-def _forward(S, quantity, rtol, tie_rtol, gram, check, vectors):
-    """``(value, A, B, s, tols)``: with ``vectors`` the kept spectrum (``U, Vh``; the small
-    side's vectors and empty; or empty and the unit Gram), ``tols = [mu_err, tie]``; else fresh
-    empty tensors (distinct outputs, as ``torch.compile`` needs)."""
+def _forward(S, config):
+    """``(value, A, B, vec, small)``: with ``vectors`` what the backward assembles from — the
+    kept vectors (``U, Vh``; the small side's vectors and empty; or empty and the unit Gram),
+    ``vec = [s / s_1, h]`` and ``small = [a, s_1, at_pole]`` of ``d value / d mu = a·mu + h``
+    (:func:`condreg._core.dmu_parts`, computed with the value); else fresh empty tensors
+    (distinct outputs, as ``torch.compile`` needs)."""
+    quantity, rtol, tie_rtol, gram, check, vectors = config
     xp = array_namespace(S)
     tie = _core.check_tie_rtol(tie_rtol)
     with _no_autocast(S):
         extreme = vectors and gram and _extreme_ok(S, check)
         options = {"gram": gram, "vectors": vectors, "rtol": rtol, "extreme": extreme}
         sp = _spectrum.decompose(S, xp, concrete=_reader(check), **options)
-        value = _core.value_from_spectrum(quantity, sp, xp, tie_rtol=tie)
-    if not vectors:
-        return value, S.new_empty(0), S.new_empty(0), S.new_empty(0), S.new_empty(0)
+        p = _core.parts(quantity, sp, xp, tie_rtol=tie)
+        value = _core.value_of(quantity, p, xp)
+        if not vectors:
+            return value, *(S.new_empty(0) for _ in range(4))
+        # the pole is reported by the backward (the value there is +inf, not an error)
+        a, h = _core.dmu_parts(quantity, p.unit, tie, "min_norm", xp, _core.never, shared=p)
     one = torch.ones_like(sp.s[..., :1])
-    tols = torch.cat([one * sp.mu_err, one * sp.tie], dim=-1)
+    pole = one * 0.0 if p.den is None else (p.den == 0).to(one.dtype)[..., None]
+    vec, small = torch.cat([p.unit.s, h], dim=-1), torch.cat([one * a, p.s1, pole], dim=-1)
     if sp.M is not None:
-        return value, S.new_empty(0), sp.M, sp.s, tols
+        return value, S.new_empty(0), sp.M, vec, small
     if gram:
         Q = sp.U if sp.U is not None else sp.Vh.mT
-        return value, Q, S.new_empty(0), sp.s, tols
-    return value, sp.U, sp.Vh, sp.s, tols
+        return value, Q, S.new_empty(0), vec, small
+    return value, sp.U, sp.Vh, vec, small
 
 
-def _spectrum_of(S, A, B, s, tols, config) -> _spectrum.Spectrum:
-    """The :class:`condreg._spectrum.Spectrum` the forward kept (:func:`_forward`)."""
-    quantity, rtol, tie_rtol, gram, check = config
-    xp = array_namespace(S)
-    tol = _spectrum.resolve_rtol(rtol, S.shape, S.dtype, xp)
-    mask, k = _spectrum.rank(s, tol, xp)
-    mu_err, tie = tols[..., :1], tols[..., 1:]
-    m, n = S.shape[-2], S.shape[-1]
+def _parts_of(S, A, B, vec, small, gram) -> tuple[_core.Parts, Any, Any, Any]:
+    """``(parts, a, h, at_pole)``: the unit spectrum with the vectors the forward kept
+    (:func:`_forward`) and its derivative's parts."""
+    n = vec.shape[-1] // 2
+    s, h = vec[..., :n], vec[..., n:]
+    a, s1, pole = small[..., :1], small[..., 1:2], small[..., 2]
+    m, d = S.shape[-2], S.shape[-1]
     if not gram:
-        return _spectrum.Spectrum(A, s, B, s, mask, k, min(m, n), False, 0.0, None, tie)
-    U, Vh, M = None, None, None
-    if A.numel() == 0:
-        M = B
-    elif _spectrum.left_side(S.shape):
-        U = A
+        unit = _spectrum.Spectrum(A, s, B, s, None, None, min(m, d), False)
     else:
-        Vh = A.mT
-    return _spectrum.Spectrum(U, s, Vh, s * s, mask, k, n, True, mu_err, S, tie, M)
+        U = Vh = M = None
+        if A.numel() == 0:
+            M = B
+        elif _spectrum.left_side(S.shape):
+            U = A
+        else:
+            Vh = A.mT
+        unit = _spectrum.Spectrum(U, s, Vh, s * s, None, None, d, True, 0.0, S, None, M)
+    return _core.Parts(unit, s1), a, h, pole
 
 
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
-    """The gradient from the kept spectrum, or (higher order, nothing kept) from
+    """The gradient from what the forward kept, or (higher order, nothing kept) from
     :func:`_closed_form`."""
-    S, A, B, s, tols = ctx.saved_tensors
-    quantity, rtol, tie_rtol, gram, check = ctx.config
-    if torch.is_grad_enabled() or not ctx.vectors:
-        return grad_value[..., None, None] * _closed_form(S, ctx.config)
+    S, A, B, vec, small = ctx.saved_tensors
+    if grad_value is None:
+        return None
+    quantity, rtol, tie_rtol, gram, check, vectors = ctx.config
+    if torch.is_grad_enabled() or not vectors:
+        return grad_value[..., None, None] * _closed_form(S, ctx.config[:5])
     with _no_autocast(S):
-        sp = _spectrum_of(S, A, B, s, tols, ctx.config)
-        return _core.gradient_from_spectrum(
-            quantity,
-            sp,
-            array_namespace(S),
-            tie_rtol=_core.check_tie_rtol(tie_rtol),
-            subgradient="min_norm",
-            concrete=_reader(check),
-            weight=grad_value.to(S.dtype),
-        )
+        p, a, h, pole = _parts_of(S, A, B, vec, small, gram)
+        if quantity == "r_ill":
+            _core.check_pole(torch.any(pole != 0), _reader(check))
+        xp = array_namespace(S)
+        return _core.gradient_from_parts(quantity, p, a, h, xp, grad_value.to(S.dtype))
 
 
 class _SpectralValue(torch.autograd.Function):
-    """value = quantity(S); backward: ``grad_value * G(S)`` from the spectrum the forward kept."""
+    """value = quantity(S); backward: ``grad_value * G(S)`` from what the forward kept;
+    ``config = (quantity, rtol, tie_rtol, gram, check, vectors)``."""
 
     @staticmethod
-    def forward(S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
-        return _forward(S, quantity, rtol, tie_rtol, gram, check, vectors)
+    def forward(S, config):  # type: ignore[override]
+        return _forward(S, config)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        S, quantity, rtol, tie_rtol, gram, check, vectors = inputs
         ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(S, *output[1:])
-        ctx.config = (quantity, rtol, tie_rtol, gram, check)
-        ctx.vectors = vectors
+        ctx.set_materialize_grads(False)  # no zero gradients for the kept spectrum's outputs
+        ctx.save_for_backward(inputs[0], *output[1:])
+        ctx.config = inputs[1]
 
     @staticmethod
     def backward(ctx, grad_value, *_):  # type: ignore[override]
-        return _backward(ctx, grad_value), None, None, None, None, None, None
+        return _backward(ctx, grad_value), None
 
     @staticmethod
-    def vmap(info, in_dims, S, quantity, rtol, tie_rtol, gram, check, vectors):  # type: ignore[override]
+    def vmap(info, in_dims, S, config):  # type: ignore[override]
         bdim = in_dims[0]
         if bdim is not None:
             S = S.movedim(bdim, 0)
         # the top-level check could not read the batched tensor; this one can
+        quantity, check = config[0], config[4]
         if check and _reader(check)(torch.all(torch.isfinite(S))) is False:
             raise _validation.nonfinite_error(quantity)
-        outs = _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)
+        outs = _function().apply(S, config)
         dims = tuple(None if (bdim is None or o.numel() == 0) else 0 for o in outs)
         return outs, dims
 
@@ -198,7 +205,7 @@ class _SpectralValueWithJvp(_SpectralValue):
     @staticmethod
     def jvp(ctx, S_dot, *_):  # type: ignore[override]
         S = ctx.saved_tensors[0]
-        G = _closed_form(S, ctx.config)
+        G = _closed_form(S, ctx.config[:5])
         return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None
 
 
@@ -249,4 +256,4 @@ def value(
     tensor(0., dtype=torch.float64, grad_fn=<_SpectralValueWithJvpBackward>)
     """
     vectors = torch.is_grad_enabled() and S.requires_grad
-    return _function().apply(S, quantity, rtol, tie_rtol, gram, check, vectors)[0]
+    return _function().apply(S, (quantity, rtol, tie_rtol, gram, check, vectors))[0]
