@@ -88,8 +88,9 @@ def top_ties(sp: Spectrum, tie_rtol: float, xp: Any) -> Array:
 def _bottom(sp: Spectrum, tie_rtol: float, xp: Any) -> tuple[Array, Array]:
     """``(mu_k, ties)``: the smallest value inside the rank and the 0/1 indicator of the values
     tied with it (computed together: both need ``s_k``)."""
-    mu_b = mu_bottom(sp, xp)
-    tied = _tied(sp, s_bottom(sp, xp), mu_b, tie_rtol, xp)
+    s_b = s_bottom(sp, xp)
+    mu_b = _spectrum.square(s_b) if sp.gram else s_b  # min of mu = s²: (min s)² (monotone)
+    tied = _tied(sp, s_b, mu_b, tie_rtol, xp)
     return mu_b, xp.astype(tied & sp.mask, sp.mu.dtype)
 
 

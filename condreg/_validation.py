@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from condreg import _core
@@ -95,6 +96,20 @@ def all_finite(S: Array, xp: Any) -> Array:
     return xp.max(S) * 0.0 == xp.min(S) * 0.0
 
 
+def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
+    """Whether ``S`` is readably not finite: a finite sum (one pass; NaN or ±Inf entries make
+    it NaN or ±Inf) proves every entry finite, else :func:`all_finite` decides (the sum of
+    finite entries may overflow)."""
+    if is_numpy_array(S):  # an overflowing sum is handled: no warning about it
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = xp.sum(S)
+    else:
+        total = xp.sum(S)
+    if concrete(xp.isfinite(total)):
+        return True
+    return concrete(all_finite(S, xp)) is not False
+
+
 def matrix(
     S: Array,
     *,
@@ -128,7 +143,7 @@ def matrix(
         raise TypeError(f"{where}: unsupported dtype {dtype}; expected a real floating dtype")
     concrete = concrete_for(S, check_finite, concrete)
     empty = any(d == 0 for d in S.shape)
-    if not empty and concrete is not _core.never and concrete(all_finite(S, xp)) is False:
+    if not empty and concrete is not _core.never and not _finite(S, xp, concrete):
         raise nonfinite_error(where)
     return S, xp, concrete
 

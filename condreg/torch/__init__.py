@@ -61,11 +61,11 @@ def concrete(x: torch.Tensor) -> bool | None:
     >>> condreg.torch.concrete(torch.tensor(True))
     True
     """
-    if _spectrum.traced(x):
+    if torch.compiler.is_compiling():
         return None
     try:
         return bool(x)
-    except RuntimeError:  # functorch vmap: data-dependent control flow is not allowed
+    except RuntimeError:  # functorch vmap (data-dependent control flow); a meta or fake tensor
         return None
 
 
