@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import device
+from array_api_compat import device, is_numpy_array
 
 Array = Any
 
@@ -51,8 +51,13 @@ def _orthonormal(X: Array, xp: Any) -> Array:
 
 
 def _lu_solver(M: Array, xp: Any):
-    """``b ↦ M⁻¹ b`` from one factorisation: the library's LU where it has one (PyTorch), else
-    one explicit inverse (NumPy has no LU solve: a ``solve`` per iteration refactorises)."""
+    """``b ↦ M⁻¹ b`` from one LU factorisation: SciPy's for NumPy arrays, the library's own where
+    it has one (PyTorch), else one explicit inverse."""
+    if is_numpy_array(M):
+        from scipy.linalg import lu_factor, lu_solve
+
+        factors = lu_factor(M, check_finite=False)
+        return lambda b: lu_solve(factors, b, check_finite=False)
     if hasattr(xp.linalg, "lu_factor") and hasattr(xp.linalg, "lu_solve"):
         LU, piv = xp.linalg.lu_factor(M)
         return lambda b: xp.linalg.lu_solve(LU, piv, b)
@@ -61,8 +66,15 @@ def _lu_solver(M: Array, xp: Any):
 
 
 def _triangular_solvers(R: Array, xp: Any):
-    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: triangular solves where the library
-    has them, else ``R⁻¹`` once (its LU is ``R`` itself: back substitution on the identity)."""
+    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: SciPy's triangular solves for NumPy
+    arrays, the library's own where it has them (PyTorch), else ``R⁻¹`` once."""
+    if is_numpy_array(R):
+        from scipy.linalg import solve_triangular
+
+        return (
+            lambda b: solve_triangular(R, b, check_finite=False),
+            lambda b: solve_triangular(R, b, trans="T", check_finite=False),
+        )
     Rt = R.T
     solve = getattr(xp.linalg, "solve_triangular", None)
     if solve is not None:

@@ -366,7 +366,4 @@ def save_figure(fig: Any, path: str | pathlib.Path) -> pathlib.Path:
 
 def load_blas_libraries() -> None:
     """Import SciPy's linear algebra so that threadpoolctl also limits SciPy's own OpenBLAS."""
-    try:
-        import scipy.linalg  # noqa: F401
-    except ImportError:  # pragma: no cover - scipy is optional
-        pass
+    import scipy.linalg  # noqa: F401
