@@ -48,33 +48,35 @@ def _spectral_value(quantity, S, rtol, tie_rtol, gram, check):
 
 
 def _fwd(quantity, S, rtol, tie_rtol, gram, check):
+    """The value and what the backward assembles from: the kept vectors, ``s / s_1``, ``h``,
+    ``a``, ``s_1`` and R_ill's denominator (:func:`condreg._core.dmu_parts`, computed once)."""
     tie = _core.check_tie_rtol(tie_rtol)
     sp = _spectrum.decompose(
         S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check), method="auto"
     )
-    out = _core.value_from_spectrum(quantity, sp, jnp, tie_rtol=tie)
-    one = jnp.ones_like(sp.s[..., :1])
-    tols = jnp.concatenate([one * sp.mu_err, one * sp.tie], axis=-1)
+    p = _core.parts(quantity, sp, jnp, tie_rtol=tie)
+    out = _core.value_of(quantity, p, jnp)
+    # the pole is reported by the backward (the value there is +inf, not an error)
+    a, h = _core.dmu_parts(quantity, p.unit, tie, "min_norm", jnp, _core.never, shared=p)
+    den = jnp.zeros_like(p.s1[..., 0]) if p.den is None else p.den
+    a = jnp.broadcast_to(jnp.asarray(a, dtype=p.s1.dtype), p.s1.shape)
     if gram:
-        return out, (S, sp.s, sp.U if sp.U is not None else sp.Vh, None, tols)
-    return out, (None, sp.s, sp.U, sp.Vh, tols)
+        vectors = (S, sp.U if sp.U is not None else sp.Vh, None)
+    else:
+        vectors = (None, sp.U, sp.Vh)
+    return out, (*vectors, p.unit.s, h, a, p.s1, den)
 
 
 def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
-    S, s, A, B, tols = residuals
-    mu_err, tie_default = tols[..., :1], tols[..., 1:]
-    shape = tuple(S.shape[-2:]) if gram else (A.shape[-2], B.shape[-1])
-    mask, k = _spectrum.rank(s, _spectrum.resolve_rtol(rtol, shape, s.dtype, jnp), jnp)
+    S, A, B, s, h, a, s1, den = residuals
+    if quantity == "r_ill":
+        _core.check_pole(jnp.any(den == 0), _concrete_or_skip(check))
     if gram:
         U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
-        sp = _core.Spectrum(U, s, Vh, s * s, mask, k, shape[1], True, mu_err, S, tie_default)
+        unit = _core.Spectrum(U, s, Vh, s * s, None, None, S.shape[-1], True, 0.0, S)
     else:
-        sp = _core.Spectrum(A, s, B, s, mask, k, min(shape), False, 0.0, None, tie_default)
-    tie, read = _core.check_tie_rtol(tie_rtol), _concrete_or_skip(check)
-    G = _core.gradient_from_spectrum(
-        quantity, sp, jnp, tie_rtol=tie, subgradient="min_norm", concrete=read, weight=g
-    )
-    return (G,)
+        unit = _core.Spectrum(A, s, B, s, None, None, min(A.shape[-2], B.shape[-1]), False)
+    return (_core.gradient_from_parts(quantity, _core.Parts(unit, s1), a, h, jnp, g),)
 
 
 _spectral_value.defvjp(_fwd, _bwd)

@@ -26,6 +26,7 @@ gives NaN/inf), except that ``vmap``'s rule checks the whole batch. Training ada
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any
 
 try:
@@ -207,6 +208,10 @@ class _SpectralValueWithJvp(_SpectralValue):
         S = ctx.saved_tensors[0]
         G = _closed_form(S, ctx.config[:5])
         return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None
+
+
+# Function.apply binds its arguments to forward's signature on every call: computed once here.
+_SpectralValue.forward.__signature__ = inspect.signature(_SpectralValue.forward)  # type: ignore[attr-defined]
 
 
 def _function() -> type[torch.autograd.Function]:
