@@ -25,19 +25,12 @@ from condreg._errors import PoleError, TiedExtremeError
 from condreg._spectrum import Spectrum
 
 
-# The tolerances and the ``concrete`` callbacks live in the engine; re-exported for the callers.
 def check_tie_rtol(tie_rtol: float | None) -> float | None:
     """``tie_rtol`` checked (``None`` stays ``None``: the spectrum's default, ``Spectrum.tie``)."""
     return None if tie_rtol is None else _spectrum.check_rtol(tie_rtol, "tie_rtol")
 
 
-eager = _spectrum.eager
 never = _spectrum.never
-readable = _spectrum.readable
-eps = _spectrum.eps
-default_rtol = _spectrum.default_rtol
-default_tie_rtol = _spectrum.default_tie_rtol
-TIE_FACTOR = _spectrum.TIE_FACTOR
 
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
@@ -199,8 +192,7 @@ _VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 
 class Parts(NamedTuple):
     """What a value and its derivative share: the spectrum over ``s_1`` (:func:`normalized`),
-    ``s_1``, and on it ``mu_k`` with the 0/1 indicator of the values tied with it (κ, R_ill)
-    and R_ill's denominator (:func:`r_ill_denominator`; 0 at the pole)."""
+    ``s_1``, and on it ``mu_k``, its tie indicator (κ, R_ill) and R_ill's denominator."""
 
     unit: Spectrum
     s1: Array
@@ -210,16 +202,19 @@ class Parts(NamedTuple):
 
 
 def parts(quantity: str, sp: Spectrum, xp: Any, *, tie_rtol: float | None) -> Parts:
-    """The :class:`Parts` of ``quantity`` on ``sp``, computed once for the value and its
-    derivative (``tie_rtol=None``: the spectrum's own default, ``sp.tie``)."""
+    """The :class:`Parts` of ``quantity`` on ``sp`` (``tie_rtol=None``: ``sp.tie``)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; expected one of {QUANTITIES}")
     unit, s1 = normalized(sp, xp)
+    return Parts(unit, s1, *_extremes(quantity, unit, tie_rtol, xp))
+
+
+def _extremes(quantity: str, sp: Spectrum, tie_rtol: float | None, xp: Any) -> tuple:
+    """``(mu_k, its tie indicator, R_ill's denominator)`` where ``quantity`` needs them."""
     if quantity == "r_well":
-        return Parts(unit, s1)
-    bottom, ties = _bottom(unit, tie_rtol, xp)
-    den = _r_ill_den(unit, bottom, ties, xp) if quantity == "r_ill" else None
-    return Parts(unit, s1, bottom, ties, den)
+        return None, None, None
+    bottom, ties = _bottom(sp, tie_rtol, xp)
+    return bottom, ties, (_r_ill_den(sp, bottom, ties, xp) if quantity == "r_ill" else None)
 
 
 def value_of(quantity: str, p: Parts, xp: Any) -> Array:
@@ -312,11 +307,7 @@ def dmu_parts(
         raise ValueError(f"pole must be one of {POLES}, got {pole!r}")
     if quantity == "r_well":
         return -1.0 / sp.p, mu_top(sp) * top_weights(sp, tie_rtol, policy, xp, concrete)
-    if shared is None:
-        bottom, ties = _bottom(sp, tie_rtol, xp)
-        den = _r_ill_den(sp, bottom, ties, xp) if quantity == "r_ill" else None
-    else:
-        bottom, ties, den = shared.bottom, shared.ties, shared.den
+    bottom, ties, den = _extremes(quantity, sp, tie_rtol, xp) if shared is None else shared[2:]
     if quantity == "condition_number":
         wt = top_weights(sp, tie_rtol, policy, xp, concrete)
         return 0.0, _kappa_d(sp, bottom, wt, _bottom_w(sp, ties, policy, xp, concrete))
@@ -370,9 +361,8 @@ def _quiet(x: Array) -> Any:
 def gradient_from_parts(
     quantity: str, p: Parts, a: Any, h: Array, xp: Any, weight: Array | None = None
 ) -> Array:
-    """The gradient from ``d value / d mu = a·mu + h`` on the unit spectrum ``p.unit`` (with its
-    vectors), times ``weight``: assembled scale-free, then times sigma_1 to the gradient's
-    degree (:data:`DEGREE`; ``2·degree + 1`` with ``gram``)."""
+    """The gradient from ``d value / d mu = a·mu + h`` on ``p.unit`` (with vectors), times
+    ``weight``, then times sigma_1 to its degree (:data:`DEGREE`; ``2·degree + 1`` with gram)."""
     power = 2 * DEGREE[quantity] + 1 if p.unit.gram else DEGREE[quantity]
     with _quiet(h):
         return _spectrum.assemble(p.unit, a, h, xp, p.s1, power, weight)
@@ -388,9 +378,7 @@ def gradient_from_spectrum(
     concrete: Concrete,
     weight: Array | None = None,
 ) -> Array:
-    """Closed-form gradient from a spectrum with vectors (times ``weight`` of shape
-    ``S.shape[:-2]``, the incoming gradient): :func:`parts`, :func:`dmu_parts`,
-    :func:`gradient_from_parts`."""
+    """Closed-form gradient from a spectrum with vectors, times ``weight`` (``S.shape[:-2]``)."""
     if subgradient not in SUBGRADIENTS:
         raise ValueError(f"subgradient must be one of {SUBGRADIENTS}, got {subgradient!r}")
     p = parts(quantity, sp, xp, tie_rtol=tie_rtol)

@@ -66,19 +66,16 @@ def _lu_solver(M: Array, xp: Any):
 
 
 def _triangular_solvers(R: Array, xp: Any):
-    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: SciPy's triangular solves for NumPy
-    arrays, the library's own where it has them (PyTorch), else ``R⁻¹`` once."""
+    """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: SciPy's for NumPy arrays, the
+    library's own where it has them (PyTorch), else ``R⁻¹`` once."""
     if is_numpy_array(R):
-        from scipy.linalg import solve_triangular
+        from scipy.linalg import solve_triangular as solve
 
-        return (
-            lambda b: solve_triangular(R, b, check_finite=False),
-            lambda b: solve_triangular(R, b, trans="T", check_finite=False),
-        )
-    Rt = R.T
+        kw = {"check_finite": False}
+        return (lambda b: solve(R, b, **kw), lambda b: solve(R, b, trans="T", **kw))
     solve = getattr(xp.linalg, "solve_triangular", None)
     if solve is not None:
-        return (lambda b: solve(R, b, upper=True), lambda b: solve(Rt, b, upper=False))
+        return (lambda b: solve(R, b, upper=True), lambda b: solve(R.T, b, upper=False))
     R_inv = xp.linalg.inv(R)
     return (lambda b: R_inv @ b, lambda b: R_inv.T @ b)
 

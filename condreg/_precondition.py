@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from condreg import _core
+from condreg import _spectrum
 
 Array = Any
 
@@ -32,7 +32,7 @@ def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any
 
     Raises ``ValueError`` unless ``rtol`` is a real number in ``[0, 1)``."""
     if rtol is None:
-        return _core.default_rtol(shape, dtype, xp)
+        return _spectrum.default_rtol(shape, dtype, xp)
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float)):
         raise TypeError(f"rtol must be a float in [0, 1), got {rtol!r}")
     if not 0.0 <= float(rtol) < 1.0:

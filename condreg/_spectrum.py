@@ -232,12 +232,9 @@ def gram_trace_limit(shape: tuple[int, ...], big: float) -> float:
     return big / (4.0 * max(shape[-2], shape[-1]))
 
 
-def _finite_gram(
-    M: Array, shape: tuple[int, int], xp: Any, read: Concrete
-) -> tuple[Array, Array | None]:
-    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); where it
-    does not hold for all (or ``read`` cannot tell), ``M`` is replaced by the identity where not
-    (a traceable select) and ``fits`` returned, else ``None``."""
+def _finite_gram(M: Array, shape: tuple[int, int], xp: Any, read: Concrete) -> tuple[Array, Any]:
+    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); unless it
+    readably holds for all (then ``None``), ``M`` is the identity where it does not."""
     diagonal = getattr(xp.linalg, "diagonal", None)
     d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
     fits = xp.sum(d, axis=-1) < gram_trace_limit(shape, finfo(xp, M.dtype)[2])
@@ -253,8 +250,7 @@ def eigh_gram(
     """``(s, W, mu / mu_1, err / mu_1, in_range)`` from the eigh of a formed Gram matrix ``M``
     (the smaller one, or data-parallel ranks' all-reduced ``Σ_r F_rᵀF_r``) of an ``(N, D)``
     feature batch; ``in_range``: ``mu_1`` safely inside the dtype's range. A Gram matrix whose
-    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values); ``read``
-    tells whether the check can be skipped (:func:`_finite_gram`)."""
+    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values)."""
     M, fits = _finite_gram(M, shape, xp, read)
     if vectors:
         mu, W = xp.linalg.eigh(M)
@@ -445,8 +441,7 @@ def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
     ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
     ``m**power`` is representable for ``|power| <= 6`` and the power of two is split into two
     exact factors (the second is 1 unless the exponent leaves the dtype's range; clipped so that
-    it is never 0 or inf). A non-positive or non-finite ``s`` gives NaN (``log2`` is NaN or
-    ``±inf``, and ``m`` then ``0/0`` or ``inf/inf``).
+    it is never 0 or inf). A non-positive or non-finite ``s`` gives NaN (``m`` is NaN).
     """
     e = xp.floor(xp.log2(s))
     m = s / 2.0**e
@@ -457,10 +452,9 @@ def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
 
 
 def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
-    """``x · s**power`` for positive ``s`` broadcastable to ``x`` (and with no batch dimension
-    that ``x`` lacks), without an over- or underflow that the result itself would not have
-    (:func:`power_factors`). ``x`` is a new array of the caller's: it is scaled in place (no
-    ``x``-sized temporaries) unless autodiff records it."""
+    """``x · s**power`` for positive ``s`` broadcastable to ``x`` (no batch dimension ``x``
+    lacks), without an over- or underflow the result would not have (:func:`power_factors`);
+    ``x``, a new array of the caller's, is scaled in place unless autodiff records it."""
     if power == 0:
         return x
     first, second = power_factors(s, power, xp)

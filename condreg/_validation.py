@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
-from condreg import _core
+from condreg import _core, _spectrum
 
 Array = Any
 
@@ -76,7 +76,7 @@ def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None
         return _core.never
     if concrete is not None:
         return concrete
-    return _core.eager if is_numpy_array(S) else _core.readable
+    return _spectrum.eager if is_numpy_array(S) else _spectrum.readable
 
 
 def default_float(xp: Any, S: Array) -> Any:
@@ -97,17 +97,11 @@ def all_finite(S: Array, xp: Any) -> Array:
 
 
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
-    """Whether ``S`` is readably not finite: a finite sum (one pass; NaN or ±Inf entries make
-    it NaN or ±Inf) proves every entry finite, else :func:`all_finite` decides (the sum of
-    finite entries may overflow)."""
-    if is_numpy_array(S):  # an overflowing sum is handled: no warning about it
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = xp.sum(S)
-    else:
+    """False where ``S`` readably holds NaN or Inf: a finite sum (one pass) proves every entry
+    finite, else :func:`all_finite` decides (a sum of finite entries may overflow)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # NumPy: that overflow is handled
         total = xp.sum(S)
-    if concrete(xp.isfinite(total)):
-        return True
-    return concrete(all_finite(S, xp)) is not False
+    return bool(concrete(xp.isfinite(total))) or concrete(all_finite(S, xp)) is not False
 
 
 def matrix(

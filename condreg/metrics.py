@@ -468,7 +468,7 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     if not xp.isdtype(A.dtype, "real floating"):
         A = xp.astype(A, xp.float64 if xp.isdtype(A.dtype, "integral") else A.dtype)
     y = xp.astype(y, A.dtype)
-    if _core.readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
+    if _spectrum.readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
         raise ValueError("probe_convergence: A or y contains NaN or Inf")
     # the ratios are invariant under A → aA, y → by: scale both by powers of two (exact)
     A, y = A * _pow2(xp.max(xp.abs(A)), xp), y * _pow2(xp.max(xp.abs(y)), xp)

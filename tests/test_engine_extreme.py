@@ -59,7 +59,7 @@ def _svd_reference(F: np.ndarray, quantity: str, **kw) -> np.ndarray:
         tie_rtol=kw.get("tie_rtol"),
         gram=True,
         subgradient="min_norm",
-        concrete=_core.eager,
+        concrete=_spectrum.eager,
         method="svd",
     )
 
@@ -175,7 +175,7 @@ def test_small_batches_match_the_svd_reference(quantity, dtype, N, D):
         assert va.dtype == F.dtype and A.grad.dtype == F.dtype
         Xr = F.double().numpy()
         # ties at the rounding scale of F's dtype (a float32 tie is split by ~1e-7)
-        tie = _core.default_tie_rtol(F.shape, np.dtype(dtype), np)
+        tie = _spectrum.default_tie_rtol(F.shape, np.dtype(dtype), np)
         vkw = {"tie_rtol": tie} if quantity == "r_ill" else {}
         vb = float(getattr(condreg, quantity)(Xr, gram=True, **vkw))
         tol = 1e-12 if dtype == "float64" else 1e-5

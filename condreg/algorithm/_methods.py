@@ -107,7 +107,7 @@ def preconditioned_gradient(
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
     )
-    tie = _core.default_tie_rtol(F.shape, F.dtype, xp)
+    tie = _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
     # scale-free, as the core's gradients: an over- or underflowing result is ±inf or 0, not NaN
     unit, s1 = _core.normalized(sp, xp)
     d = _core.dmu(quantity, unit, tie, "min_norm", xp, _core.never)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any
 
 try:
     import torch
@@ -95,11 +94,10 @@ def _extreme_ok(S: torch.Tensor, check: bool) -> bool:
 
 
 def _forward(S, config):
-    """``(value, A, B, vec, small)``: with ``vectors`` what the backward assembles from — the
-    kept vectors (``U, Vh``; the small side's vectors and empty; or empty and the unit Gram),
-    ``vec = [s / s_1, h]`` and ``small = [a, s_1, at_pole]`` of ``d value / d mu = a·mu + h``
-    (:func:`condreg._core.dmu_parts`, computed with the value); else fresh empty tensors
-    (distinct outputs, as ``torch.compile`` needs)."""
+    """``(value, A, B, vec, small)``: with ``vectors`` the kept vectors (``U, Vh``; the small
+    side's vectors and empty; or empty and the unit Gram), ``vec = [s / s_1, h]`` and
+    ``small = [a, s_1, den]`` (``d value / d mu = a·mu + h``, R_ill's denominator); else fresh
+    empty tensors (distinct outputs, as ``torch.compile`` needs)."""
     quantity, rtol, tie_rtol, gram, check, vectors = config
     xp = array_namespace(S)
     tie = _core.check_tie_rtol(tie_rtol)
@@ -113,53 +111,39 @@ def _forward(S, config):
             return value, *(S.new_empty(0) for _ in range(4))
         # the pole is reported by the backward (the value there is +inf, not an error)
         a, h = _core.dmu_parts(quantity, p.unit, tie, "min_norm", xp, _core.never, shared=p)
-    one = torch.ones_like(sp.s[..., :1])
-    pole = one * 0.0 if p.den is None else (p.den == 0).to(one.dtype)[..., None]
-    vec, small = torch.cat([p.unit.s, h], dim=-1), torch.cat([one * a, p.s1, pole], dim=-1)
+    one = torch.ones_like(p.s1)
+    den = one if p.den is None else p.den[..., None]
+    vec, small = torch.cat([p.unit.s, h], dim=-1), torch.cat([one * a, p.s1, den], dim=-1)
     if sp.M is not None:
         return value, S.new_empty(0), sp.M, vec, small
     if gram:
-        Q = sp.U if sp.U is not None else sp.Vh.mT
-        return value, Q, S.new_empty(0), vec, small
+        return value, sp.U if sp.U is not None else sp.Vh.mT, S.new_empty(0), vec, small
     return value, sp.U, sp.Vh, vec, small
 
 
-def _parts_of(S, A, B, vec, small, gram) -> tuple[_core.Parts, Any, Any, Any]:
-    """``(parts, a, h, at_pole)``: the unit spectrum with the vectors the forward kept
-    (:func:`_forward`) and its derivative's parts."""
-    n = vec.shape[-1] // 2
-    s, h = vec[..., :n], vec[..., n:]
-    a, s1, pole = small[..., :1], small[..., 1:2], small[..., 2]
-    m, d = S.shape[-2], S.shape[-1]
-    if not gram:
-        unit = _spectrum.Spectrum(A, s, B, s, None, None, min(m, d), False)
-    else:
-        U = Vh = M = None
-        if A.numel() == 0:
-            M = B
-        elif _spectrum.left_side(S.shape):
-            U = A
-        else:
-            Vh = A.mT
-        unit = _spectrum.Spectrum(U, s, Vh, s * s, None, None, d, True, 0.0, S, None, M)
-    return _core.Parts(unit, s1), a, h, pole
-
-
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
-    """The gradient from what the forward kept, or (higher order, nothing kept) from
-    :func:`_closed_form`."""
+    """The gradient from what the forward kept (:func:`_forward`), or (higher order, nothing
+    kept) from :func:`_closed_form`."""
     S, A, B, vec, small = ctx.saved_tensors
     if grad_value is None:
         return None
     quantity, rtol, tie_rtol, gram, check, vectors = ctx.config
     if torch.is_grad_enabled() or not vectors:
         return grad_value[..., None, None] * _closed_form(S, ctx.config[:5])
+    n = vec.shape[-1] // 2
+    s, h, a, s1 = vec[..., :n], vec[..., n:], small[..., :1], small[..., 1:2]
+    if quantity == "r_ill":
+        _core.check_pole(torch.any(small[..., 2] == 0), _reader(check))
+    if not gram:
+        unit = _spectrum.Spectrum(A, s, B, s, None, None, min(S.shape[-2:]), False)
+    else:
+        M = B if A.numel() == 0 else None
+        U = A if M is None and _spectrum.left_side(S.shape) else None
+        Vh = A.mT if M is None and U is None else None
+        unit = _spectrum.Spectrum(U, s, Vh, s * s, None, None, S.shape[-1], True, 0.0, S, None, M)
     with _no_autocast(S):
-        p, a, h, pole = _parts_of(S, A, B, vec, small, gram)
-        if quantity == "r_ill":
-            _core.check_pole(torch.any(pole != 0), _reader(check))
-        xp = array_namespace(S)
-        return _core.gradient_from_parts(quantity, p, a, h, xp, grad_value.to(S.dtype))
+        xp, weight = array_namespace(S), grad_value.to(S.dtype)
+        return _core.gradient_from_parts(quantity, _core.Parts(unit, s1), a, h, xp, weight)
 
 
 class _SpectralValue(torch.autograd.Function):

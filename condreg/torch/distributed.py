@@ -99,7 +99,7 @@ class _GramValue(torch.autograd.Function):
     def backward(ctx, grad_value):  # type: ignore[override]
         (F,) = ctx.saved_tensors
         sp, xp, w = ctx.sp._replace(F=F), array_namespace(F), grad_value * ctx.world
-        kw = {"subgradient": "min_norm", "concrete": _core.eager, "weight": w}
+        kw = {"subgradient": "min_norm", "concrete": _spectrum.eager, "weight": w}
         G = _core.gradient_from_spectrum(ctx.quantity, sp, xp, tie_rtol=ctx.tie_rtol, **kw)
         return G, None, None, None, None, None, None, None, None
 
