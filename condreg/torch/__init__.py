@@ -8,8 +8,9 @@ eager, aot_eager and inductor backends) — on every device, for a matrix or a b
 in float32/float64 and (computed in float32) float16/bfloat16, also under ``torch.autocast``.
 
 The forward is the engine's one route with ``xp = torch`` (validated input →
-``_spectrum.decompose`` → ``_core.value_from_spectrum``) and keeps the spectrum when a gradient
-may be asked for; the backward is the engine's one gradient assembly, ``grad · U diag(d) Vᵀ``
+``_spectrum.decompose`` → ``_core.parts`` → value) and, when a gradient may be asked for, keeps
+the vectors and ``d value / d mu`` (``_core.dmu_parts``, computed once with the value); the
+backward is the engine's one gradient assembly, ``grad · U diag(d) Vᵀ``
 (with ``gram=True`` one GEMM with ``F``), the minimum-norm subgradient at tied extremes. Autocast
 is off inside both. Forward mode uses a twin Function (dynamo cannot trace one that defines
 ``jvp``). Higher order (``create_graph=True``, ``torch.func.hessian``) recomputes ``G(S)`` from a
