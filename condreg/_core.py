@@ -180,7 +180,7 @@ def normalized(sp: Spectrum, xp: Any) -> tuple[Spectrum, Array]:
 def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
     """``x · scale**power`` one factor at a time (monotone toward the result: no spurious
     over- or underflow)."""
-    with _quiet(x):  # NumPy: an over- or underflowing value is the documented result
+    with quiet(x):  # NumPy: an over- or underflowing value is the documented result
         for _ in range(abs(power)):
             x = x * scale if power > 0 else x / scale
     return x
@@ -319,7 +319,7 @@ def dmu_parts(
         a, h = r_ill_parts(sp, bottom, wb, xp.where(at_pole, 1.0, den), xp)
         keep = xp.astype(~at_pole, den.dtype)[..., None]
         return a * keep, h * keep
-    with _quiet(den):  # at the pole: inf/NaN (checked above when it can be)
+    with quiet(den):  # at the pole: inf/NaN (checked above when it can be)
         return r_ill_parts(sp, bottom, wb, den, xp)
 
 
@@ -348,7 +348,7 @@ def log_kappa_dmu(sp: Spectrum, tie_rtol: float, policy: str, xp: Any, concrete:
     return wt / mu_top(sp) - _bottom_w(sp, ties, policy, xp, concrete) / bottom
 
 
-def _quiet(x: Array) -> Any:
+def quiet(x: Array) -> Any:
     """NumPy's floating-point warnings off for arithmetic on ``x`` (a no-op context for other
     arrays): for values whose non-finite results are reported by the caller, not warned about."""
     if type(x).__module__ == "numpy":
@@ -364,7 +364,7 @@ def gradient_from_parts(
     """The gradient from ``d value / d mu = a·mu + h`` on ``p.unit`` (with vectors), times
     ``weight``, then times sigma_1 to its degree (:data:`DEGREE`; ``2·degree + 1`` with gram)."""
     power = 2 * DEGREE[quantity] + 1 if p.unit.gram else DEGREE[quantity]
-    with _quiet(h):
+    with quiet(h):
         return _spectrum.assemble(p.unit, a, h, xp, p.s1, power, weight)
 
 

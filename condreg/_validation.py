@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from condreg import _core, _spectrum
@@ -99,7 +98,7 @@ def all_finite(S: Array, xp: Any) -> Array:
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
     """False where ``S`` readably holds NaN or Inf: a finite sum (one pass) proves every entry
     finite, else :func:`all_finite` decides (a sum of finite entries may overflow)."""
-    with np.errstate(over="ignore", invalid="ignore"):  # NumPy: that overflow is handled
+    with _core.quiet(S):  # NumPy: that overflow is handled, not warned about
         total = xp.sum(S)
     return bool(concrete(xp.isfinite(total))) or concrete(all_finite(S, xp)) is not False
 
