@@ -90,9 +90,8 @@ def default_float(xp: Any, S: Array) -> Any:
 
 def all_finite(S: Array, xp: Any) -> Array:
     """0-d boolean: no NaN or Inf in ``S``, from the smallest and largest entry (reductions
-    propagate NaN; ±Inf is an extreme), without an ``S``-sized temporary: ``x·0`` is ``±0`` for
-    finite ``x`` and NaN otherwise, and NaN equals nothing."""
-    return xp.max(S) * 0.0 == xp.min(S) * 0.0
+    propagate NaN; ±Inf is an extreme), without an ``S``-sized temporary."""
+    return xp.isfinite(xp.min(S)) & xp.isfinite(xp.max(S))
 
 
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
