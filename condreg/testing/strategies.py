@@ -84,7 +84,8 @@ def _spectrum(draw, k, kappa, sigma_min, top_ties, bottom_ties, gap) -> tuple[np
     t = min(t, k - 1)
     b = min(b, k - t)
     n_mid = k - t - b
-    need = (1.0 + gap) ** 2 if n_mid else 1.0 + gap
+    # with middle values, a few ulps more, so that σ_1 / (1 + gap) ≥ σ_k (1 + gap) after rounding
+    need = (1.0 + gap) ** 2 * (1.0 + 8 * np.finfo(np.float64).eps) if n_mid else 1.0 + gap
     kap = max(kap, need, float(np.nextafter(1.0, 2.0)))
     s1 = sk * kap
     if n_mid:
@@ -92,8 +93,8 @@ def _spectrum(draw, k, kappa, sigma_min, top_ties, bottom_ties, gap) -> tuple[np
         unit = st.floats(0.0, 1.0, exclude_min=True, exclude_max=True)
         u = draw(st.lists(unit, min_size=n_mid, max_size=n_mid))
         mid = lo * (hi / lo) ** np.asarray(u, dtype=np.float64)
-        # strictly inside (σ_k, σ_1), so the tie counts are exact
-        mid = np.clip(mid, np.nextafter(sk, np.inf), np.nextafter(s1, 0.0))
+        # strictly inside (σ_k, σ_1), so the tie counts are exact, and the gap kept after rounding
+        mid = np.clip(mid, max(lo, np.nextafter(sk, np.inf)), min(hi, np.nextafter(s1, 0.0)))
         mid = np.sort(mid)[::-1]
     else:
         mid = np.zeros(0)
