@@ -18,15 +18,17 @@ import time
 
 import pytest
 
+import condreg
 from condreg import cli
 from condreg.experiments import EXPERIMENTS, _report
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Where the condreg under test lives (the checkout, or an installed wheel's site-packages).
+HOME = pathlib.Path(condreg.__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(HOME), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -137,6 +139,7 @@ def _interrupt(argv: list[str], out: pathlib.Path, sig: int) -> subprocess.Compl
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_worker_processes_is_one_line_and_resumes(tmp_path):
     pytest.importorskip("mlxtend")
     out = tmp_path / "mn"
@@ -188,6 +191,7 @@ def _same_results(out: pathlib.Path, first: dict) -> None:
     assert again == first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["convergence", "attacks"])
 def test_resume_gives_the_results_of_one_run(name, tmp_path):
     pytest.importorskip("mlxtend")
