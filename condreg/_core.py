@@ -73,7 +73,6 @@ class Spectrum(NamedTuple):
     mu_err: Any = 0.0
     F: Array | None = None
     tie: Any = None
-    M: Array | None = None
 
 
 class Parts(NamedTuple):
@@ -99,10 +98,11 @@ def rank(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
     return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
 
 
-def _weights(ties: Array, index: Array, policy: str, which: str, xp: Any, read: Concrete) -> Array:
-    """The extreme pair(s)' weights: the tie set's average (``min_norm``), the pair at ``index``
+def _weights(ties: Array, index: Any, policy: str, which: str, xp: Any, read: Concrete) -> Array:
+    """The extreme pair(s)' weights: the tie set's average (``min_norm``), the pair at ``index()``
     (``any``), or ``min_norm`` after checking there is no tie (``raise``)."""
     if policy == "any":
+        index = index()
         positions = xp.arange(ties.shape[-1], dtype=index.dtype)
         return xp.astype(positions == index, ties.dtype)
     count = xp.sum(ties, axis=-1, keepdims=True)
@@ -167,7 +167,7 @@ def parts(
             return xp.astype(near, s.dtype) * inside
 
         def top() -> Array:
-            index = xp.zeros_like(k[..., None])
+            index = lambda: xp.zeros_like(k[..., None])  # noqa: E731
             return _weights(ties(s1, m1), index, policy, "largest", xp, read)
 
         if quantity == "r_well":
@@ -179,7 +179,7 @@ def parts(
         sb = xp.min(xp.where(mask, s, math.inf), axis=-1, keepdims=True)
         mb = sb * sb if gram else sb  # min of mu = s²: (min s)² (monotone)
         tb = ties(sb, mb)
-        wb = _weights(tb, (k - 1.0)[..., None], policy, "smallest nonzero", xp, read)
+        wb = _weights(tb, lambda: (k - 1.0)[..., None], policy, "smallest nonzero", xp, read)
         if quantity == "condition_number":
             wt = top()
             value = xp.where(k > 0, (m1 / mb)[..., 0], math.nan)
@@ -203,10 +203,18 @@ def pow2(x: Array, n: Array, xp: Any) -> Array:
     over- or underflows only where it truly does (never NaN; NaN for a NaN ``n``)."""
     lim = float(math.floor(math.log2(float(xp.finfo(x.dtype).max)))) - 4.0
     with quiet(x):
+        if type(n).__module__ == "numpy" and np_all_small(n, lim):  # host: one factor does
+            return x * 2.0**n
         n = xp.clip(n, -3.0 * lim, 3.0 * lim)
         c = xp.floor(n / 3.0)
         f = 2.0**c
         return x * f * f * 2.0 ** (n - 2.0 * c)
+
+
+def np_all_small(n: Any, lim: float) -> bool:
+    import numpy as np
+
+    return bool(np.all(np.abs(n) <= lim))
 
 
 def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
@@ -222,10 +230,14 @@ def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
         )
 
 
+def check_rtol(rtol: Any, name: str = "rtol") -> float:
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
+    return float(rtol)
+
+
 def check_tie_rtol(tie_rtol: float | None) -> float | None:
     """``tie_rtol`` checked (``None`` stays ``None``: the spectrum's default)."""
-    from condreg._spectrum import check_rtol
-
     return None if tie_rtol is None else check_rtol(tie_rtol, "tie_rtol")
 
 
@@ -320,6 +332,5 @@ def gradient_from_spectrum(
     g = spectrum_parts(quantity, unit, xp, tie_rtol, subgradient, concrete).dmu(unit.s * unit.s)
     if weight is not None:
         g = g * weight[..., None]
-    V = sp.Vh.mT if hasattr(sp.Vh, "mT") else xp.matrix_transpose(sp.Vh)
-    G = sp.F @ ((V * (2.0 * g)[..., None, :]) @ sp.Vh)
+    G = sp.F @ ((sp.Vh.mT * (2.0 * g)[..., None, :]) @ sp.Vh)
     return pow2(G, (2 * VALUE_DEGREE[quantity] - 2) * E[..., None], xp)

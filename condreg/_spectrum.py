@@ -69,10 +69,7 @@ def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
 
 
-def check_rtol(rtol: Any, name: str = "rtol") -> float:
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
-    return float(rtol)
+check_rtol = _core.check_rtol
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -131,10 +128,6 @@ def to_host(x: Array) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
-def mT(xp: Any, x: Array) -> Array:
-    return xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else x.mT
-
-
 def left_side(shape: tuple[int, ...]) -> bool:
     """Whether the small side of a ``(..., N, D)`` feature batch is the left one (``N <= D``:
     the Gram ``FFᵀ`` and the left singular vectors ``U``)."""
@@ -177,7 +170,8 @@ def scaled(S: Array, xp: Any) -> tuple[Array, Array]:
     """``(A, E)``: ``E = floor(log2 max|S|)`` per matrix (``(..., 1, 1)``; ``−inf`` for a zero
     matrix, ``inf``/NaN for non-finite input) and ``A = S·2**-clip(E)``, exact (the clip keeps the
     power of two representable, :func:`exponent_limits`)."""
-    norm = xp.linalg.vector_norm(S, axis=(-2, -1), keepdims=True, ord=math.inf)
+    axes = {"axis": (-2, -1), "keepdims": True}  # no S-sized temporary (page faults)
+    norm = xp.maximum(xp.max(S, **axes), -xp.min(S, **axes))
     with _core.quiet(norm):
         E = xp.floor(xp.log2(norm))
     return S * 0.5 ** xp.clip(E, *exponent_limits(S.dtype, xp)), E
@@ -198,11 +192,11 @@ def exact(A: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None, Array]
     """``(s, Q, R)``: singular values and the small side's vectors (``U`` when :func:`left_side`,
     else ``V``; ``None`` without ``vectors``) of ``A`` from the SVD of the ``R`` of a QR of
     ``Aᵀ`` or ``A`` (backward stable)."""
-    R = qr_r(xp, mT(xp, A) if left_side(A.shape) else A)
+    R = qr_r(xp, A.mT if left_side(A.shape) else A)
     if not vectors:
         return xp.linalg.svdvals(finite(R, xp)), None, R
     _, s, Vhr = xp.linalg.svd(finite(R, xp), full_matrices=False)
-    return s, mT(xp, Vhr), R  # left: A = Rᵀ Qᵀ, U_A = V_R; right: A = Q R, V_A = V_R
+    return s, Vhr.mT, R  # left: A = Rᵀ Qᵀ, U_A = V_R; right: A = Q R, V_A = V_R
 
 
 def gram_matrix(A: Array, xp: Any) -> Array:
@@ -211,7 +205,7 @@ def gram_matrix(A: Array, xp: Any) -> Array:
     gdtype = gram_dtype(A, xp)
     A = A if A.dtype == gdtype else xp.astype(A, gdtype)
     with _core.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
-        return A @ mT(xp, A) if left_side(A.shape) else mT(xp, A) @ A
+        return A @ A.mT if left_side(A.shape) else A.mT @ A
 
 
 def gram_eigh(G: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None]:
@@ -228,18 +222,15 @@ def resolves(
     ``mu`` of the smaller Gram matrix of an ``(..., N, D)`` batch: ``s`` descending in ``dtype``,
     ``mu_err`` the error bound ``eps_g·(n·mu_1 + √m·Σmu)`` relative to ``mu_1``, ``ok`` (0-d) that
     every eigenvalue is resolved to ``GRAM_ACCURACY·√eps(dtype)`` or certainly outside the rank
-    ``mu > rtol²·mu_1``, with ``mu_1`` well inside the Gram dtype's range."""
+    ``mu > rtol²·mu_1`` (false for a zero or NaN ``mu_1``)."""
     n, m = min(shape[-2:]), max(shape[-2:])
-    e, tiny, big = finfo(xp, mu.dtype)
-    mu = xp.flip(mu, axis=-1)
-    mu = xp.where(mu < 0, 0.0, mu)  # NaN stays NaN
-    top = mu[..., :1]
-    err = (e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)
-    safe = xp.where(top > 0, top, 1.0)
-    rel, err = mu / safe, err / safe
-    acc = GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
-    good = (rel * acc >= err) | (rel + err < rtol * rtol)
-    ok = xp.all(good & (top > tiny / (e * e)) & (top < big / (4.0 * m)))
+    e = eps(xp, mu.dtype)
+    with _core.quiet(mu):
+        mu = xp.maximum(xp.flip(mu, axis=-1), 0.0)  # NaN stays NaN
+        top = mu[..., :1]
+        err = ((e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)) / top
+        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
+        ok = xp.all((rel * acc >= err) | (rel + err < rtol * rtol))
     return xp.astype(xp.sqrt(mu), dtype), xp.astype(err, dtype), ok
 
 
@@ -363,19 +354,19 @@ def evaluate(
     pole = bool(np.any(p.pole)) if read is eager and p.pole is not None else None
     if not vectors:
         return Evaluation(put(value), pole=pole)
-    a, h = p.a, p.h
-    if host:  # the power of two into d value / d mu where that stays exact
-        a2, h2 = _core.pow2(np.asarray(a, dtype=dtype), n, np), _core.pow2(h, n, np)
-        if _foldable(a, a2) and _foldable(h, h2):
-            a, h, n = a2, h2, None
     twice = 1.0 if not gram else 2.0 * s if how == "svd" else 2.0  # 2 F G_H (Theorem 4.2)
+    a, h = np.asarray(p.a, dtype=dtype) if host else p.a, p.h  # NaN: not foldable (a <= big)
     with _core.quiet(s):
-        g = (a * (s * s if gram else s) + h) * twice
+        g = p.dmu(s * s if gram else s) * twice
+        if host:  # the power of two into g (and a, h) where that stays exact
+            scaled_ = [(x, _core.pow2(x, n, np)) for x in ((g, a, h) if how == "extreme" else (g,))]
+            if all(_foldable(x, x2) for x, x2 in scaled_):
+                (g, a, h), n = ([x2 for _, x2 in scaled_] + [a, h])[:3], None
     if how == "extreme":
         K = _extreme_factor(Y, values, a, h, g, xp)
     else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors
         with _core.quiet(X):
-            K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else mT(xp, X))
+            K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else X.mT)
     K = K if K.dtype == S.dtype else xp.astype(K, S.dtype)
     n = None if n is None else put(n[..., None])
     return Evaluation(put(value), K, A if gram and how != "svd" else None, pole, n)
@@ -421,10 +412,9 @@ def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tup
 def _foldable(x: Any, x2: Any) -> bool:
     """Whether ``x2 = x·2**n`` (host arrays) stays clear of over- and underflow: then the power
     of two is folded into ``d value / d mu`` (no product with the gradient factor)."""
-    a, x = np.abs(np.asarray(x2)), np.asarray(x)
-    _, tiny, big = finfo(np, a.dtype)
-    with np.errstate(invalid="ignore"):
-        return bool(np.all(((a >= tiny * 2.0**64) & (a <= big * 2.0**-64)) | ((a == 0) & (x == 0))))
+    _, tiny, big = finfo(np, x2.dtype)
+    a = np.abs(x2)
+    return bool(np.all((a <= big * 2.0**-64) & ((a >= tiny * 2.0**64) | (x == 0))))
 
 
 def _extreme_factor(
@@ -438,7 +428,7 @@ def _extreme_factor(
     K = _extreme.gram_product(G, mu, float(np.reshape(a, -1)[0]), np.reshape(h, -1), xp)
     if K is None:
         W = gram_eigh(G, xp, True)[1]
-        K = (W * xp.asarray(np.asarray(g[::-1], order="C"), device=device(G))) @ mT(xp, W)
+        K = (W * xp.asarray(np.asarray(g[::-1], order="C"), device=device(G))) @ W.mT
     return K
 
 
@@ -492,7 +482,6 @@ def small_side(
     rtol: float,
     read: Concrete,
     keep: bool = False,
-    exact_vectors: bool | None = None,
 ) -> Small:
     """The spectrum of a feature batch from the small side (``how``: ``"exact"``, ``"gram"`` —
     not checked — or ``"auto"``: the Gram where :func:`resolves` accepts it and ``read`` can
@@ -503,7 +492,7 @@ def small_side(
     tie = xp.full_like(A[..., :1, 0], default_tie_rtol(F.shape, F.dtype, xp))
 
     def from_exact() -> Small:
-        s, Q, R = exact(A, xp, vectors if exact_vectors is None else exact_vectors)
+        s, Q, R = exact(A, xp, vectors)
         R = _core.pow2(R, Ec, xp) if keep else None
         return Small(_core.pow2(s, Ec[..., 0], xp), Q, 0.0 * tie, tie, None, R)
 
@@ -532,7 +521,13 @@ def accept_gram(
     ``ok`` false for a non-finite ``M``."""
     mu, W = gram_eigh(M, xp, vectors)
     s, err, ok = resolves(mu, shape, rtol, dtype, xp)
-    ok = ok & xp.all(xp.isfinite(M))
+    e, tiny, big = finfo(xp, M.dtype)
+    top = xp.max(mu, axis=-1)  # well inside the range (M is not scaled), and finite
+    ok = (
+        ok
+        & xp.all((top > tiny / (e * e)) & (top < big / (4.0 * max(shape))))
+        & xp.all(xp.isfinite(M))
+    )
     W = None if W is None else xp.astype(xp.flip(W, axis=-1), dtype)
     return s, W, err, ok
 
@@ -566,7 +561,7 @@ def decompose(
         sm = small_side(S, xp, how=how, vectors=vectors, rtol=rtol, read=read)
         s, mu_err = sm.s, sm.mu_err
         if vectors:
-            U, Vh = (sm.Q, None) if left_side(S.shape) else (None, mT(xp, sm.Q))
+            U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
     mask, k = rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
         raise rank_error()
