@@ -342,10 +342,26 @@ def markdown_row(r: dict, stat: str = "median") -> str:
     )
 
 
+def _syncs(call, torch) -> int:
+    """CUDA synchronisations of ``call()``, counted with ``set_sync_debug_mode("warn")``."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None:
-    """Per forward + backward of each function: the PyTorch ops it dispatches (one kernel
-    launch each on a GPU) and its host reads (the engine's ``to_host``, ``.item()``); on CUDA,
-    that ``check_finite=False`` runs under ``set_sync_debug_mode("error")``."""
+    """Per forward + backward of each function (``gram=True``): the PyTorch ops it dispatches
+    (one kernel launch each on a GPU) and its host reads (the engine's ``to_host`` of device
+    data, ``.item()``); on CUDA also the synchronisations, and ``check_finite=False`` (a fixed
+    route, nothing read) must run under ``set_sync_debug_mode("error")``."""
     import collections
 
     import torch
@@ -364,31 +380,31 @@ def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None
 
     reads, real = [], _spectrum.to_host
     _spectrum.to_host = lambda x: (reads.append(not isinstance(x, np.ndarray)), real(x))[1]
-    print("function | dtype | shape | check_finite | aten ops | host reads")
+    cuda = device.startswith("cuda")
+    print("function | dtype | shape | check_finite | aten ops | host reads | CUDA syncs")
     for dtype, shape in ((d, s) for d in dtypes for s in shapes):
-        for name in ("r_ill", "r_well", "condition_number"):
-            for check in (True, False):
-                X = torch.randn(shape, dtype=getattr(torch, dtype), device=device)
-                X.requires_grad_()
+        for name, check in (
+            (n, c) for n in ("r_ill", "r_well", "condition_number") for c in (1, 0)
+        ):
+            X = torch.randn(shape, dtype=getattr(torch, dtype), device=device).requires_grad_()
 
-                def call(name=name, check=check, X=X):
-                    getattr(condreg, name)(X, gram=True, check_finite=check).sum().backward()
+            def call(name=name, check=bool(check), X=X):
+                getattr(condreg, name)(X, gram=True, check_finite=check).sum().backward()
 
+            call()
+            reads.clear()
+            with Ops() as mode:
                 call()
-                reads.clear()
-                with Ops() as mode:
-                    call()
-                n_reads = sum(reads) + mode.ops["_local_scalar_dense"]
-                print(
-                    f"{name} | {dtype} | {shape} | {check} | {sum(mode.ops.values())} | {n_reads}"
-                )
-                if device.startswith("cuda") and not check:
-                    torch.cuda.synchronize()
-                    torch.cuda.set_sync_debug_mode("error")
-                    try:
-                        call()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
+            n_ops, n_reads = sum(mode.ops.values()), sum(reads) + mode.ops["_local_scalar_dense"]
+            syncs = _syncs(call, torch) if cuda else "—"
+            print(f"{name} | {dtype} | {shape} | {bool(check)} | {n_ops} | {n_reads} | {syncs}")
+            if cuda and not check:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    call()  # raises on any synchronisation
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
     _spectrum.to_host = real
 
 
