@@ -4,8 +4,12 @@ Per shape (N, D), dtype and framework (PyTorch eager, JAX under ``jit``):
 
 ``reg``
     The regularizer alone: value and gradient of R_ill(FᵀF) with respect to a given feature
-    batch F (N×D) — condreg (``condreg.r_ill(F, gram=True)``) against autodiff through
-    ``svdvals(F)`` (the same formula written on the singular values, what a user writes by hand).
+    batch F (N×D, or a batch B×N×D) — condreg (``condreg.r_ill(F, gram=True)``) against
+    autodiff through ``svdvals(F)`` (the same formula written on the singular values, what a
+    user writes by hand) and against its own *floor*: the same work as bare calls — the Gram
+    GEMM (float64 for float32 features), its ``eigh`` and the gradient's two GEMMs; on the
+    extreme-cluster route (one CPU matrix, min(N, D) >= 128) the Gram GEMM, ``eigvalsh``, one LU
+    of the Gram matrix and the gradient's GEMM.
 ``step``
     One training step of Eq. 11: value and gradient with respect to θ (D×D) of
     R_well(X_P θ) + R_ill(X_H θ). condreg against
@@ -30,9 +34,12 @@ threads. The first line printed is the host's speed indicator: a 529×784 NumPy 
 thread (34 ms on the quietest host these pages were measured on), taken before and after the run.
 The machines these figures come from are shared: compare the ratios, not the seconds.
 
-Usage: ``python benchmarks/bench_spectral.py [--shapes 64x784,1024x512] [--dtypes float64]
-[--frameworks torch,jax] [--repeat 5] [--threads 2] [--json out.json] [--markdown]``
-(``JAX_ENABLE_X64=1`` for the float64 JAX rows).
+Usage: ``python benchmarks/bench_spectral.py [--shapes 64x784,1024x512,32x64x512]
+[--dtypes float64] [--frameworks torch,jax] [--repeat 5] [--threads 2] [--json out.json]
+[--markdown]`` (``JAX_ENABLE_X64=1`` for the float64 JAX rows; ``BxNxD`` is a batch, timed for
+the regularizer only). ``--count`` prints, instead of timing, what one forward + backward of each
+function dispatches on ``--device`` (PyTorch ops, host reads) and, on CUDA, checks that
+``check_finite=False`` runs under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
@@ -51,8 +58,9 @@ from collections.abc import Callable
 import numpy as np
 
 import condreg
+from condreg._spectrum import EXTREME_MIN
 
-SHAPES = [(64, 784), (64, 2048), (256, 1024), (1024, 512), (4096, 1024)]
+SHAPES = [(64, 784), (64, 2048), (256, 1024), (1024, 512), (4096, 1024), (32, 64, 512)]
 
 
 def _interleaved(
@@ -78,19 +86,26 @@ def _interleaved(
     return out | {k + "_min": min(v) for k, v in times.items()}
 
 
-def _data(N: int, D: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _data(shape: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
+    D = shape[-1]
     theta = np.eye(D) + rng.standard_normal((D, D)) / np.sqrt(D) * 0.3
-    return rng.standard_normal((N, D)), rng.standard_normal((N, D)), theta
+    return rng.standard_normal(shape), rng.standard_normal(shape), theta
 
 
-def _r_from_mu(mu, D: int, xp_sum):
-    """R_well + R_ill-style formulas on eigenvalues ``mu`` of H (descending, all nonzero)."""
+def _r_from_mu(mu, D: int):
+    """R_well + R_ill-style formulas on eigenvalues ``mu`` of H (descending, all nonzero),
+    summed over a batch."""
     k = mu.shape[-1]
-    fro2 = xp_sum(mu * mu)
-    r_well = 0.5 * mu[0] ** 2 - fro2 / (2 * D)
-    r_ill = 1.0 / (fro2 / (2 * k) - 0.5 * mu[-1] ** 2)
-    return r_well, r_ill
+    fro2 = (mu * mu).sum(-1)
+    r_well = 0.5 * mu[..., 0] ** 2 - fro2 / (2 * D)
+    r_ill = 1.0 / (fro2 / (2 * k) - 0.5 * mu[..., -1] ** 2)
+    return r_well.sum(), r_ill.sum()
+
+
+def extreme_route(shape: tuple[int, ...], device: str = "cpu") -> bool:
+    """Whether condreg's PyTorch adapter takes the extreme-cluster route for ``shape``."""
+    return len(shape) == 2 and min(shape) >= EXTREME_MIN and device == "cpu"
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,26 +113,39 @@ def _r_from_mu(mu, D: int, xp_sum):
 # --------------------------------------------------------------------------------------------
 
 
-def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu", clock=None) -> dict:
+def bench_torch(shape, dtype: str, repeat: int, device: str = "cpu", clock=None) -> dict:
     import torch
 
     dt = getattr(torch, dtype)
-    XP, XH, th = (torch.asarray(a, dtype=dt, device=device) for a in _data(N, D))
+    XP, XH, th = (torch.asarray(a, dtype=dt, device=device) for a in _data(shape))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     F0 = XH @ th
-    k = min(N, D)
+    N, D = shape[-2:]
+    k, left = min(N, D), N <= D
 
     def reg_ours():
         F = F0.detach().requires_grad_()
-        condreg.r_ill(F, gram=True).backward()
+        condreg.r_ill(F, gram=True).sum().backward()
         return F.grad
 
     def reg_svdvals():
         F = F0.detach().requires_grad_()
         s = torch.linalg.svdvals(F)
-        _, r_ill = _r_from_mu(s * s, D, torch.sum)
-        r_ill.backward()
+        _r_from_mu(s * s, D)[1].backward()
         return F.grad
+
+    def reg_floor():
+        A = F0.double()
+        G = A @ A.mT if left else A.mT @ A
+        if extreme_route(shape, device):
+            torch.linalg.eigvalsh(G)
+            torch.linalg.lu_factor_ex(G)
+            P = G
+        else:
+            mu, W = torch.linalg.eigh(G)
+            P = (W * mu[..., None, :]) @ W.mT
+        P = P.to(dt)
+        return P @ F0 if left else F0 @ P
 
     def step_ours():
         t = th.detach().requires_grad_()
@@ -130,14 +158,14 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu", cl
         FP, FH = XP @ t, XH @ t
         muP = torch.flip(torch.linalg.eigvalsh(FP.T @ FP), (-1,))[:k]
         muH = torch.flip(torch.linalg.eigvalsh(FH.T @ FH), (-1,))[:k]
-        loss = _r_from_mu(muP, D, torch.sum)[0] + _r_from_mu(muH, D, torch.sum)[1]
+        loss = _r_from_mu(muP, D)[0] + _r_from_mu(muH, D)[1]
         loss.backward()
         return t.grad
 
     def step_svdvals():
         t = th.detach().requires_grad_()
         sP, sH = torch.linalg.svdvals(XP @ t), torch.linalg.svdvals(XH @ t)
-        loss = _r_from_mu(sP * sP, D, torch.sum)[0] + _r_from_mu(sH * sH, D, torch.sum)[1]
+        loss = _r_from_mu(sP * sP, D)[0] + _r_from_mu(sH * sH, D)[1]
         loss.backward()
         return t.grad
 
@@ -150,21 +178,16 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu", cl
     def gemm():
         return XP @ th
 
-    fns = {
-        "reg_ours": reg_ours,
-        "reg_svdvals": reg_svdvals,
-        "step_ours": step_ours,
-        "step_svdvals": step_svdvals,
-        "step_free": step_free,
-        "gemm": gemm,
-    }
-    if D <= 2048:
-        fns["step_official"] = step_official
+    fns = {"reg_ours": reg_ours, "reg_svdvals": reg_svdvals, "reg_floor": reg_floor}
+    if len(shape) == 2:
+        fns |= {"step_ours": step_ours, "step_svdvals": step_svdvals, "step_free": step_free}
+        fns |= {"gemm": gemm} | ({"step_official": step_official} if D <= 2048 else {})
     fns = {k: (lambda f=f: (f(), sync())) for k, f in fns.items()}
     t = _interleaved(fns, repeat, clock or time.perf_counter)
-    ref = _step_reference(*(a.double().cpu().numpy() for a in (XP, XH, th)))
-    got = step_ours().double().cpu().numpy()
-    t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    if len(shape) == 2:
+        ref = _step_reference(*(a.double().cpu().numpy() for a in (XP, XH, th)))
+        got = step_ours().double().cpu().numpy()
+        t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
     return t
 
 
@@ -173,21 +196,28 @@ def bench_torch(N: int, D: int, dtype: str, repeat: int, device: str = "cpu", cl
 # --------------------------------------------------------------------------------------------
 
 
-def bench_jax(N: int, D: int, dtype: str, repeat: int, clock=None) -> dict:
+def bench_jax(shape, dtype: str, repeat: int, clock=None) -> dict:
     import jax
     import jax.numpy as jnp
 
     if dtype == "float64" and not jax.config.read("jax_enable_x64"):
         raise RuntimeError("float64 with JAX needs JAX_ENABLE_X64=1 in the environment")
-    XP, XH, th = (jnp.asarray(a, dtype=dtype) for a in _data(N, D))
+    XP, XH, th = (jnp.asarray(a, dtype=dtype) for a in _data(shape))
     F0 = XH @ th
-    k = min(N, D)
+    N, D = shape[-2:]
+    k, left = min(N, D), N <= D
 
     def svd_loss(F):
         s = jnp.linalg.svd(F, compute_uv=False)
-        return _r_from_mu(s * s, D, jnp.sum)
+        return _r_from_mu(s * s, D)
 
-    reg_ours = jax.jit(jax.value_and_grad(lambda F: condreg.r_ill(F, gram=True)))
+    def floor(F):  # the Gram (float64 where x64 is on), its eigh and the gradient's GEMMs
+        A = F.astype(jnp.promote_types(F.dtype, jnp.float64))
+        mu, W = jnp.linalg.eigh(A @ A.mT if left else A.mT @ A)
+        P = ((W * mu[..., None, :]) @ W.mT).astype(F.dtype)
+        return P @ F if left else F @ P
+
+    reg_ours = jax.jit(jax.value_and_grad(lambda F: condreg.r_ill(F, gram=True).sum()))
     reg_svdvals = jax.jit(jax.value_and_grad(lambda F: svd_loss(F)[1]))
 
     def ours(t):
@@ -197,7 +227,7 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int, clock=None) -> dict:
         FP, FH = XP @ t, XH @ t
         muP = jnp.flip(jnp.linalg.eigvalsh(FP.T @ FP), -1)[:k]
         muH = jnp.flip(jnp.linalg.eigvalsh(FH.T @ FH), -1)[:k]
-        return _r_from_mu(muP, D, jnp.sum)[0] + _r_from_mu(muH, D, jnp.sum)[1]
+        return _r_from_mu(muP, D)[0] + _r_from_mu(muH, D)[1]
 
     def svdvals(t):
         return svd_loss(XP @ t)[0] + svd_loss(XH @ t)[1]
@@ -205,29 +235,29 @@ def bench_jax(N: int, D: int, dtype: str, repeat: int, clock=None) -> dict:
     def free(t):
         return jnp.sum(XP @ t * 0) + jnp.sum(XH @ t * 0)
 
-    step_ours = jax.jit(jax.value_and_grad(ours))
-    step_free = jax.jit(jax.value_and_grad(free))
-    step_official = jax.jit(jax.value_and_grad(official))
-    step_svdvals = jax.jit(jax.value_and_grad(svdvals))
-    gemm = jax.jit(lambda t: XP @ t)
-
     def run(f, *a):
         return lambda: jax.block_until_ready(f(*a))
 
+    grad = jax.value_and_grad
     fns = {
         "reg_ours": run(reg_ours, F0),
         "reg_svdvals": run(reg_svdvals, F0),
-        "step_ours": run(step_ours, th),
-        "step_svdvals": run(step_svdvals, th),
-        "step_free": run(step_free, th),
-        "gemm": run(gemm, th),
+        "reg_floor": run(jax.jit(floor), F0),
     }
-    if D <= 2048:
-        fns["step_official"] = run(step_official, th)
+    if len(shape) == 2:
+        fns |= {
+            "step_ours": run(jax.jit(grad(ours)), th),
+            "step_svdvals": run(jax.jit(grad(svdvals)), th),
+            "step_free": run(jax.jit(grad(free)), th),
+            "gemm": run(jax.jit(lambda t: XP @ t), th),
+        }
+        if D <= 2048:
+            fns["step_official"] = run(jax.jit(grad(official)), th)
     t = _interleaved(fns, repeat, clock or time.perf_counter)
-    ref = _step_reference(*(np.asarray(a, dtype=np.float64) for a in (XP, XH, th)))
-    got = np.asarray(step_ours(th)[1], dtype=np.float64)
-    t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    if len(shape) == 2:
+        ref = _step_reference(*(np.asarray(a, dtype=np.float64) for a in (XP, XH, th)))
+        got = np.asarray(jax.jit(grad(ours))(th)[1], dtype=np.float64)
+        t["accuracy"] = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
     return t
 
 
@@ -284,11 +314,15 @@ def speed_indicator() -> float:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 COLUMNS = (
-    "| framework | dtype | threads | N×D | reg: svdvals-AD / condreg | step: peer / condreg | "
-    "step: svdvals-AD / condreg | step: condreg / free | free step in GEMMs | reg ms | step ms | "
-    "free ms | max rel. diff. vs float64 closed form |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| framework | dtype | threads | shape | reg: svdvals-AD / condreg | reg: condreg / floor | "
+    "step: peer / condreg | step: svdvals-AD / condreg | step: condreg / free | "
+    "free step in GEMMs | reg ms | floor ms | step ms | free ms | "
+    "max rel. diff. vs float64 closed form |\n" + "|---" * 15 + "|"
 )
+
+
+def _ratio(r: dict, num: str, den: str, fmt: str = ".2f") -> str:
+    return f"{r[num] / r[den]:{fmt}}×" if num in r and den in r else "—"
 
 
 def markdown_row(r: dict, stat: str = "median") -> str:
@@ -296,20 +330,87 @@ def markdown_row(r: dict, stat: str = "median") -> str:
     (``stat="min"``)."""
     if stat == "min":
         r = r | {k.removesuffix("_min"): v for k, v in r.items() if k.endswith("_min")}
-    off = r.get("step_official")
-    peer = f"{off / r['step_ours']:.1f}×" if off else "—"
+    ms = [f"{r[k] * 1e3:.2f}" if k in r else "—" for k in ("reg_ours", "reg_floor", "step_ours")]
+    ms.append(f"{r['step_free'] * 1e3:.1f}" if "step_free" in r else "—")
+    free = f"{r['step_free'] / r['gemm']:.1f}" if "gemm" in r else "—"
     return (
-        f"| {r['framework']} | {r['dtype']} | {r['threads'] or 'default'} | {r['N']}×{r['D']} | "
-        f"{r['reg_svdvals'] / r['reg_ours']:.2f}× | {peer} | "
-        f"{r['step_svdvals'] / r['step_ours']:.2f}× | {r['step_ours'] / r['step_free']:.2f}× | "
-        f"{r['step_free'] / r['gemm']:.1f} | {r['reg_ours'] * 1e3:.2f} | "
-        f"{r['step_ours'] * 1e3:.1f} | {r['step_free'] * 1e3:.1f} | {r['accuracy']:.1e} |"
+        f"| {r['framework']} | {r['dtype']} | {r['threads'] or 'default'} | {r['shape']} | "
+        f"{_ratio(r, 'reg_svdvals', 'reg_ours')} | {_ratio(r, 'reg_ours', 'reg_floor')} | "
+        f"{_ratio(r, 'step_official', 'step_ours', '.1f')} | "
+        f"{_ratio(r, 'step_svdvals', 'step_ours')} | {_ratio(r, 'step_ours', 'step_free')} | "
+        f"{free} | {' | '.join(ms)} | {r.get('accuracy', math.nan):.1e} |"
     )
+
+
+def _syncs(call, torch) -> int:
+    """CUDA synchronisations of ``call()``, counted with ``set_sync_debug_mode("warn")``."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None:
+    """Per forward + backward of each function (``gram=True``): the PyTorch ops it dispatches
+    (one kernel launch each on a GPU) and its host reads (the engine's ``to_host`` of device
+    data, ``.item()``); on CUDA also the synchronisations, and ``check_finite=False`` (a fixed
+    route, nothing read) must run under ``set_sync_debug_mode("error")``."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from condreg import _spectrum
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    reads, real = [], _spectrum.to_host
+    _spectrum.to_host = lambda x: (reads.append(not isinstance(x, np.ndarray)), real(x))[1]
+    cuda = device.startswith("cuda")
+    print("function | dtype | shape | check_finite | aten ops | host reads | CUDA syncs")
+    for dtype, shape in ((d, s) for d in dtypes for s in shapes):
+        for name, check in (
+            (n, c) for n in ("r_ill", "r_well", "condition_number") for c in (1, 0)
+        ):
+            X = torch.randn(shape, dtype=getattr(torch, dtype), device=device).requires_grad_()
+
+            def call(name=name, check=bool(check), X=X):
+                getattr(condreg, name)(X, gram=True, check_finite=check).sum().backward()
+
+            call()
+            reads.clear()
+            with Ops() as mode:
+                call()
+            n_ops, n_reads = sum(mode.ops.values()), sum(reads) + mode.ops["_local_scalar_dense"]
+            syncs = _syncs(call, torch) if cuda else "—"
+            print(f"{name} | {dtype} | {shape} | {bool(check)} | {n_ops} | {n_reads} | {syncs}")
+            if cuda and not check:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    call()  # raises on any synchronisation
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+    _spectrum.to_host = real
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=",".join(f"{n}x{d}" for n, d in SHAPES))
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--frameworks", default="torch,jax")
     ap.add_argument("--repeat", type=int, default=5)
@@ -332,8 +433,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--device", default="cpu", help="PyTorch device (cpu, cuda)")
     ap.add_argument("--threads", type=int, default=None, help="threads (torch, BLAS; XLA if 1)")
+    ap.add_argument("--count", action="store_true", help="count ops and host reads, no timing")
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if args.count:
+        return count(shapes, args.dtypes.split(","), args.device)
     limits = contextlib.nullcontext()
     if args.threads:
         import torch
@@ -349,15 +453,15 @@ def main(argv: list[str] | None = None) -> None:
     speed = speed_indicator()
     print(f"{machine()}; load {os.getloadavg()[0]:.1f}; speed indicator {speed * 1e3:.0f} ms")
     print(
-        "framework dtype N D | reg: svdvals-AD/ours | step: peer/ours svdvals-AD/ours ours/free "
-        "free/GEMM | accuracy"
+        "framework dtype shape | reg: svdvals-AD/ours ours/floor | step: peer/ours "
+        "svdvals-AD/ours ours/free free/GEMM | accuracy"
     )
     rows = []
     with limits:
         for fw in args.frameworks.split(","):
             for dtype in args.dtypes.split(","):
-                for N, D in shapes:
-                    rows.append(_row(fw, dtype, N, D, args))
+                for shape in shapes:
+                    rows.append(_row(fw, dtype, shape, args))
     speed_after = speed_indicator()
     print(f"speed indicator after: {speed_after * 1e3:.0f} ms; load {os.getloadavg()[0]:.1f}")
     if args.markdown:
@@ -370,23 +474,23 @@ def main(argv: list[str] | None = None) -> None:
             json.dump({**meta, "rows": rows}, fh, indent=1)
 
 
-def _row(fw: str, dtype: str, N: int, D: int, args) -> dict:
-    repeat = args.repeat if N * D <= 300_000 else max(2, args.repeat // 2)
+def _row(fw: str, dtype: str, shape: tuple[int, ...], args) -> dict:
+    repeat = args.repeat if math.prod(shape) <= 300_000 else max(2, args.repeat // 2)
     if fw == "torch":
-        t = bench_torch(N, D, dtype, repeat, args.device, CLOCKS[args.clock])
+        t = bench_torch(shape, dtype, repeat, args.device, CLOCKS[args.clock])
     else:
-        t = bench_jax(N, D, dtype, repeat, CLOCKS[args.clock])
+        t = bench_jax(shape, dtype, repeat, CLOCKS[args.clock])
     device = args.device if fw == "torch" else "default"
     row = {"framework": fw, "device": device, "dtype": dtype, "threads": args.threads}
-    row.update({"N": N, "D": D, **t})
-    off = t.get("step_official")
-    print(
-        f"{fw} {dtype} {N} {D} | {t['reg_svdvals'] / t['reg_ours']:.2f} | "
-        f"{(off / t['step_ours']) if off else float('nan'):.1f} "
-        f"{t['step_svdvals'] / t['step_ours']:.2f} {t['step_ours'] / t['step_free']:.2f} "
-        f"{t['step_free'] / t['gemm']:.1f} | {t['accuracy']:.1e}",
-        flush=True,
-    )
+    row.update({"shape": "×".join(map(str, shape)), "N": shape[-2], "D": shape[-1], **t})
+    ratios = [
+        ("reg_svdvals", "reg_ours"),
+        ("reg_ours", "reg_floor"),
+        ("step_official", "step_ours"),
+    ]
+    ratios += [("step_svdvals", "step_ours"), ("step_ours", "step_free"), ("step_free", "gemm")]
+    text = " ".join(_ratio(t, a, b) for a, b in ratios)
+    print(f"{fw} {dtype} {row['shape']} | {text} | {t.get('accuracy', math.nan):.1e}", flush=True)
     return row
 
 

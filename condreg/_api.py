@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import is_jax_array, is_torch_array
-
-from condreg import _core, _validation
+from condreg import _core, _spectrum, _validation
 
 Array = Any
 
@@ -30,32 +28,31 @@ __all__ = [
 
 def _adapter(S: Any) -> Any:
     """The differentiable wrapper of ``S``'s library (:mod:`condreg.torch`, :mod:`condreg.jax`),
-    or ``None`` (NumPy and other Array API libraries: the engine's functions directly). This
-    public delegation layer is the one place that picks it; the engine never looks one up."""
-    if is_torch_array(S):
+    or ``None`` (NumPy and other Array API libraries: the engine directly). This public
+    delegation layer is the one place that picks it; the engine never looks one up."""
+    lib = _spectrum.library(S)
+    if lib == "torch":
         from condreg import torch as adapter
-    elif is_jax_array(S):
+    elif lib == "jax":
         from condreg import jax as adapter
     else:
         return None
     return adapter
 
 
-def _prepared(S: Array, where: str, check_finite: bool, xp: Any, compute_dtype: Any) -> tuple:
-    """``(S, xp, concrete, out_dtype, adapter)``: ``S`` validated (with the adapter's value
-    reader) and in its compute dtype."""
-    adapter = _adapter(S)
-    read = None if adapter is None else adapter.concrete
-    S, xp, concrete = _validation.matrix(
-        S, xp=xp, where=where, check_finite=check_finite, concrete=read
-    )
-    S, out_dtype = _validation.compute_dtype(S, xp, compute_dtype, where=where)
-    return S, xp, concrete, out_dtype, adapter
+def _prepared(S: Any, where: str, gram: Any, check: Any, xp: Any, dtype: Any) -> tuple:
+    """``(S, xp, out_dtype, gram, check)``: the flags checked, ``S`` validated (the value checks
+    are the engine's, on its one read) and in its compute dtype."""
+    gram = _validation.flag(gram, "gram", where)
+    check = _validation.flag(check, "check_finite", where)
+    S, xp, _ = _validation.matrix(S, xp=xp, where=where, check_finite=False)
+    S, out_dtype = _validation.compute_dtype(S, xp, dtype, where=where)
+    return S, xp, out_dtype, gram, check
 
 
 def _value(
     quantity: str,
-    S: Array,
+    S: Any,
     rtol: float | None,
     tie_rtol: float | None,
     gram: bool,
@@ -63,22 +60,21 @@ def _value(
     xp: Any,
     compute_dtype: Any,
 ) -> Array:
-    """validate → decompose → value: the one route of every value function (through the
-    array's adapter, whose forward is the same three calls, for PyTorch and JAX)."""
-    S, xp, concrete, out_dtype, adapter = _prepared(S, quantity, check_finite, xp, compute_dtype)
+    """validate → evaluate: the one route of every value function (through the array's
+    adapter, whose forward is the same call, for PyTorch and JAX)."""
+    S, xp, out_dtype, gram, check = _prepared(S, quantity, gram, check_finite, xp, compute_dtype)
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram}
+    adapter = _adapter(S)
     if adapter is None:
-        out = xp.asarray(
-            _core.value(quantity, S, xp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=concrete)
-        )
+        out = _spectrum.evaluate(quantity, S, xp, vectors=False, check=check, **kw).value
     else:
-        kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram}
-        out = adapter.value(quantity, S, check=check_finite, **kw)
+        out = adapter.value(quantity, S, check=check, **kw)
     return _validation.as_output(out, out_dtype, xp)
 
 
 def _grad(
     quantity: str,
-    S: Array,
+    S: Any,
     rtol: float | None,
     tie_rtol: float | None,
     gram: bool,
@@ -87,12 +83,13 @@ def _grad(
     xp: Any,
     compute_dtype: Any,
 ) -> Array:
-    """validate → decompose → the closed-form gradient (:func:`condreg._core.gradient`)."""
+    """validate → evaluate → assemble: the closed-form gradient."""
     where = quantity + "_grad"
-    S, xp, concrete, out_dtype, _ = _prepared(S, where, check_finite, xp, compute_dtype)
-    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "subgradient": subgradient}
-    G = _core.gradient(quantity, S, xp, concrete=concrete, **kw)
-    return _validation.as_output(G, out_dtype, xp)
+    S, xp, out_dtype, gram, check = _prepared(S, where, gram, check_finite, xp, compute_dtype)
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "policy": subgradient}
+    ev = _spectrum.evaluate(quantity, S, xp, vectors=True, check=check, where=where, **kw)
+    _core.check_pole(ev.pole)  # read where checks are on
+    return _validation.as_output(_spectrum.assemble(ev, xp), out_dtype, xp)
 
 
 def condition_number(
@@ -113,15 +110,15 @@ def condition_number(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
         Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -135,7 +132,8 @@ def condition_number(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -168,13 +166,13 @@ def r_well(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -188,7 +186,8 @@ def r_well(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -226,8 +225,8 @@ def r_ill(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
         Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
@@ -236,7 +235,7 @@ def r_ill(
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -250,7 +249,8 @@ def r_ill(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -286,8 +286,8 @@ def condition_number_grad(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
         Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
@@ -299,7 +299,7 @@ def condition_number_grad(
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -313,7 +313,8 @@ def condition_number_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -352,8 +353,8 @@ def r_well_grad(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     subgradient : {"min_norm", "any", "raise"}, default "min_norm"
         At a tied extreme: average the tied rank-one terms (the minimum-norm subgradient), use
@@ -363,7 +364,7 @@ def r_well_grad(
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -377,7 +378,8 @@ def r_well_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError
@@ -414,8 +416,8 @@ def r_ill_grad(
 
     Parameters
     ----------
-    S : array, shape (..., m, n)
-        A real matrix or batch of any Array API library (``gram=True``: features ``F``,
+    S : array_like, shape (..., m, n)
+        A real matrix or batch of any Array API library, or nested lists (``gram=True``: ``F``,
         ``(..., N, D)``; tokens ``(B, T, D)`` are B matrices of T rows).
     rtol : float, optional
         Rank tolerance: ``sigma_i > rtol·sigma_1`` counts (default ``max(m, n)·eps``).
@@ -427,7 +429,7 @@ def r_ill_grad(
     gram : bool, default False
         The quantity of ``H = FᵀF`` for a feature batch ``F`` (gradients with respect to ``F``).
     check_finite : bool, default True
-        Check for NaN/Inf, the zero matrix and R_ill's pole (skipped under tracing).
+        Check for NaN/Inf and the zero matrix (skipped under tracing); unchecked, they give NaN.
     xp : namespace, optional
         Array API namespace to use instead of the one inferred from ``S``.
     compute_dtype : dtype, optional
@@ -441,7 +443,8 @@ def r_ill_grad(
     Raises
     ------
     TypeError
-        Not an array, a boolean/complex dtype, or a foreign ``compute_dtype``.
+        Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
         ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
     RankError

@@ -20,7 +20,6 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import device, is_numpy_array
 
 Array = Any
 
@@ -42,7 +41,7 @@ MAX_FRACTION = 8
 def _start(n: int, t: int, like: Array, xp: Any, seed: int = 12345) -> Array:
     """A fixed pseudo-random ``n×t`` start block (deterministic runs)."""
     block = np.random.default_rng(seed).standard_normal((n, t))
-    return xp.asarray(block, dtype=like.dtype, device=device(like))
+    return xp.asarray(block, dtype=like.dtype, device=getattr(like, "device", None))
 
 
 def _orthonormal(X: Array, xp: Any) -> Array:
@@ -50,16 +49,25 @@ def _orthonormal(X: Array, xp: Any) -> Array:
     return Q
 
 
+def _shifted(G: Array, sigma: float, xp: Any) -> Array:
+    """``G − σI`` (PyTorch: a copy with its diagonal shifted in place, three ops)."""
+    if type(G).__module__.startswith("torch"):
+        M = G.clone()
+        M.diagonal().sub_(sigma)
+        return M
+    return G - sigma * xp.eye(G.shape[-1], dtype=G.dtype)
+
+
 def _lu_solver(M: Array, xp: Any):
     """``b ↦ M⁻¹ b`` from one LU factorisation: SciPy's for NumPy arrays, the library's own where
     it has one (PyTorch), else one explicit inverse."""
-    if is_numpy_array(M):
+    if isinstance(M, np.ndarray):
         from scipy.linalg import lu_factor, lu_solve
 
         factors = lu_factor(M, check_finite=False)
         return lambda b: lu_solve(factors, b, check_finite=False)
-    if hasattr(xp.linalg, "lu_factor") and hasattr(xp.linalg, "lu_solve"):
-        LU, piv = xp.linalg.lu_factor(M)
+    if hasattr(xp.linalg, "lu_factor_ex") and hasattr(xp.linalg, "lu_solve"):
+        LU, piv, _ = xp.linalg.lu_factor_ex(M)  # a failure shows in the residual check
         return lambda b: xp.linalg.lu_solve(LU, piv, b)
     M_inv = xp.linalg.inv(M)
     return lambda b: M_inv @ b
@@ -68,7 +76,7 @@ def _lu_solver(M: Array, xp: Any):
 def _triangular_solvers(R: Array, xp: Any):
     """``(b ↦ R⁻¹b, b ↦ R⁻ᵀb)`` for upper-triangular ``R``: SciPy's for NumPy arrays, the
     library's own where it has them (PyTorch), else ``R⁻¹`` once."""
-    if is_numpy_array(R):
+    if isinstance(R, np.ndarray):
         from scipy.linalg import solve_triangular as solve
 
         kw = {"check_finite": False}
@@ -81,8 +89,10 @@ def _triangular_solvers(R: Array, xp: Any):
 
 
 def _host(x: Array) -> list[float]:
-    """The values of a 1-d array as Python floats (one transfer)."""
-    return [float(v) for v in (x.tolist() if hasattr(x, "tolist") else x)]
+    """The values of a 1-d array as Python floats (one read, :func:`condreg._spectrum.to_host`)."""
+    from condreg._spectrum import to_host
+
+    return np.asarray(to_host(x), dtype=np.float64).reshape(-1).tolist()
 
 
 def _iterations(ratio: float) -> int:
@@ -90,15 +100,25 @@ def _iterations(ratio: float) -> int:
 
 
 def _column_norms(X: Array, xp: Any) -> Array:
-    return xp.sqrt(xp.sum(X * X, axis=0))
+    return xp.linalg.vector_norm(X, axis=0)
+
+
+def _certified(values: Array, target: list[float], tol: float, value_tol: float, t: int) -> bool:
+    """One read of ``[residuals, Ritz values]``: every residual within ``tol`` and the Ritz
+    values (in any order) within ``value_tol`` of ``target``."""
+    got = _host(values)
+    ritz = sorted(got[t:])
+    return all(r <= tol for r in got[:t]) and all(
+        abs(a - b) <= value_tol for a, b in zip(ritz, sorted(target), strict=True)
+    )
 
 
 def gram_cluster(
     G: Array, mu: Array, lo: int, hi: int, xp: Any, *, value_eps: float | None = None
 ) -> Array | None:
-    """Orthonormal eigenvectors (``n×(hi−lo)``, in the order of ``mu``, descending) of the
-    symmetric ``G`` for ``mu[lo:hi]``, or ``None``; ``value_eps``: the rounding unit of ``mu``
-    when computed in a lower precision than ``G``."""
+    """Orthonormal eigenvectors (``n×(hi−lo)``, a basis of the cluster in any order) of the
+    symmetric ``G`` for ``mu[lo:hi]`` (``mu`` descending), or ``None``; ``value_eps``: the
+    rounding unit of ``mu`` when computed in a lower precision than ``G``."""
     n = G.shape[-1]
     t = hi - lo
     values = _host(mu)
@@ -114,22 +134,16 @@ def gram_cluster(
     far = min(abs(v - sigma) for v in outside)
     if not far > 0 or near / far > MAX_RATIO_GRAM:
         return None
-    shifted = xp.eye(n, dtype=G.dtype, device=device(G))
-    shifted *= -sigma
-    shifted += G  # G − σI with one n×n temporary
-    solve = _lu_solver(shifted, xp)
+    solve = _lu_solver(_shifted(G, sigma, xp), xp)
     X = _start(n, t, G, xp)
     for _ in range(_iterations(near / far)):
         X = _orthonormal(solve(X), xp)
-    T = X.T @ (G @ X)
-    theta, Z = xp.linalg.eigh(0.5 * (T + T.T))
-    V = X @ xp.flip(Z, axis=-1)
-    theta = xp.flip(theta, axis=-1)
-    tol = RESIDUAL * n * e * top
-    residual = _column_norms(G @ V - V * theta[None, :], xp)
-    target = xp.asarray(inside, dtype=G.dtype, device=device(G))
+    GX = G @ X
+    theta, Z = xp.linalg.eigh(X.T @ GX)  # Rayleigh–Ritz (the lower triangle)
+    V = X @ Z
+    residual = _column_norms(GX @ Z - V * theta, xp)
     value_tol = RESIDUAL * n * max(e, value_eps or 0.0) * top
-    ok = bool(xp.all(residual <= tol)) and bool(xp.all(xp.abs(theta - target) <= value_tol))
+    ok = _certified(xp.concat([residual, theta]), inside, RESIDUAL * n * e * top, value_tol, t)
     return V if ok else None
 
 
@@ -175,12 +189,8 @@ def triangular_bottom(R: Array, s: Array, lo: int, xp: Any) -> Array | None:
     U, V = Y @ P, X @ Qt.T
     r1 = _column_norms(R @ V - U * sb[None, :], xp)
     r2 = _column_norms(R.T @ U - V * sb[None, :], xp)
-    target = xp.asarray(values[lo:], dtype=R.dtype, device=device(R))
-    ok = (
-        bool(xp.all(r1 <= tol))
-        and bool(xp.all(r2 <= tol))
-        and bool(xp.all(xp.abs(sb - target) <= tol))
-    )
+    worst = xp.concat([xp.maximum(r1, r2), sb])
+    ok = _certified(worst, values[lo:], tol, tol, t)
     return V if ok else None
 
 
@@ -194,19 +204,16 @@ def gram_plus_clusters(G: Array, a: Any, clusters: list[tuple[Array, Array]]) ->
 
 
 def gram_product(
-    M: Array, mu: Array, a: Any, h: Array, xp: Any, *, value_eps: float
+    M: Array, mu: Any, a: float, h: Any, xp: Any, *, value_eps: float | None = None
 ) -> Array | None:
-    """``P = 2 (a·M + Σ_c h_c Q_c Q_cᵀ)`` = ``2 W diag(a·mu + h) Wᵀ`` of the unit Gram ``M``
-    (eigenvalues ``mu`` computed to ``value_eps``) from the eigenvectors of the runs of equal
-    nonzero ``h`` only (:func:`gram_cluster`). ``None`` (take the full eigh) when ``a`` or ``h``
-    is not finite, the runs hold over ``max(8, n / MAX_FRACTION)`` values, or a cluster is not
-    certified."""
+    """``P = 2 (a·M + Σ_c h_c Q_c Q_cᵀ)`` = ``2 W diag(a·mu + h) Wᵀ`` of the symmetric ``M``
+    (descending eigenvalues ``mu``, host values; ``h`` a host vector) from the eigenvectors of
+    the runs of equal nonzero ``h`` only (:func:`gram_cluster`). ``None`` (take the full eigh)
+    when ``a`` or ``h`` is not finite, the runs hold over ``max(8, n / MAX_FRACTION)`` values, or
+    a cluster is not certified."""
     n = M.shape[-1]
-    if M.ndim != 2:
-        return None
-    hs = _host(h.reshape(-1))
-    av = a if isinstance(a, float) else float(a.reshape(()))
-    if not (math.isfinite(av) and all(math.isfinite(v) for v in hs)):
+    hs = _host(h)
+    if M.ndim != 2 or not (math.isfinite(a) and all(math.isfinite(v) for v in hs)):
         return None
     runs, start = [], 0
     for value, group in itertools.groupby(hs):
@@ -216,11 +223,10 @@ def gram_product(
         start += size
     if sum(hi - lo for lo, hi, _ in runs) > max(8, n // MAX_FRACTION):
         return None
-    mu_g = xp.astype(mu.reshape(-1), M.dtype)
     clusters = []
     for lo, hi, c in runs:
-        Q = gram_cluster(M, mu_g, lo, hi, xp, value_eps=value_eps)
+        Q = gram_cluster(M, mu, lo, hi, xp, value_eps=value_eps)
         if Q is None:
             return None
-        clusters.append((Q, c))
-    return gram_plus_clusters(M, 2.0 * av, [(Q, 2.0 * c) for Q, c in clusters])
+        clusters.append((Q, 2.0 * c))
+    return gram_plus_clusters(M, 2.0 * a, clusters)

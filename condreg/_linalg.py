@@ -47,46 +47,48 @@ def hessian_spectrum(
     return HessianSpectrum(sp.mu, V, sp, None, sp.U, tol)
 
 
+def _parts(hs: HessianSpectrum, quantity: str, xp: Any, pole: str = "raise") -> _core.Parts:
+    return _core.spectrum_parts(quantity, hs.sp, xp, hs.tie_rtol, pole=pole)
+
+
 def kappa(hs: HessianSpectrum, xp: Any) -> Array:
-    return _core.kappa_value(hs.sp, xp)
+    return _parts(hs, "condition_number", xp).value
 
 
 def r_well(hs: HessianSpectrum, xp: Any) -> Array:
-    return _core.r_well_value(hs.sp, xp)
+    return _parts(hs, "r_well", xp).value
 
 
 def r_ill(hs: HessianSpectrum, xp: Any) -> Array:
-    den = _core.r_ill_denominator(hs.sp, hs.tie_rtol, xp)
-    return _core.r_ill_from_denominator(den, xp)
+    return _parts(hs, "r_ill", xp).value
 
 
 def d_r_well(hs: HessianSpectrum, xp: Any) -> Array:
     """dR_well/dμ (minimum-norm at a tied top)."""
-    return _core.dmu("r_well", hs.sp, hs.tie_rtol, "min_norm", xp, _core.never)
+    return _parts(hs, "r_well", xp).dmu(hs.sp.mu)
 
 
 def d_r_ill(hs: HessianSpectrum, xp: Any) -> Array:
     """dR_ill/dμ (minimum-norm at a tied bottom); zero at the pole (``pole="zero"`` of
-    :func:`condreg._core.dmu_parts`, the one home of R_ill's derivative)."""
-    return _core.dmu("r_ill", hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, pole="zero")
+    :func:`condreg._core.parts`, the one home of R_ill's derivative)."""
+    return _parts(hs, "r_ill", xp, "zero").dmu(hs.sp.mu)
 
 
 def r_well_mu_coefficient(hs: HessianSpectrum, xp: Any) -> float:
-    """The coefficient ``a`` of ``mu`` in ``dR_well/dmu = a·mu + (top-tie terms)``: ``−1/D``
-    (:func:`condreg._core.dmu_parts`)."""
+    """The coefficient ``a`` of ``mu`` in ``dR_well/dmu = a·mu + (top-tie terms)``: ``−1/D``."""
     return -1.0 / float(hs.sp.p)
 
 
 def r_ill_mu_coefficient(hs: HessianSpectrum, xp: Any) -> Array:
     """The coefficient ``a`` of ``mu`` in ``dR_ill/dmu = a·mu + (bottom-tie terms)``:
-    ``−1/(k·den²)``, 0 at the pole (as :func:`d_r_ill`; :func:`condreg._core.dmu_parts`)."""
-    a, _ = _core.dmu_parts("r_ill", hs.sp, hs.tie_rtol, "min_norm", xp, _core.never, "zero")
-    return a[..., 0]
+    ``−1/(k·den²)``, 0 at the pole (as :func:`d_r_ill`)."""
+    return _parts(hs, "r_ill", xp, "zero").a[..., 0]
 
 
 def d_log_kappa(hs: HessianSpectrum, xp: Any) -> Array:
     """d log κ / dμ = w_top/μ₁ − w_bottom/μ_k (minimum-norm at ties)."""
-    return _core.log_kappa_dmu(hs.sp, hs.tie_rtol, "min_norm", xp, _core.never)
+    p = _parts(hs, "condition_number", xp)
+    return p.wt / hs.sp.mu[..., :1] - p.wb / p.mb
 
 
 def power_of_two_scale(value: float) -> float:

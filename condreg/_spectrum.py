@@ -1,43 +1,40 @@
 """The spectral engine: the one place where condreg decomposes a matrix.
 
-:func:`decompose` returns the singular values ``s`` of ``S`` (or, ``gram=True``, of a feature
-batch ``F``, with ``mu = s**2`` the eigenvalues of ``H = FᵀF``) as a :class:`Spectrum`, with the
-vectors the closed-form gradients need and the numerical rank; :func:`assemble` turns a
-derivative with respect to ``mu`` into the gradient. Every caller gets its spectrum here.
+A call is ``scale → decompose → parts → assemble`` (:func:`evaluate`, :func:`assemble`):
 
-Routes, chosen by :func:`plan` alone (docs/math.md §10.1): ``"svd"`` (thin SVD of ``S``);
-``"exact"`` (QR of ``F`` or ``Fᵀ`` and the SVD of its small ``R``: backward stable);
-``"auto"`` (eigh of the smaller Gram matrix, float64 for float32 features where available,
-accepted by :func:`accept_gram` — every eigenvalue resolved to ``GRAM_ACCURACY·√eps`` against
-its error bound ``eps_g·(n·mu_1 + √m·Σmu)``, or certainly outside the rank — else ``"exact"``);
-``"extreme"`` (``"auto"`` with ``eigvalsh`` only, keeping the unit Gram matrix so that
-:func:`assemble` needs the extreme tie sets' vectors alone, :mod:`condreg._extreme`; for one
-matrix with ``min(N, D) >= EXTREME_MIN`` where values are cheap to read). The accept decision is
-one branch (:func:`choose`): a Python ``if`` eagerly, ``lax.cond`` under ``jax.jit``, ``"exact"``
-where values cannot be read. Ties and rank are decided at the rounding scale of the values
-computed: ``|s_i − s_e| ≤ tie_rtol·s_1`` (on ``mu``: ``tie_rtol·s_1·(s_i + s_e)``, widened by
-the Gram path's error bound).
+1. :func:`scaled`: ``A = S·2**-E``, one exact power of two per matrix (``E`` from its largest
+   entry, carried as a scalar): nothing downstream over- or underflows where the result does not.
+2. The decomposition of ``A``, on the route :func:`plan` chooses: ``"svd"`` (thin SVD of ``S``);
+   ``"exact"`` (QR of ``F`` or ``Fᵀ`` and the SVD of its small ``R``: backward stable);
+   ``"auto"`` (eigh of the smaller Gram matrix, float64 for float32 features where available,
+   accepted by :func:`resolves` — every eigenvalue resolved to ``GRAM_ACCURACY·√eps`` against its
+   error bound ``eps_g·(n·mu_1 + √m·Σmu)``, or certainly outside the rank — else ``"exact"``);
+   ``"extreme"`` (``"auto"`` with ``eigvalsh`` only and the eigenvectors of the extreme tie sets,
+   :mod:`condreg._extreme`; a single eager matrix with ``min(N, D) >= EXTREME_MIN``).
+3. :func:`condreg._core.parts` on the values — on a host copy (:func:`to_host`: one read that
+   carries the values, ``E`` and so the input checks and the accept decision) where values can be
+   read, else on the device arrays (then ``"auto"`` is a ``lax.cond`` under JAX, ``"exact"``
+   elsewhere). :func:`use_host` is the one place that chooses.
+4. The gradient factor ``K`` (``U diag(g) Vᵀ``; with ``gram``, ``2 Q diag(g) Qᵀ`` on the small
+   side), with ``E``'s power of two folded in; :func:`assemble` is one GEMM with ``A``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-from array_api_compat import device, is_jax_array, is_numpy_array
 
-from condreg import _extreme
+from condreg import _core, _extreme
 from condreg._errors import RankError
 
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
 
 METHODS = ("auto", "gram", "exact", "svd")
-
 #: Multiplier of ``√max(m, n) * eps`` in the default tie tolerance (:func:`default_tie_rtol`).
 TIE_FACTOR = 32.0
 #: The Gram path must resolve every counted eigenvalue to ``GRAM_ACCURACY·√eps`` (relative).
@@ -45,41 +42,17 @@ GRAM_ACCURACY = 0.1
 #: Smallest ``min(N, D)`` from which the ``"extreme"`` route pays for its inverse iteration.
 EXTREME_MIN = 128
 
-
-class Spectrum(NamedTuple):
-    """The decomposition: ``s`` (descending) of the argument, ``mu`` = ``s`` or ``s**2``
-    (``gram``), ``mask``/``k`` the numerical rank (``k`` floating), ``p`` the R_well normaliser
-    (``min(m, n)``, ``D`` with ``gram``). ``U``/``Vh``: singular vectors or ``None``; with
-    ``gram`` one may be ``None`` and ``F`` holds the argument. ``mu_err``: error bound on ``mu``
-    relative to ``mu_1`` (0 for an SVD); ``tie``: the default tie tolerance; ``M``: the unit
-    Gram matrix of the ``"extreme"`` route."""
-
-    U: Array | None
-    s: Array
-    Vh: Array | None
-    mu: Array
-    mask: Array
-    k: Array
-    p: int
-    gram: bool
-    mu_err: Any = 0.0
-    F: Array | None = None
-    tie: Any = None
-    M: Array | None = None
+never = _core.never
+rank = _core.rank
 
 
-@functools.cache
-def _finfo_cached(xp: Any, dtype: Any) -> tuple[float, float, float]:
-    fi = xp.finfo(dtype)
-    return float(fi.eps), float(fi.smallest_normal), float(fi.max)
+Spectrum = _core.Spectrum
 
 
 def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
     """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats."""
-    try:
-        return _finfo_cached(xp, dtype)
-    except TypeError:  # an unhashable dtype object
-        return _finfo_cached.__wrapped__(xp, dtype)
+    fi = xp.finfo(dtype)
+    return float(fi.eps), float(fi.smallest_normal), float(fi.max)
 
 
 def eps(xp: Any, dtype: Any) -> float:
@@ -92,15 +65,11 @@ def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
 
 
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: equal up to a backward-stable
-    SVD's rounding."""
+    """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: a backward-stable SVD's rounding."""
     return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
 
 
-def check_rtol(rtol: Any, name: str = "rtol") -> float:
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
-    return float(rtol)
+check_rtol = _core.check_rtol
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -108,60 +77,55 @@ def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any
 
 
 def eager(x: Array) -> bool:
-    """``concrete`` callback for eager arrays: read the value."""
+    """``read`` callback for eager arrays: the value."""
     return bool(x)
 
 
-def never(x: Array) -> None:
-    """``concrete`` callback that skips every value-dependent check."""
-    return None
-
-
 def readable(x: Array) -> bool | None:
-    """``concrete`` callback for any library: the value, or ``None`` where the library refuses
-    to read it (a JAX tracer; a tensor inside ``torch.func.vmap``). Adapters whose tracer does
-    not refuse (``torch.compile``) pass their own callback."""
+    """The value, or ``None`` where the library refuses to read it (a tracer, ``vmap``)."""
     try:
         return bool(x)
     except (TypeError, RuntimeError):
         return None
 
 
+def library(x: Any) -> str:
+    """The library of an array from its type's module (``numpy``, ``torch``, ``jax`` ...): no
+    array-api-compat helper, whose caches ``torch.compile`` would trace and warn about."""
+    name = type(x).__module__.partition(".")[0]
+    return "jax" if name == "jaxlib" else name
+
+
+def device(x: Array) -> Any:
+    """``x``'s device, ``None`` for a JAX tracer (which has none)."""
+    return getattr(x, "device", None)
+
+
 def traced(x: Array) -> bool:
     """Whether ``x`` has no values to read: a PyTorch tensor while ``torch.compile`` traces, a
-    fake or meta tensor (PyTorch is loaded whenever ``x`` is one of its tensors)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor):
+    fake or meta tensor, a JAX tracer."""
+    lib = library(x)
+    if lib == "jax":
+        return isinstance(x, sys.modules["jax"].core.Tracer)
+    if lib != "torch":
         return False
+    torch = sys.modules["torch"]
     return torch.compiler.is_compiling() or x.device.type == "meta" or "Fake" in type(x).__name__
 
 
-def reader(S: Array, concrete: Concrete) -> Concrete:
-    """How the engine reads its branch predicate: through ``concrete``, except that NumPy arrays
-    are always read (no host synchronisation to avoid)."""
-    return eager if (concrete is never and is_numpy_array(S)) else concrete
+def use_host(S: Array, check: bool) -> bool:
+    """The one place that chooses where the k-vector arithmetic runs: on a host copy of the
+    spectrum for NumPy input and, with checks on, for arrays whose values can be read (one read
+    that the checks and the Gram accept decision need anyway); on the device arrays otherwise
+    (``check_finite=False``, ``torch.compile``, ``jax.jit``: no read at all)."""
+    return library(S) == "numpy" or (check and not traced(S))
 
 
-def choose(
-    pred: Array, if_true: Callable[[], Any], if_false: Callable[[], Any], read: Concrete
-) -> Any:
-    """``if_true()`` if the 0-d boolean ``pred`` holds, else ``if_false()`` (the safe branch).
-
-    Where ``read`` cannot tell, JAX arrays go through ``lax.cond`` (``jax.vmap`` makes it a
-    select of both) and other libraries take ``if_false``."""
-    try:
-        value = read(pred)
-    except (TypeError, RuntimeError):
-        value = None
-    if value is not None:
-        return if_true() if value else if_false()
-    if is_jax_array(pred):  # the array's own library is loaded: no import
-        return sys.modules["jax"].lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
-    return if_false()
-
-
-def mT(xp: Any, x: Array) -> Array:
-    return xp.matrix_transpose(x) if hasattr(xp, "matrix_transpose") else x.mT
+def to_host(x: Array) -> np.ndarray:
+    """The engine's one device-to-host read: ``x`` as a NumPy array (NumPy arrays as they are)."""
+    if library(x) == "torch":
+        return x.numpy(force=True)  # detached, copied to the host where it is not there
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
 def left_side(shape: tuple[int, ...]) -> bool:
@@ -182,16 +146,40 @@ def has_float64(xp: Any) -> bool:
 
 
 def gram_dtype(x: Array, xp: Any) -> Any:
-    """The dtype the Gram matrix is formed and decomposed in: float64 for float32 input where the
-    library has it, else the input's dtype."""
-    if x.dtype == xp.float32 and has_float64(xp):
-        return xp.float64
-    return x.dtype
+    """The Gram matrix's dtype: float64 for float32 input where the library has it."""
+    if x.dtype != xp.float32:
+        return x.dtype
+    return xp.float64 if library(x) in ("numpy", "torch") or has_float64(xp) else x.dtype
+
+
+def finite(x: Array, xp: Any) -> Array:
+    """``x`` with non-finite entries zeroed (the identity on finite input): what LAPACK gets, so
+    that NaN/Inf input is reported (or gives NaN) instead of a non-convergence error."""
+    nan_to_num = getattr(xp, "nan_to_num", None)
+    if nan_to_num is not None:
+        return nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    return xp.where(xp.isfinite(x), x, 0.0)
+
+
+def exponent_limits(dtype: Any, xp: Any) -> tuple[float, float]:
+    emax = math.floor(math.log2(finfo(xp, dtype)[2]))
+    return -(emax - 1.0), emax - 2.0
+
+
+def scaled(S: Array, xp: Any) -> tuple[Array, Array]:
+    """``(A, E)``: ``E = floor(log2 max|S|)`` per matrix (``(..., 1, 1)``; ``−inf`` for a zero
+    matrix, ``inf``/NaN for non-finite input) and ``A = S·2**-clip(E)``, exact (the clip keeps the
+    power of two representable, :func:`exponent_limits`)."""
+    axes = {"axis": (-2, -1), "keepdims": True}  # no S-sized temporary (page faults)
+    norm = xp.maximum(xp.max(S, **axes), -xp.min(S, **axes))
+    with _core.quiet(norm):
+        E = xp.floor(xp.log2(norm))
+    return S * 0.5 ** xp.clip(E, *exponent_limits(S.dtype, xp)), E
 
 
 def qr_r(xp: Any, A: Array) -> Array:
     """``R`` of a reduced QR factorisation of ``A`` (``Q`` not formed where the library can)."""
-    if is_numpy_array(A):
+    if library(A) == "numpy":
         return np.linalg.qr(A, mode="r")
     try:
         out = xp.linalg.qr(A, mode="r")  # PyTorch and JAX
@@ -200,109 +188,282 @@ def qr_r(xp: Any, A: Array) -> Array:
     return getattr(out, "R", out)
 
 
-def rank(s: Array, rtol: float, xp: Any) -> tuple[Array, Array]:
-    """``(mask, k)``: the numerical rank ``s_i > rtol·s_1`` and its count (floating)."""
-    mask = s > rtol * s[..., :1]
-    return mask, xp.sum(xp.astype(mask, s.dtype), axis=-1)
-
-
-def svd_small_side(F: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None, Array]:
-    """``(s, Q, R)``: the singular values and the small side's vectors (``U`` when
-    :func:`left_side`, ``V`` otherwise; ``None`` without ``vectors``) of ``F`` from the ``R`` of
-    a QR factorisation of ``Fᵀ`` or ``F`` and its SVD (backward stable)."""
-    R = qr_r(xp, mT(xp, F) if left_side(F.shape) else F)
+def exact(A: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None, Array]:
+    """``(s, Q, R)``: singular values and the small side's vectors (``U`` when :func:`left_side`,
+    else ``V``; ``None`` without ``vectors``) of ``A`` from the SVD of the ``R`` of a QR of
+    ``Aᵀ`` or ``A`` (backward stable)."""
+    R = qr_r(xp, A.mT if left_side(A.shape) else A)
     if not vectors:
-        return xp.linalg.svdvals(R), None, R
-    _, s, Vhr = xp.linalg.svd(R, full_matrices=False)
-    return s, mT(xp, Vhr), R  # left: F = Rᵀ Qᵀ, U_F = V_R; right: F = Q R, V_F = V_R
+        return xp.linalg.svdvals(finite(R, xp)), None, R
+    _, s, Vhr = xp.linalg.svd(finite(R, xp), full_matrices=False)
+    return s, Vhr.mT, R  # left: A = Rᵀ Qᵀ, U_A = V_R; right: A = Q R, V_A = V_R
 
 
-def gram_matrix(F: Array, xp: Any, gdtype: Any) -> Array:
-    """The smaller Gram matrix of ``F`` in ``gdtype``: ``FFᵀ`` (:func:`left_side`) or ``FᵀF``."""
-    A = F if F.dtype == gdtype else xp.astype(F, gdtype)
-    if is_numpy_array(A):  # an overflowing Gram is handled (accept_gram): no warning about it
-        with np.errstate(over="ignore", invalid="ignore"):
-            return A @ mT(xp, A) if left_side(F.shape) else mT(xp, A) @ A
-    return A @ mT(xp, A) if left_side(F.shape) else mT(xp, A) @ A
+def gram_matrix(A: Array, xp: Any) -> Array:
+    """The smaller Gram matrix of ``A`` (``AAᵀ`` when :func:`left_side`, else ``AᵀA``) in
+    :func:`gram_dtype`."""
+    gdtype = gram_dtype(A, xp)
+    A = A if A.dtype == gdtype else xp.astype(A, gdtype)
+    with _core.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
+        return A @ A.mT if left_side(A.shape) else A.mT @ A
 
 
-def gram_trace_limit(shape: tuple[int, ...], big: float) -> float:
-    """``max / (4·max(N, D))``: a Gram matrix whose trace is below it is finite and its ``mu_1``
-    inside :func:`eigh_gram`'s range."""
-    return big / (4.0 * max(shape[-2], shape[-1]))
-
-
-def _finite_gram(M: Array, shape: tuple[int, int], xp: Any, read: Concrete) -> tuple[Array, Any]:
-    """``(M, fits)``: ``fits`` = trace below :func:`gram_trace_limit` (False for NaN); unless it
-    readably holds for all (then ``None``), ``M`` is the identity where it does not."""
-    diagonal = getattr(xp.linalg, "diagonal", None)
-    d = diagonal(M) if diagonal is not None else xp.diagonal(M, axis1=-2, axis2=-1)
-    fits = xp.sum(d, axis=-1) < gram_trace_limit(shape, finfo(xp, M.dtype)[2])
-    if read(xp.all(fits)):
-        return M, None
-    eye = xp.eye(M.shape[-1], dtype=M.dtype, device=device(M))
-    return xp.where(fits[..., None, None], M, eye), fits
-
-
-def eigh_gram(
-    M: Array, shape: tuple[int, int], xp: Any, vectors: bool, dtype: Any, read: Concrete = never
-) -> tuple[Array, Any, Array, Array, Array]:
-    """``(s, W, mu / mu_1, err / mu_1, in_range)`` from the eigh of a formed Gram matrix ``M``
-    (the smaller one, or data-parallel ranks' all-reduced ``Σ_r F_rᵀF_r``) of an ``(N, D)``
-    feature batch; ``in_range``: ``mu_1`` safely inside the dtype's range. A Gram matrix whose
-    trace is not below :func:`gram_trace_limit` is never decomposed (NaN values)."""
-    M, fits = _finite_gram(M, shape, xp, read)
+def gram_eigh(G: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None]:
+    """Ascending eigenvalues (and vectors) of the Gram matrix ``G``."""
     if vectors:
-        mu, W = xp.linalg.eigh(M)
-        W = xp.flip(W, axis=-1)
-        W = W if W.dtype == dtype else xp.astype(W, dtype)
-    else:
-        mu, W = xp.linalg.eigvalsh(M), None
-    N, D = shape
-    gdtype = mu.dtype
-    mu = xp.flip(mu, axis=-1)
-    mu = xp.where(mu < 0, 0.0, mu)  # NaN stays NaN
-    if fits is not None:  # a matrix replaced by the identity: NaN values (not in range)
-        mu = xp.where(fits[..., None], mu, math.nan)
-    n, m = min(N, D), max(N, D)
-    top = mu[..., :1]
-    e, tiny, big = finfo(xp, gdtype)
-    err = (e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)
-    in_range = xp.all((top > tiny / (e * e)) & (top < gram_trace_limit(shape, big)))
-    safe_top = xp.where(top > 0, top, 1.0)
-    s, mu_rel, err_rel = xp.sqrt(mu), mu / safe_top, err / safe_top
-    if gdtype != dtype:
-        s, mu_rel, err_rel = (xp.astype(a, dtype) for a in (s, mu_rel, err_rel))
-    return s, W, mu_rel, err_rel, in_range
+        return xp.linalg.eigh(finite(G, xp))
+    return xp.linalg.eigvalsh(finite(G, xp)), None
 
 
-def gram_resolves(mu_rel: Array, err_rel: Array, rtol: float, accuracy: float, xp: Any) -> Array:
-    """0-d boolean: every eigenvalue (``mu_rel = mu / mu_1``, error bound ``err_rel``) is resolved
-    to ``accuracy`` or certainly outside the rank ``mu > rtol²·mu_1``."""
-    return xp.all((mu_rel * accuracy >= err_rel) | (mu_rel + err_rel < rtol * rtol))
+def resolves(
+    mu: Array, shape: tuple[int, ...], rtol: float, dtype: Any, xp: Any
+) -> tuple[Array, Array, Array]:
+    """The one accept rule of the Gram path. ``(s, mu_err, ok)`` from the ascending eigenvalues
+    ``mu`` of the smaller Gram matrix of an ``(..., N, D)`` batch: ``s`` descending in ``dtype``,
+    ``mu_err`` the error bound ``eps_g·(n·mu_1 + √m·Σmu)`` relative to ``mu_1``, ``ok`` (0-d) that
+    every eigenvalue is resolved to ``GRAM_ACCURACY·√eps(dtype)`` or certainly outside the rank
+    ``mu > rtol²·mu_1`` (false for a zero or NaN ``mu_1``)."""
+    n, m = min(shape[-2:]), max(shape[-2:])
+    e = eps(xp, mu.dtype)
+    with _core.quiet(mu):
+        mu = xp.maximum(xp.flip(mu, axis=-1), 0.0)  # NaN stays NaN
+        top = mu[..., :1]
+        err = ((e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)) / top
+        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
+        ok = xp.all((rel * acc >= err) | (rel + err < rtol * rtol))
+    return xp.astype(xp.sqrt(mu), dtype), xp.astype(err, dtype), ok
 
 
-def accept_gram(
-    M: Array,
-    shape: tuple[int, int],
+def plan(shape: tuple[int, ...], *, gram: bool, vectors: bool, method: str, extreme: bool) -> str:
+    """The route: ``"svd"``, ``"exact"``, ``"gram"``, ``"auto"`` or ``"extreme"`` (module
+    documentation) — the one place that chooses."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not gram or method == "svd":
+        return "svd"
+    if method != "auto":
+        return method
+    if extreme and vectors and len(shape) == 2 and min(shape) >= EXTREME_MIN:
+        return "extreme"
+    return "auto"
+
+
+def nonfinite_error(where: str) -> ValueError:
+    return ValueError(
+        f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
+    )
+
+
+def rank_error() -> RankError:
+    return RankError(
+        "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
+        "undefined"
+    )
+
+
+def check_input(E: Array, where: str) -> None:
+    """The input checks from the host copy of ``E`` (:func:`scaled`)."""
+    if not np.all(np.isfinite(E)):
+        if np.any(np.isnan(E) | (E == math.inf)):
+            raise nonfinite_error(where)
+        raise rank_error()
+
+
+# --------------------------------------------------------------------------------------------
+# One call: evaluate → assemble
+# --------------------------------------------------------------------------------------------
+
+
+class Evaluation(NamedTuple):
+    """What :func:`evaluate` returns: the value (shape ``S.shape[:-2]``, on ``S``'s device), the
+    gradient factor ``K`` and the rescaled input ``A`` its GEMM partner (:func:`assemble`; ``A``
+    is ``None`` for ``gram=False``), R_ill's pole where it was read (else ``None``), and the
+    power of two ``n`` (``(..., 1, 1)``) the gradient still takes (``None``: folded into ``K``)."""
+
+    value: Array
+    K: Array | None = None
+    A: Array | None = None
+    pole: bool | None = None
+    n: Array | None = None
+
+
+def evaluate(
+    quantity: str,
+    S: Array,
     xp: Any,
+    *,
+    gram: bool,
     vectors: bool,
-    dtype: Any,
-    rtol: float,
-    read: Concrete = never,
-) -> tuple[Array, Any, Array, Array]:
-    """The one accept rule: ``(s, W, err_rel, ok)`` from :func:`eigh_gram`, ``ok`` = in range and
-    every counted eigenvalue resolved (:func:`gram_resolves`)."""
-    s, W, mu_rel, err_rel, in_range = eigh_gram(M, shape, xp, vectors, dtype, read)
-    accuracy = GRAM_ACCURACY * math.sqrt(eps(xp, dtype))  # relative, on every counted value
-    ok = in_range & gram_resolves(mu_rel, err_rel, rtol, accuracy, xp)
-    return s, W, err_rel, ok
+    rtol: float | None = None,
+    tie_rtol: float | None = None,
+    policy: str = "min_norm",
+    check: bool = True,
+    host: bool | None = None,
+    method: str = "auto",
+    extreme: bool = False,
+    where: str | None = None,
+) -> Evaluation:
+    """The value of ``quantity`` for a validated ``S`` and, with ``vectors``, its gradient factor.
+
+    ``check``: raise ``ValueError`` (NaN/Inf), :class:`RankError` (a zero matrix) and the
+    ``policy="raise"`` errors, from the one read; unchecked invalid input gives NaN. ``host``:
+    where :func:`condreg._core.parts` runs (default :func:`use_host`; ``False`` keeps everything
+    on the device and differentiable). ``extreme``: the ``"extreme"`` route may be taken.
+    ``where``: the name in error messages (default ``quantity``)."""
+    _core.check_name(quantity, _core.QUANTITIES, "quantity")
+    _core.check_name(policy, _core.SUBGRADIENTS, "subgradient")
+    host = use_host(S, check) if host is None else host
+    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=extreme and host)
+    if how == "auto" and not host and library(S) != "jax":
+        how = "exact"  # no read and no lax.cond: the route that needs no decision
+    A, E = scaled(S, xp)
+    values, X, Y = _decompose(A, xp, how, vectors)
+    E, at = xp.reshape(E, E.shape[:-1]), np if host else xp  # ``at``: where the parts run
+    if host:
+        both = to_host(xp.concat([values, E], axis=-1))
+        values, E = both[..., :-1], both[..., -1:]
+        if check:
+            check_input(E, where or quantity)
+    tie = _core.check_tie_rtol(tie_rtol)  # after the input checks: NaN input is reported first
+    tie = default_tie_rtol(S.shape, S.dtype, xp) if tie is None else tie
+    rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
+    dtype = np.dtype(str(S.dtype).rpartition(".")[2]) if host else S.dtype
+    E = E.astype(dtype) if host else E  # integers (or ±inf, NaN): exact
+    s, mu_err, order = values, 0.0, 1
+    if how not in ("svd", "exact"):
+        s, mu_err, ok = resolves(values, A.shape, rtol, dtype, at)
+        if not host:
+            X = None if X is None else xp.astype(xp.flip(X, axis=-1), S.dtype)
+            if how == "auto":
+                s, X, mu_err = _cond(ok, (s, X, mu_err), A, xp, vectors)
+        elif ok or how == "gram":
+            order = -1  # the Gram's vectors are ascending
+        else:
+            how, mu_err = "exact", 0.0
+            s, X, Y = exact(A, xp, vectors)
+            s = to_host(s)
+    mask, k = rank(s, rtol, at)
+    read = eager if host and check else never
+    kw = {"gram": gram, "p": S.shape[-1] if gram else min(S.shape[-2:]), "mask": mask, "k": k}
+    p = _core.parts(quantity, s, at, tie=tie, mu_err=mu_err, policy=policy, read=read, **kw)
+    value, n = _finish(quantity, gram, p, E, at)
+
+    def put(x: Array) -> Array:  # a host array to S's device, in S's dtype
+        return xp.asarray(np.asarray(x, dtype=dtype, order="C"), device=device(A)) if host else x
+
+    pole = bool(np.any(p.pole)) if read is eager and p.pole is not None else None
+    if not vectors:
+        return Evaluation(put(value), pole=pole)
+    twice = 1.0 if not gram else 2.0 * s if how == "svd" else 2.0  # 2 F G_H (Theorem 4.2)
+    a, h = np.asarray(p.a, dtype=dtype) if host else p.a, p.h  # NaN: not foldable (a <= big)
+    with _core.quiet(s):
+        g = p.dmu(s * s if gram else s) * twice
+        if host:  # the power of two into g (and a, h) where that stays exact
+            scaled_ = [(x, _core.pow2(x, n, np)) for x in ((g, a, h) if how == "extreme" else (g,))]
+            if all(_foldable(x, x2) for x, x2 in scaled_):
+                (g, a, h), n = ([x2 for _, x2 in scaled_] + [a, h])[:3], None
+    if how == "extreme":
+        K = _extreme_factor(Y, values, a, h, g, xp)
+    else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors
+        with _core.quiet(X):
+            K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else X.mT)
+    K = K if K.dtype == S.dtype else xp.astype(K, S.dtype)
+    n = None if n is None else put(n[..., None])
+    return Evaluation(put(value), K, A if gram and how != "svd" else None, pole, n)
+
+
+def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, Any]:
+    """``(values, X, Y)``: ``"svd"`` ``(s, U, Vh)``; ``"exact"`` ``(s, Q, R)``; the Gram routes
+    ``(ascending mu, W, G)`` (``W`` only with vectors, not on ``"extreme"``)."""
+    if how == "svd":
+        if vectors:
+            U, s, Vh = xp.linalg.svd(finite(A, xp), full_matrices=False)
+            return s, U, Vh
+        return xp.linalg.svdvals(finite(A, xp)), None, None
+    if how == "exact":
+        return exact(A, xp, vectors)
+    G = gram_matrix(A, xp)
+    mu, W = gram_eigh(G, xp, vectors and how != "extreme")
+    return mu, W, G
+
+
+def _cond(ok: Array, gram: tuple, A: Array, xp: Any, vectors: bool) -> tuple:
+    """``lax.cond`` between the Gram route's ``(s, Q, mu_err)`` and the exact route's."""
+
+    def refused() -> tuple:
+        s, Q, _ = exact(A, xp, vectors)
+        return s, Q, 0.0 * gram[2]
+
+    return sys.modules["jax"].lax.cond(ok, lambda: gram, refused)
+
+
+def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tuple[Array, Array]:
+    """``(value, n)``: the value rescaled by ``E``'s power of two and the power ``n`` the
+    gradient takes (``(..., 1)``); NaN for invalid input (``E`` not finite: a zero or non-finite
+    matrix)."""
+    Ec = xp.clip(E, *exponent_limits(p.value.dtype, xp))
+    degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
+    with _core.quiet(E):
+        poison = 0.0 * E  # 0, or NaN for an invalid matrix
+        value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], xp)
+        return value + poison[..., 0], (degree - 1) * Ec + poison
+
+
+def _foldable(x: Any, x2: Any) -> bool:
+    """Whether ``x2 = x·2**n`` (host arrays) stays clear of over- and underflow: then the power
+    of two is folded into ``d value / d mu`` (no product with the gradient factor)."""
+    _, tiny, big = finfo(np, x2.dtype)
+    a = np.abs(x2)
+    return bool(np.all((a <= big * 2.0**-64) & ((a >= tiny * 2.0**64) | (x == 0))))
+
+
+def _extreme_factor(
+    G: Array, mu: np.ndarray, a: Any, h: np.ndarray, g: np.ndarray, xp: Any
+) -> Array:
+    """``K = 2 W diag(g) Wᵀ`` of the Gram matrix ``G`` (ascending eigenvalues ``mu``, host) with
+    ``g = a·mu + h``: from the vectors of the runs of ``h`` (the extreme tie sets;
+    :func:`condreg._extreme.gram_product`), or the full ``eigh`` of ``G`` where they are not
+    certified."""
+    mu = np.maximum(mu[::-1], 0.0)
+    K = _extreme.gram_product(G, mu, float(np.reshape(a, -1)[0]), np.reshape(h, -1), xp)
+    if K is None:
+        W = gram_eigh(G, xp, True)[1]
+        K = (W * xp.asarray(np.asarray(g[::-1], order="C"), device=device(G))) @ W.mT
+    return K
+
+
+def assemble(ev: Evaluation, xp: Any, weight: Array | None = None) -> Array:
+    """The gradient from an :class:`Evaluation` with vectors, times ``weight`` (``S.shape[:-2]``):
+    ``K`` itself (``gram=False``), else ``K @ A`` or ``A @ K`` (Theorem 4.2: ``2 F G_H``)."""
+    with _core.quiet(ev.K):
+        K = ev.K if weight is None else ev.K * xp.reshape(weight, weight.shape + (1, 1))
+        if ev.A is not None:
+            K = K @ ev.A if left_side(ev.A.shape) else ev.A @ K
+    return K if ev.n is None else _core.pow2(K, ev.n, xp)
+
+
+# --------------------------------------------------------------------------------------------
+# The spectrum itself (Algorithm 1, the metrics, data parallel): the same decomposition
+# --------------------------------------------------------------------------------------------
+
+
+def choose(
+    pred: Array, if_true: Callable[[], Any], if_false: Callable[[], Any], read: Concrete
+) -> Any:
+    """``if_true()`` if the 0-d boolean ``pred`` holds, else ``if_false()`` (the safe branch);
+    where ``read`` cannot tell, ``lax.cond`` for JAX arrays and ``if_false`` elsewhere."""
+    value = read(pred)
+    if value is not None:
+        return if_true() if value else if_false()
+    if library(pred) == "jax":
+        return sys.modules["jax"].lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
+    return if_false()
 
 
 class Small(NamedTuple):
-    """What :func:`small_side` returns: singular values, the small side's vectors (or None), the
-    error bound on ``mu`` relative to ``mu_1``, the default tie tolerance, and with ``keep`` the
-    Gram matrix formed (``G``, in the Gram dtype; Gram path) or the exact path's ``R``."""
+    """:func:`small_side`: singular values, the small side's vectors (or ``None``), the error
+    bound on ``mu`` relative to ``mu_1``, the default tie tolerance, and with ``keep`` the Gram
+    matrix (``G``, Gram path) or the exact path's ``R``."""
 
     s: Array
     Q: Array | None
@@ -321,49 +482,54 @@ def small_side(
     rtol: float,
     read: Concrete,
     keep: bool = False,
-    exact_vectors: bool | None = None,
 ) -> Small:
-    """The spectrum of a feature batch from the small side: ``how`` is ``"exact"``,
-    ``"gram"`` (the Gram eigh, not checked), or ``"auto"`` (the Gram eigh where
-    :func:`accept_gram` accepts it, else exact; one branch, :func:`choose`). ``keep``: return
-    ``G`` and ``R`` too (eager callers only: the two branches then differ in structure).
-    ``exact_vectors``: whether the exact branch computes vectors (default ``vectors``)."""
-    tie_exact = default_tie_rtol(F.shape, F.dtype, xp)
+    """The spectrum of a feature batch from the small side (``how``: ``"exact"``, ``"gram"`` —
+    not checked — or ``"auto"``: the Gram where :func:`resolves` accepts it and ``read`` can
+    tell, else exact). Computed on :func:`scaled` ``F`` and scaled back exactly. ``keep``:
+    return ``G`` and ``R`` too."""
+    A, E = scaled(F, xp)
+    Ec = xp.clip(E, *exponent_limits(F.dtype, xp))
+    tie = xp.full_like(A[..., :1, 0], default_tie_rtol(F.shape, F.dtype, xp))
 
-    def exact() -> Small:
-        s, Q, R = svd_small_side(F, xp, vectors if exact_vectors is None else exact_vectors)
-        return Small(
-            s,
-            Q,
-            xp.zeros_like(s[..., :1]),
-            xp.full_like(s[..., :1], tie_exact),
-            None,
-            R if keep else None,
-        )
+    def from_exact() -> Small:
+        s, Q, R = exact(A, xp, vectors)
+        R = _core.pow2(R, Ec, xp) if keep else None
+        return Small(_core.pow2(s, Ec[..., 0], xp), Q, 0.0 * tie, tie, None, R)
 
     if how == "exact":
-        return exact()
-    G = gram_matrix(F, xp, gram_dtype(F, xp))
-    s, W, err_rel, ok = accept_gram(G, F.shape[-2:], xp, vectors, F.dtype, rtol, read)
-    # ties at the rounding scale of s, returned in F's dtype
-    gram = Small(s, W, err_rel, xp.full_like(err_rel, tie_exact), G if keep else None, None)
-    if how == "gram":
-        return gram
-    return choose(ok, lambda: gram, exact, read)
+        return from_exact()
+    G = gram_matrix(A, xp)
+    mu, W = gram_eigh(G, xp, vectors)
+    s, err, ok = resolves(mu, F.shape, rtol, F.dtype, xp)
+    Q = None if W is None else xp.astype(xp.flip(W, axis=-1), F.dtype)
+    G = _core.pow2(G, 2.0 * Ec, xp) if keep else None
+    gram = Small(_core.pow2(s, Ec[..., 0], xp), Q, err, tie, G)
+    return gram if how == "gram" else choose(ok, lambda: gram, from_exact, read)
 
 
-def plan(shape: tuple[int, ...], *, gram: bool, vectors: bool, method: str, extreme: bool) -> str:
-    """The route of :func:`decompose`: ``"svd"``, ``"exact"``, ``"gram"``, ``"auto"`` or
-    ``"extreme"`` (module documentation) — the one place that chooses."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if not gram or method == "svd":
-        return "svd"
-    if method != "auto":
-        return method
-    if extreme and vectors and len(shape) == 2 and min(shape) >= EXTREME_MIN:
-        return "extreme"
-    return "auto"
+def accept_gram(
+    M: Array,
+    shape: tuple[int, int],
+    xp: Any,
+    vectors: bool,
+    dtype: Any,
+    rtol: float,
+    read: Concrete = never,
+) -> tuple[Array, Any, Array, Array]:
+    """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
+    parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
+    ``ok`` false for a non-finite ``M``."""
+    mu, W = gram_eigh(M, xp, vectors)
+    s, err, ok = resolves(mu, shape, rtol, dtype, xp)
+    e, tiny, big = finfo(xp, M.dtype)
+    top = xp.max(mu, axis=-1)  # well inside the range (M is not scaled), and finite
+    ok = (
+        ok
+        & xp.all((top > tiny / (e * e)) & (top < big / (4.0 * max(shape))))
+        & xp.all(xp.isfinite(M))
+    )
+    W = None if W is None else xp.astype(xp.flip(W, axis=-1), dtype)
+    return s, W, err, ok
 
 
 def decompose(
@@ -378,149 +544,28 @@ def decompose(
     extreme: bool = False,
 ) -> Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
-    feature batch ``F = S`` (``gram=True``: the route of :func:`plan`), and the numerical rank
-    ``s_i > rtol·s_1`` (default ``max(m, n)·eps``).
-
-    ``method`` (``gram=True``): ``"auto"``, ``"gram"``, ``"exact"`` or ``"svd"`` (both sides'
-    vectors, differentiable: for higher order). ``extreme``: the caller reads values cheaply
-    (allows the ``"extreme"`` route). Raises :class:`RankError` when any matrix of the batch
-    has rank 0 (if ``concrete`` can tell)."""
+    feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with
+    ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical rank
+    ``s_i > rtol·s_1``. :class:`RankError` when a matrix has rank 0 and ``concrete`` can tell;
+    NumPy arrays are always read for the accept decision."""
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
-    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=extreme)
-    m, n = S.shape[-2], S.shape[-1]
+    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=False)
+    U = Vh = None
     mu_err: Any = 0.0
-    tie: Any = default_tie_rtol(S.shape, S.dtype, xp)
-    U = Vh = F = M = None
-    if how == "svd" and vectors:
-        U, s, Vh = xp.linalg.svd(S, full_matrices=False)
-    elif how == "svd":
-        s = xp.linalg.svdvals(S)
+    if how == "svd":
+        A, E = scaled(S, xp)
+        s, U, Vh = _decompose(A, xp, "svd", vectors)
+        s = _core.pow2(s, xp.clip(E, *exponent_limits(S.dtype, xp))[..., 0], xp)
     else:
-        keep = how == "extreme"  # eigvalsh only; the exact branch with its vectors
-        sm = small_side(
-            S,
-            xp,
-            how="auto" if keep else how,
-            vectors=vectors and not keep,
-            rtol=rtol,
-            read=reader(S, concrete),
-            keep=keep,
-            exact_vectors=vectors,
-        )
-        s, mu_err, tie = sm.s, sm.mu_err, sm.tie
-        if sm.G is not None:  # the Gram matrix formed here: made the unit Gram in place
-            M = sm.G
-            M /= xp.astype(s[..., :1] * s[..., :1], M.dtype)[..., None]
+        read = eager if library(S) == "numpy" else concrete
+        sm = small_side(S, xp, how=how, vectors=vectors, rtol=rtol, read=read)
+        s, mu_err = sm.s, sm.mu_err
         if vectors:
-            U, Vh, F = (
-                (sm.Q, None, S) if left_side(S.shape) or sm.Q is None else (None, mT(xp, sm.Q), S)
-            )
+            U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
     mask, k = rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
-        raise RankError(
-            "the matrix is zero (numerical rank 0): condition numbers and the regularizers are "
-            "undefined"
-        )
-    mu = square(s) if gram else s
-    return Spectrum(U, s, Vh, mu, mask, k, n if gram else min(m, n), gram, mu_err, F, tie, M)
-
-
-def square(s: Array) -> Array:
-    """``s**2`` (may over- or underflow where ``s`` does not; the formulas use ``s / s_1``, so
-    NumPy's warning about it would only be noise)."""
-    if is_numpy_array(s):
-        with np.errstate(over="ignore", under="ignore"):
-            return s * s
-    return s * s
-
-
-def power_factors(s: Array, power: int, xp: Any) -> tuple[Array, Array]:
-    """``(first, second)`` with ``s**power = first · second`` for positive ``s``, such that
-    ``(x · first) · second`` over- or underflows only where ``x · s**power`` itself does.
-
-    ``s = m·2**e`` with ``m ∈ [1, 2)`` (exact), so ``s**power = m**power · 2**(e·power)``;
-    ``m**power`` is representable for ``|power| <= 6`` and the power of two is split into two
-    exact factors (the second is 1 unless the exponent leaves the dtype's range; clipped so that
-    it is never 0 or inf). A non-positive or non-finite ``s`` gives NaN (``m`` is NaN).
-    """
-    e = xp.floor(xp.log2(s))
-    m = s / 2.0**e
-    E = e * float(power)
-    lim = float(math.floor(math.log2(finfo(xp, s.dtype)[2])))
-    E1 = xp.clip(E, -(lim - 8.0), lim - 7.0)
-    return m**power * 2.0**E1, 2.0 ** xp.clip(E - E1, -(lim - 1.0), lim - 1.0)
-
-
-def scale_by_power(x: Array, s: Array, power: int, xp: Any) -> Array:
-    """``x · s**power`` for positive ``s`` broadcastable to ``x`` (no batch dimension ``x``
-    lacks), without an over- or underflow the result would not have (:func:`power_factors`);
-    ``x``, a new array of the caller's, is scaled in place unless autodiff records it."""
-    if power == 0:
-        return x
-    first, second = power_factors(s, power, xp)
-    if getattr(x, "requires_grad", False):
-        return (x * first) * second
-    x *= first
-    x *= second
-    return x
-
-
-def gram_gradient(Q: Array, g: Array, F: Array, xp: Any, left: bool | None = None) -> Array:
-    """``2 (Q diag(g) Qᵀ) F`` (``left``, ``Q = U``) or ``2 F (Q diag(g) Qᵀ)`` (``Q = V``): the
-    gradient with respect to ``F`` from one side's vectors and ``g = d value / d mu``
-    (Theorem 4.2). ``left`` defaults to :func:`left_side` (a data-parallel rank's ``F_r`` may
-    have ``N_r < D`` with the ``V`` of the global Gram)."""
-    if left is None:
-        left = left_side(F.shape)
-    P = (Q * (2.0 * g)[..., None, :]) @ mT(xp, Q)
-    return P @ F if left else F @ P
-
-
-def _gram_matrix_part(sp: Spectrum, a: Any, h: Array, xp: Any) -> Array:
-    """``P = 2 Q diag(a·mu + h) Qᵀ`` of the ``"extreme"`` route from the unit Gram ``sp.M``: the
-    extreme clusters' vectors (:func:`condreg._extreme.gram_product`), or the full eigh of
-    ``M`` where they are not certified."""
-    P = _extreme.gram_product(sp.M, sp.mu, a, h, xp, value_eps=eps(xp, sp.s.dtype))
-    if P is None:
-        W = xp.flip(xp.linalg.eigh(sp.M)[1], axis=-1)
-        g = a * sp.mu + h
-        P = (W * (2.0 * g)[..., None, :]) @ mT(xp, W)
-    return P if P.dtype == sp.s.dtype else xp.astype(P, sp.s.dtype)
-
-
-def assemble(
-    sp: Spectrum,
-    a: Any,
-    h: Array,
-    xp: Any,
-    scale: Array | None = None,
-    power: int = 0,
-    weight: Array | None = None,
-) -> Array:
-    """Gradient with respect to the argument from ``g = d value / d mu = a·mu + h`` (``a`` a
-    float or of shape ``(..., 1)``, ``h`` nonzero on the extreme tie sets only), times
-    ``scale**power`` and ``weight``.
-
-    Without ``gram``: ``U diag(g) Vᵀ``. With ``gram`` (mu = s²): ``U diag(2 s g) Vᵀ``, which
-    equals ``2 F G_H`` for the symmetric gradient ``G_H = V diag(g) Vᵀ`` with respect to H
-    (Theorem 4.2); from one side's vectors ``2 (U diag(g) Uᵀ) F`` or ``2 F (V diag(g) Vᵀ)``,
-    where ``F`` is ``sp.F / scale`` (the unit factor of a spectrum divided by ``s_1``); from the
-    unit Gram ``sp.M`` (``"extreme"`` route) ``2 (a·M + Σ_c h_c Q_c Q_cᵀ) F``. ``weight``
-    (shape ``(...)``) multiplies ``a`` and ``h``; ``scale**power`` (``scale`` of shape
-    ``(..., 1)``) is applied by :func:`scale_by_power`.
-    """
-    if weight is not None:  # folded into g: G then has every batch dimension (in place below)
-        a, h = a * weight[..., None], h * weight[..., None]
-    if sp.gram and sp.F is not None and (sp.U is None or sp.Vh is None):
-        if sp.M is not None:
-            P = _gram_matrix_part(sp, a, h, xp)
-            G = P @ sp.F if left_side(sp.F.shape) else sp.F @ P
-        else:
-            left = sp.U is not None
-            G = gram_gradient(sp.U if left else mT(xp, sp.Vh), a * sp.mu + h, sp.F, xp, left)
-        power -= 1  # sp.F = scale · the unit factor
-    else:
-        g = a * sp.mu + h
-        d = 2.0 * sp.s * g if sp.gram else g
-        G = (sp.U * d[..., None, :]) @ sp.Vh
-    return G if scale is None else scale_by_power(G, scale[..., None], power, xp)
+        raise rank_error()
+    mu = s * s if gram else s
+    tie = default_tie_rtol(S.shape, S.dtype, xp)
+    p = S.shape[-1] if gram else min(S.shape[-2:])
+    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
+import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from condreg import _core, _spectrum
@@ -39,8 +42,9 @@ def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     """The Array API namespace of ``arrays`` (``xp`` overrides it); ``TypeError`` for non-arrays,
     mixed libraries, an ``xp`` of another library, or a namespace without ``linalg``."""
+    inferred = _known.get(_spectrum.library(arrays[0])) if len(arrays) == 1 else None
     try:
-        inferred = array_namespace(*arrays)
+        inferred = array_namespace(*arrays) if inferred is None else inferred()
     except TypeError as exc:
         kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
         raise TypeError(
@@ -62,20 +66,23 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     return chosen
 
 
+def _compat(name: str) -> Any:
+    return lambda: sys.modules.get(name) or importlib.import_module(name)
+
+
+#: Namespaces of the common libraries, found without array-api-compat's helpers (whose caches
+#: ``torch.compile`` traces and warns about).
+_known = {
+    "numpy": _compat("array_api_compat.numpy"),
+    "torch": _compat("array_api_compat.torch"),
+    "jax": _compat("jax.numpy"),
+}
+
+
 def _library(xp: Any) -> str:
     """The library of a namespace (``numpy`` for ``array_api_compat.numpy`` too)."""
     name = getattr(xp, "__name__", type(xp).__name__)
     return name.removeprefix("array_api_compat.").split(".")[0]
-
-
-def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None) -> _core.Concrete:
-    """The reader of 0-d booleans for value checks: none (``enabled`` false), the adapter's
-    ``concrete``, or :func:`condreg._spectrum.readable` (NumPy arrays: always read)."""
-    if not enabled:
-        return _core.never
-    if concrete is not None:
-        return concrete
-    return _spectrum.eager if is_numpy_array(S) else _spectrum.readable
 
 
 def default_float(xp: Any, S: Array) -> Any:
@@ -94,12 +101,61 @@ def all_finite(S: Array, xp: Any) -> Array:
     return xp.isfinite(xp.min(S)) & xp.isfinite(xp.max(S))
 
 
+def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None) -> _core.Concrete:
+    """The reader of 0-d booleans for value checks: none (``enabled`` false), the adapter's
+    ``concrete``, or :func:`condreg._spectrum.readable` (NumPy arrays: always read)."""
+    if not enabled:
+        return _core.never
+    if concrete is not None:
+        return concrete
+    return _spectrum.eager if is_numpy_array(S) else _spectrum.readable
+
+
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
     """False where ``S`` readably holds NaN or Inf: a finite sum (one pass) proves every entry
     finite, else :func:`all_finite` decides (a sum of finite entries may overflow)."""
-    with _core.quiet(S):  # NumPy: that overflow is handled, not warned about
+    with _core.quiet(S):
         total = xp.sum(S)
     return bool(concrete(xp.isfinite(total))) or concrete(all_finite(S, xp)) is not False
+
+
+def flag(value: Any, name: str, where: str) -> bool:
+    """A boolean argument: ``bool`` or ``numpy.bool_``, else ``TypeError`` (``"yes"`` is not
+    true)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{where}: {name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def as_array(S: Any, where: str) -> Any:
+    """``S`` as an array: an array of any Array API library as it is; an array-like (nested
+    lists, tuples, scalars) converted by NumPy, as numpy.linalg does; ``TypeError`` for NumPy
+    masked arrays (the mask would be silently dropped)."""
+    if isinstance(S, np.ma.MaskedArray):
+        raise TypeError(
+            f"{where}: masked arrays are not supported (the mask would be ignored); pass "
+            "S.filled(value) to fill the masked entries, or S.data to use them as they are"
+        )
+    from array_api_compat import is_array_api_obj
+
+    if _spectrum.library(S) in _known or is_array_api_obj(S):
+        return S
+    try:
+        A = np.asarray(S)
+    except (TypeError, ValueError) as exc:  # e.g. ragged nested lists
+        why = str(exc)
+    else:
+        if A.dtype.kind in "biufc":  # numbers (booleans are refused later, by dtype)
+            return A
+        why = f"NumPy reads it as {A.dtype}"
+    raise TypeError(
+        f"{where}: S must be an array or a numeric array-like (nested lists or tuples), got "
+        f"{_kind(S)} ({why})"
+    )
+
+
+#: The real floating dtypes condreg computes in (float16 and bfloat16 in float32).
+SUPPORTED = ("float16", "bfloat16", "float32", "float64")
 
 
 def matrix(
@@ -111,8 +167,10 @@ def matrix(
     concrete: _core.Concrete | None = None,
 ) -> tuple[Array, Any, _core.Concrete]:
     """``(S, xp, concrete)`` for a validated (batch of) matrices: ``ValueError`` for ``ndim < 2``,
-    an empty matrix or readable NaN/Inf (with ``check_finite``); ``TypeError`` for boolean or
-    complex dtypes; integers are promoted to the default real floating dtype."""
+    an empty matrix or (``check_finite``) readable NaN/Inf; ``TypeError`` for boolean, complex or
+    other unsupported dtypes (:data:`SUPPORTED`); integers are promoted to the default real
+    floating dtype; array-likes become NumPy arrays (:func:`as_array`)."""
+    S = as_array(S, where)
     xp = namespace(S, xp=xp, where=where)
     ndim = getattr(S, "ndim", None)
     if ndim is None or ndim < 2:
@@ -123,16 +181,18 @@ def matrix(
     if m == 0 or n == 0:
         raise ValueError(f"{where}: the matrix is empty (shape {tuple(S.shape)})")
     dtype = S.dtype
+    supported = f"supported dtypes: {', '.join(SUPPORTED)} (integers are promoted)"
     if xp.isdtype(dtype, "bool"):
         raise TypeError(f"{where}: boolean input is not supported; convert to a real float dtype")
     if xp.isdtype(dtype, "complex floating"):
         raise TypeError(
-            f"{where}: complex input ({dtype}) is not supported; condreg works on real matrices"
+            f"{where}: complex input ({dtype}) is not supported; condreg works on real matrices "
+            f"({supported})"
         )
     if xp.isdtype(dtype, "integral"):
         S = xp.astype(S, default_float(xp, S))
-    elif not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"{where}: unsupported dtype {dtype}; expected a real floating dtype")
+    elif not xp.isdtype(dtype, "real floating") or str(dtype).split(".")[-1] not in SUPPORTED:
+        raise TypeError(f"{where}: unsupported dtype {dtype}; {supported}")
     concrete = concrete_for(S, check_finite, concrete)
     empty = any(d == 0 for d in S.shape)
     if not empty and concrete is not _core.never and not _finite(S, xp, concrete):
@@ -140,11 +200,7 @@ def matrix(
     return S, xp, concrete
 
 
-def nonfinite_error(where: str) -> ValueError:
-    """The error for NaN/Inf input (:func:`matrix`, and the PyTorch adapter's ``vmap`` rule)."""
-    return ValueError(
-        f"{where}: the input contains NaN or Inf (pass check_finite=False to skip this check)"
-    )
+nonfinite_error = _spectrum.nonfinite_error
 
 
 def _is_half(dtype: Any) -> bool:

@@ -118,9 +118,48 @@ def test_integer_input_is_promoted_to_default_float(backend, name):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_non_array_input_raises_type_error(name):
-    with pytest.raises(TypeError, match="Array API"):
-        _call(name, [[1.0, 2.0], [3.0, 4.0]])
+def test_array_likes_are_numpy_input(name):
+    """Nested lists and tuples are NumPy input, as in numpy.linalg."""
+    want = _call(name, np.array([[1.0, 2.0], [3.0, 4.0]]))
+    for like in ([[1, 2], [3, 4]], ((1.0, 2.0), (3.0, 4.0))):
+        got = _call(name, like)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [object(), {"a": 1}, "abc", [[1.0, 2.0], [3.0]]])
+@pytest.mark.parametrize("name", ALL)
+def test_what_numpy_cannot_read_raises_type_error(name, bad):
+    with pytest.raises(TypeError):
+        _call(name, bad)
+
+
+@pytest.mark.parametrize("arg", ["gram", "check_finite"])
+@pytest.mark.parametrize("name", ALL)
+def test_flags_must_be_bool(name, arg):
+    """``gram="yes"`` is not silently true; NumPy's bool is a bool."""
+    S = np.diag([2.0, 1.0])
+    for bad in ("yes", 1, None, 1.0):
+        with pytest.raises(TypeError, match=arg):
+            _call(name, S, **{arg: bad})
+    for good in (np.True_, np.bool_(False)):
+        _call(name, S, **{arg: good})
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_masked_arrays_raise_type_error_naming_the_fix(name):
+    S = np.ma.masked_array(np.diag([2.0, 1.0]), mask=[[False, True], [False, False]])
+    with pytest.raises(TypeError, match=r"filled\(.*\.data"):
+        _call(name, S)
+
+
+@pytest.mark.parametrize("dtype", ["longdouble", "complex64", "complex128"])
+@pytest.mark.parametrize("name", ALL)
+def test_unsupported_dtypes_name_the_supported_ones(name, dtype):
+    if dtype == "longdouble" and np.dtype(np.longdouble) == np.float64:
+        pytest.skip("longdouble is float64 on this platform")
+    with pytest.raises(TypeError, match="float16, bfloat16, float32, float64"):
+        _call(name, np.eye(2, dtype=dtype))
 
 
 def test_mixed_namespaces_raise_type_error():
@@ -129,8 +168,8 @@ def test_mixed_namespaces_raise_type_error():
         condreg.r_ill(np.diag([2.0, 1.0]), xp=xps)
     with pytest.raises(TypeError, match="mixed namespaces"):
         condreg.r_well_grad(xps.asarray(np.diag([2.0, 1.0])), xp=np)
-    with pytest.raises(TypeError):
-        condreg.condition_number([[2.0, 0.0], [0.0, 1.0]], xp=np)
+    with pytest.raises(TypeError, match="mixed namespaces"):
+        condreg.condition_number([[2.0, 0.0], [0.0, 1.0]], xp=xps)
 
 
 def test_mixed_namespaces_torch_raise_type_error():
@@ -191,15 +230,51 @@ def test_check_finite_false_skips_the_pole_check(backend):
     assert not np.all(np.isfinite(to_numpy(G)))
 
 
-def test_check_finite_false_skips_the_finiteness_check(backend):
-    A = np.diag([2.0, 1.0])
-    A[0, 0] = math.nan
-    try:
-        out = condreg.condition_number(backend.asarray(A), check_finite=False)
-    except Exception as exc:  # noqa: BLE001 - the library's own SVD error (numpy, torch ...)
-        assert "check_finite" not in str(exc)
-    else:
-        assert not np.isfinite(to_numpy(out))
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("gram", [False, True], ids=["S", "gram"])
+def test_check_finite_false_gives_nan_for_non_finite_input(backend, gram, bad):
+    """Documented (docs/api.md): without the check, NaN/Inf input gives NaN values and
+    gradients on every backend — never a LAPACK error, never a finite number. Only that matrix
+    of a batch."""
+    A = np.stack([np.diag([2.0, 1.0, 0.5]), np.diag([3.0, 1.0, 0.25])])
+    A[0, 0, 1] = bad
+    S = backend.asarray(A)
+    for name in VALUES:
+        out = to_numpy(_call(name, S, gram=gram, check_finite=False))
+        assert np.isnan(out[0]) and np.isfinite(out[1]), name
+    for name in GRADS:
+        G = to_numpy(_call(name, S, gram=gram, check_finite=False))
+        assert np.isnan(G[0]).all() and np.isfinite(G[1]).all(), name
+
+
+def test_check_finite_false_gives_nan_for_a_zero_matrix(backend):
+    S = backend.asarray(np.zeros((3, 2)))
+    for name in ALL:
+        assert np.isnan(to_numpy(_call(name, S, check_finite=False))).all(), name
+
+
+def test_torch_backward_without_checks_gives_nan_gradients():
+    torch = pytest.importorskip("torch")
+    X = torch.tensor([[2.0, math.nan], [0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    for name in VALUES:
+        X.grad = None
+        v = _call(name, X, gram=True, check_finite=False)
+        v.backward()
+        assert torch.isnan(v) and torch.isnan(X.grad).all(), name
+
+
+def test_largest_singular_value_overflowing_is_not_a_zero_matrix():
+    """``np.full((3, 3), 1e308)``: finite, rank 1, σ₁ = 3e308 overflows. It is scaled by a power
+    of two first: κ = 1, R_well overflows to inf, R_ill is at its pole, and the gradients are the
+    representable ones (κ's is 0 at rank 1; R_well's ``σ₁u₁v₁ᵀ − S/p`` = 2e308/3 each)."""
+    S = np.full((3, 3), 1e308)
+    assert float(condreg.condition_number(S)) == 1.0
+    assert float(condreg.r_well(S)) == math.inf and float(condreg.r_ill(S)) == math.inf
+    assert np.all(condreg.condition_number_grad(S) == 0.0)
+    np.testing.assert_allclose(condreg.r_well_grad(S), np.full((3, 3), 1e308 / 3 * 2), rtol=1e-14)
+    with pytest.raises(PoleError):
+        condreg.r_ill_grad(S)
+    assert float(condreg.condition_number(S, gram=True)) == 1.0
 
 
 # --------------------------------------------------------------------------------------------

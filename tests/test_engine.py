@@ -109,3 +109,69 @@ def test_float32_gram_ties_are_decided_on_sigma():
     G64 = condreg.condition_number_grad(F32.astype(np.float64), gram=True)
     assert np.linalg.norm(G32 - G64) / np.linalg.norm(G64) < 1e-2
     condreg.condition_number_grad(F32, gram=True, subgradient="raise")  # no tie: no error
+
+
+# --------------------------------------------------------------------------------------------
+# The k-vector arithmetic on a host copy (eager) and on the device (tracing): one function
+# --------------------------------------------------------------------------------------------
+
+
+def _differential_inputs():
+    """``(F, resolved)``: generic, tied, rank-deficient and κ(F) = 1e6 spectra, both shapes, and
+    a batch; ``resolved``: the Gram resolves the spectrum (where forcing it is meaningful)."""
+    ties = np.array([3.0, 3.0, 2.0, 1.5, 1.0, 1.0])
+    deficient = np.array([2.0, 1.5, 1.0, 0.7, 0.0, 0.0])
+    spectra = [np.geomspace(5.0, 0.5, 6), ties, deficient, np.geomspace(1.0, 1e-6, 6)]
+    for i, s in enumerate(spectra):
+        for N, D in ((6, 10), (10, 6)):
+            yield matrix_with_spectrum(s, N, D, seed=i), i < 2
+    yield np.stack([matrix_with_spectrum(s, 6, 10, seed=9) for s in spectra]), False
+
+
+def _libraries():
+    yield "numpy", np, lambda a: a, lambda a: np.asarray(a)
+    torch = pytest.importorskip("torch")
+    from array_api_compat import torch as xpt
+
+    yield "torch", xpt, torch.asarray, lambda a: a.numpy()
+
+
+@pytest.mark.parametrize("quantity", ["condition_number", "r_well", "r_ill"])
+@pytest.mark.parametrize("policy", ["min_norm", "any"])
+def test_host_and_device_arithmetic_agree(quantity, policy):
+    """The one choice of where :func:`condreg._core.parts` runs (``host``): the same route on
+    the same matrix gives the same value, rank, ties and gradient from a NumPy host copy and
+    from the device arrays (``host=False``, what tracing and ``check_finite=False`` use)."""
+    for _, xp, make, back in _libraries():
+        for F, resolved in _differential_inputs():
+            S = make(F)
+            for gram, method in ((False, "auto"), (True, "exact"), (True, "gram"), (True, "svd")):
+                if method == "gram" and not resolved:
+                    continue  # the accept rule refuses these: rounding decides the vectors
+                kw = {"gram": gram, "vectors": True, "method": method, "policy": policy}
+                on = [
+                    _spectrum.evaluate(quantity, S, xp, host=h, check=False, **kw) for h in (1, 0)
+                ]
+                values = [back(ev.value) for ev in on]
+                grads = [back(_spectrum.assemble(ev, xp)) for ev in on]
+                np.testing.assert_allclose(values[0], values[1], rtol=1e-12)
+                scale = np.max(np.abs(grads[1]))
+                np.testing.assert_allclose(grads[0], grads[1], rtol=0, atol=1e-12 * scale)
+
+
+def test_host_and_device_decisions_agree_under_jax_jit():
+    """JAX: eager calls read (host), ``jax.jit`` cannot (device, the accept decision a
+    ``lax.cond``): both take the Gram on a resolved spectrum and the exact route on κ(F) = 1e6,
+    with the same values and gradients."""
+    jax = pytest.importorskip("jax")
+    from conftest import enable_x64
+
+    with enable_x64(jax):
+        for kappa in (10.0, 1e6):
+            F = jax.numpy.asarray(_batch(12, 30, kappa, seed=3))
+            for q in ("condition_number", "r_well", "r_ill"):
+                f = getattr(condreg, q)
+                eager = jax.value_and_grad(lambda X, f=f: f(X, gram=True))(F)
+                traced = jax.jit(jax.value_and_grad(lambda X, f=f: f(X, gram=True)))(F)
+                np.testing.assert_allclose(eager[0], traced[0], rtol=1e-12)
+                np.testing.assert_allclose(eager[1], traced[1], rtol=1e-10, atol=1e-14)

@@ -36,47 +36,25 @@ def concrete(x: jax.Array) -> bool | None:
         return None
 
 
-def _concrete_or_skip(check: bool) -> _core.Concrete:
-    return concrete if check else _core.never
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(0, 2, 3, 4, 5))
 def _spectral_value(quantity, S, rtol, tie_rtol, gram, check):
-    return _core.value(
-        quantity, S, jnp, rtol=rtol, tie_rtol=tie_rtol, gram=gram, concrete=_concrete_or_skip(check)
-    )
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "check": check}
+    return _spectrum.evaluate(quantity, S, jnp, vectors=False, **kw).value
 
 
 def _fwd(quantity, S, rtol, tie_rtol, gram, check):
-    """The value and what the backward assembles from: the kept vectors, ``s / s_1``, ``h``,
-    ``a``, ``s_1`` and R_ill's denominator (:func:`condreg._core.dmu_parts`, computed once)."""
-    tie = _core.check_tie_rtol(tie_rtol)
-    sp = _spectrum.decompose(
-        S, jnp, gram=gram, vectors=True, rtol=rtol, concrete=_concrete_or_skip(check), method="auto"
-    )
-    p = _core.parts(quantity, sp, jnp, tie_rtol=tie)
-    out = _core.value_of(quantity, p, jnp)
-    # the pole is reported by the backward (the value there is +inf, not an error)
-    a, h = _core.dmu_parts(quantity, p.unit, tie, "min_norm", jnp, _core.never, shared=p)
-    den = jnp.zeros_like(p.s1[..., 0]) if p.den is None else p.den
-    a = jnp.broadcast_to(jnp.asarray(a, dtype=p.s1.dtype), p.s1.shape)
-    if gram:
-        vectors = (S, sp.U if sp.U is not None else sp.Vh, None)
-    else:
-        vectors = (None, sp.U, sp.Vh)
-    return out, (*vectors, p.unit.s, h, a, p.s1, den)
+    """The value and what the backward assembles from: the engine's gradient factor ``K``, the
+    rescaled input ``A`` (``gram``) and R_ill's pole where it was read."""
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "check": check}
+    ev = _spectrum.evaluate(quantity, S, jnp, vectors=True, **kw)
+    return ev.value, (ev.K, ev.A, ev.n, jnp.asarray(bool(ev.pole)))
 
 
 def _bwd(quantity, rtol, tie_rtol, gram, check, residuals, g):
-    S, A, B, s, h, a, s1, den = residuals
-    if quantity == "r_ill":
-        _core.check_pole(jnp.any(den == 0), _concrete_or_skip(check))
-    if gram:
-        U, Vh = (A, None) if _spectrum.left_side(S.shape) else (None, A)
-        unit = _core.Spectrum(U, s, Vh, s * s, None, None, S.shape[-1], True, 0.0, S)
-    else:
-        unit = _core.Spectrum(A, s, B, s, None, None, min(A.shape[-2], B.shape[-1]), False)
-    return (_core.gradient_from_parts(quantity, _core.Parts(unit, s1), a, h, jnp, g),)
+    K, A, n, pole = residuals
+    if quantity == "r_ill" and check:
+        _core.check_pole(pole, concrete)
+    return (_spectrum.assemble(_spectrum.Evaluation(None, K, A, None, n), jnp, g),)
 
 
 _spectral_value.defvjp(_fwd, _bwd)

@@ -36,9 +36,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "condreg.torch needs PyTorch: pip install 'condreg-ml[torch]' (or your own torch build)"
     ) from exc
 
-from array_api_compat import array_namespace
+import array_api_compat.torch as xpt
 
-from condreg import _core, _spectrum, _validation
+from condreg import _core, _spectrum
 
 __all__ = ["concrete", "value"]
 
@@ -70,10 +70,6 @@ def concrete(x: torch.Tensor) -> bool | None:
         return None
 
 
-def _reader(check: bool) -> _core.Concrete:
-    return concrete if check else _core.never
-
-
 def _no_autocast(S: torch.Tensor):
     """Autocast off: the engine computes in the dtype it was given."""
     if torch.is_autocast_enabled(S.device.type):
@@ -82,69 +78,41 @@ def _no_autocast(S: torch.Tensor):
 
 
 def _closed_form(S: torch.Tensor, config: tuple) -> torch.Tensor:
-    """``G(S)`` from a differentiable thin SVD (higher order and forward mode)."""
-    quantity, rtol, tie_rtol, gram, check = config
-    options = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "concrete": _reader(check)}
-    xp = array_namespace(S)
-    return _core.gradient(quantity, S, xp, subgradient="min_norm", method="svd", **options)
-
-
-def _extreme_ok(S: torch.Tensor, check: bool) -> bool:
-    """The ``"extreme"`` route may be taken: CPU, checks on, not traced."""
-    return check and S.device.type == "cpu" and not _spectrum.traced(S)
+    """``G(S)`` from a differentiable thin SVD (higher order and forward mode): the engine on the
+    device, nothing read."""
+    quantity, rtol, tie_rtol, gram, _ = config
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "check": False, "host": False}
+    ev = _spectrum.evaluate(quantity, S, xpt, vectors=True, method="svd", **kw)
+    return _spectrum.assemble(ev, xpt)
 
 
 def _forward(S, config):
-    """``(value, A, B, vec, small)``: with ``vectors`` the kept vectors (``U, Vh``; the small
-    side's vectors and empty; or empty and the unit Gram), ``vec = [s / s_1, h]`` and
-    ``small = [a, s_1, den]`` (``d value / d mu = a·mu + h``, R_ill's denominator); else fresh
-    empty tensors (distinct outputs, as ``torch.compile`` needs)."""
+    """``(value, K, A, n, pole)``: the engine's :class:`condreg._spectrum.Evaluation` (fresh
+    empty tensors where absent: distinct outputs, as ``torch.compile`` needs; ``pole`` read on
+    the host, else ``None``)."""
     quantity, rtol, tie_rtol, gram, check, vectors = config
-    xp = array_namespace(S)
-    tie = _core.check_tie_rtol(tie_rtol)
     with _no_autocast(S):
-        extreme = vectors and gram and _extreme_ok(S, check)
-        options = {"gram": gram, "vectors": vectors, "rtol": rtol, "extreme": extreme}
-        sp = _spectrum.decompose(S, xp, concrete=_reader(check), **options)
-        p = _core.parts(quantity, sp, xp, tie_rtol=tie)
-        value = _core.value_of(quantity, p, xp)
-        if not vectors:
-            return value, *(S.new_empty(0) for _ in range(4))
-        # the pole is reported by the backward (the value there is +inf, not an error)
-        a, h = _core.dmu_parts(quantity, p.unit, tie, "min_norm", xp, _core.never, shared=p)
-    one = torch.ones_like(p.s1)
-    den = one if p.den is None else p.den[..., None]
-    vec, small = torch.cat([p.unit.s, h], dim=-1), torch.cat([one * a, p.s1, den], dim=-1)
-    if sp.M is not None:
-        return value, S.new_empty(0), sp.M, vec, small
-    if gram:
-        return value, sp.U if sp.U is not None else sp.Vh.mT, S.new_empty(0), vec, small
-    return value, sp.U, sp.Vh, vec, small
+        extreme = vectors and gram and S.device.type == "cpu"  # where values are read
+        kw = {"rtol": rtol, "tie_rtol": tie_rtol, "check": check, "extreme": extreme}
+        ev = _spectrum.evaluate(quantity, S, xpt, gram=gram, vectors=vectors, **kw)
+    kept = tuple(S.new_empty(0) if x is None else x for x in (ev.K, ev.A, ev.n))
+    return ev.value, *kept, ev.pole
 
 
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
-    """The gradient from what the forward kept (:func:`_forward`), or (higher order, nothing
-    kept) from :func:`_closed_form`."""
-    S, A, B, vec, small = ctx.saved_tensors
+    """The gradient from what the forward kept (:func:`condreg._spectrum.assemble`), or (higher
+    order, nothing kept) from :func:`_closed_form`; :class:`condreg.PoleError` at the pole."""
     if grad_value is None:
         return None
-    quantity, rtol, tie_rtol, gram, check, vectors = ctx.config
+    S, K, A, n = ctx.saved_tensors
+    quantity, vectors = ctx.config[0], ctx.config[5]
+    if quantity == "r_ill":
+        _core.check_pole(ctx.pole)
     if torch.is_grad_enabled() or not vectors:
         return grad_value[..., None, None] * _closed_form(S, ctx.config[:5])
-    n = vec.shape[-1] // 2
-    s, h, a, s1 = vec[..., :n], vec[..., n:], small[..., :1], small[..., 1:2]
-    if quantity == "r_ill":
-        _core.check_pole(torch.any(small[..., 2] == 0), _reader(check))
-    if not gram:
-        unit = _spectrum.Spectrum(A, s, B, s, None, None, min(S.shape[-2:]), False)
-    else:
-        M = B if A.numel() == 0 else None
-        U = A if M is None and _spectrum.left_side(S.shape) else None
-        Vh = A.mT if M is None and U is None else None
-        unit = _spectrum.Spectrum(U, s, Vh, s * s, None, None, S.shape[-1], True, 0.0, S, None, M)
+    ev = _spectrum.Evaluation(None, K, A if A.numel() else None, None, n if n.numel() else None)
     with _no_autocast(S):
-        xp, weight = array_namespace(S), grad_value.to(S.dtype)
-        return _core.gradient_from_parts(quantity, _core.Parts(unit, s1), a, h, xp, weight)
+        return _spectrum.assemble(ev, xpt, grad_value.to(K.dtype))
 
 
 class _SpectralValue(torch.autograd.Function):
@@ -157,10 +125,10 @@ class _SpectralValue(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero gradients for the kept spectrum's outputs
-        ctx.save_for_backward(inputs[0], *output[1:])
-        ctx.config = inputs[1]
+        ctx.mark_non_differentiable(*output[1:4])
+        ctx.set_materialize_grads(False)  # no zero gradients for the kept factors
+        ctx.save_for_backward(inputs[0], *output[1:4])
+        ctx.config, ctx.pole = inputs[1], output[4]
 
     @staticmethod
     def backward(ctx, grad_value, *_):  # type: ignore[override]
@@ -171,12 +139,9 @@ class _SpectralValue(torch.autograd.Function):
         bdim = in_dims[0]
         if bdim is not None:
             S = S.movedim(bdim, 0)
-        # the top-level check could not read the batched tensor; this one can
-        quantity, check = config[0], config[4]
-        if check and _reader(check)(torch.all(torch.isfinite(S))) is False:
-            raise _validation.nonfinite_error(quantity)
-        outs = _function().apply(S, config)
-        dims = tuple(None if (bdim is None or o.numel() == 0) else 0 for o in outs)
+        outs = _function().apply(S, config)  # a plain batch: its values can be read
+        batched = bdim is not None
+        dims = tuple(0 if batched and torch.is_tensor(o) and o.numel() else None for o in outs)
         return outs, dims
 
 
@@ -190,6 +155,8 @@ class _SpectralValueWithJvp(_SpectralValue):
 
     @staticmethod
     def jvp(ctx, S_dot, *_):  # type: ignore[override]
+        if ctx.config[0] == "r_ill":
+            _core.check_pole(ctx.pole)
         S = ctx.saved_tensors[0]
         G = _closed_form(S, ctx.config[:5])
         return (G * S_dot).sum(dim=(-2, -1)), None, None, None, None
