@@ -258,8 +258,8 @@ def _best_text(loss: float) -> str:
 
 def _rows(summary, n_pairs: int, loss_input: float) -> list[list[str]]:
     best = _best_text(loss_input)
-    rows = [[rp.METHOD_LABELS["identity"], "1", "1", "—", "—", f"0/{n_pairs}", "—", "—", "—"]]
-    rows[0] += ["—", "—", best]
+    rows = [[rp.METHOD_LABELS["identity"], "1", "1", "—", "1", "1", f"0/{n_pairs}", "—", "—"]]
+    rows[0] += ["—", "0.693 (ω = 0)", best]
     for m in (m for m in rp.METHODS if m in summary):
         s, p = summary[m], rp.PAPER_MNIST[m]
         by, by_i, rir = s["successes_by_rtol"], s["successes_by_i"], s["rir"]

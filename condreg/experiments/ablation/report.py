@@ -161,6 +161,28 @@ def _rule_results(plan, groups, chosen) -> dict[str, Any]:
             variants[name] = row | {"grid": table, **c}
         paper = rp.PAPER_HOUSE_PRICES if dataset == "house" else None
         out[dataset] = {"variants": variants, "paper": paper, "dp_tolerance": DP_TOLERANCE}
+        out[dataset]["ranking"] = _rule_ranking(variants)
+    return out
+
+
+#: Under each step rule, Ours' variant against Opt κ's (plain and preconditioned).
+RULE_PAIRS = {
+    "clip": ("ours_clip", "opt_clip", "opt_clip_precond"),
+    "fixed λ, GD": ("ours_fixed_gd", "opt_fixed_gd", "opt_fixed_gd_precond"),
+    "fixed λ, Adam": ("ours_fixed_adam", "opt_fixed_adam", "opt_fixed_adam_precond"),
+}
+
+
+def _rule_ranking(variants: dict[str, Any]) -> dict[str, Any]:
+    """Per step rule, on how many runs (same seed and pair) Ours' RIR exceeds Opt κ's."""
+    out = {}
+    for rule, (ours, *opts) in RULE_PAIRS.items():
+        if ours not in variants:
+            continue
+        for opt in (o for o in opts if o in variants):
+            runs = {"condreg": variants[ours]["runs"]["condreg"]}
+            runs["opt_kappa"] = variants[opt]["runs"]["opt_kappa"]
+            out[f"{ours} vs {opt}"] = {"rule": rule} | versus(runs, "nonzero")
     return out
 
 

@@ -88,12 +88,13 @@ def _rules_table(rules: dict[str, Any], dataset: str) -> str:
         grid = v["grid"][f"{v['chosen']:g}"]
         knob = f"{v['knob']} = {v['chosen']:g}" + ("" if v["any_passes"] else " (none passes)")
         paper = rules["paper"][m] if rules["paper"] else None
-        cells = [f"`{name}`", LABELS[m], v["what"], knob]
+        dagger = " †" if v["stopped_early"] else ""
+        cells = [f"`{name}`{dagger}", LABELS[m], v["what"], knob]
         cells.append(f"{_f(grid['dp_loss'])} / {_f(grid['reference'])}")
         cells += [_f(s["i"]["geomean"]), _f(s["ii"]["geomean"])]
         cells += [f"{_f(s['rir']['geomean'])} ({_f(s['rir']['median'])})", _counts(s)]
         cells.append("—" if paper is None else f"{paper['i']} / {paper['ii']} / {paper['rir']}")
-        lines.append(cells + (["†"] if v["stopped_early"] else [""]))
+        lines.append(cells)
     head = ["variant", "method", "rule", "tuned (D_P only)", "D_P loss / head alone"]
     head += ["(i)", "(ii)", "RIR (median)", "success (i) > 1, ≥ 2, ≥ 10", "paper (i) / (ii) / RIR"]
     note = (
@@ -104,7 +105,14 @@ def _rules_table(rules: dict[str, Any], dataset: str) -> str:
         "it. The grids: max_step "
         "(condreg's rule), learning rate (fixed λ or κ-loss weights). † a run stopped early.\n"
     )
-    return rp.markdown_table([*head, ""], lines) + note
+    ranking = rp.markdown_table(
+        ["rule", "Ours against", "Ours' RIR > Opt κ's (runs)"],
+        [
+            [r["rule"], f"`{key.split(' vs ')[1]}`", f"{r['ours_ahead']}/{r['n']}"]
+            for key, r in rules["ranking"].items()
+        ],
+    )
+    return rp.markdown_table(head, lines) + note + "\n" + ranking
 
 
 def _released_mnist_table(rm: dict[str, Any]) -> str:

@@ -233,7 +233,8 @@ def rule_specs(plan, dataset: str, seeds, values: dict[str, list[float]]) -> lis
     """Step-rule units: each variant at each of its ``values``, on ``seeds`` (house: one)."""
     out = []
     training = _training(plan, dataset)
-    seeds = seeds[:1] if dataset == "house" else seeds  # full batch from θ = I: deterministic
+    if dataset == "house":  # full batch from θ = I: deterministic, the first seed is every seed
+        seeds = [s for s in seeds if s == plan.factor_seeds[0]]
     for name, (method, *_rest) in fc.RULES.items():
         for value, seed in product(values[name], seeds):
             for pair in [None] if dataset == "house" else plan.factor_pairs:
