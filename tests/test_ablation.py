@@ -153,9 +153,11 @@ def test_the_step_rule_is_tuned_by_d_p_alone():
     from types import SimpleNamespace
 
     specs, done = [], {}
-    table = {"opt_fixed_gd": {1e-3: (0.50, 0.49, "completed"), 1e-2: (0.51, 0.50, "completed"),
-                              1e-1: (0.30, 0.40, "diverged at epoch 3")},
-             "ours_clip": {0.1: (0.9, 0.5, "completed"), 0.3: (0.95, 0.5, "completed")}}  # fmt: skip
+    ok, bad = "completed", "diverged at epoch 3"
+    table = {
+        "opt_fixed_gd": {1e-3: (0.50, 0.49, ok), 1e-2: (0.51, 0.50, ok), 1e-1: (0.3, 0.4, bad)},
+        "ours_clip": {0.1: (0.9, 0.5, ok), 0.3: (0.95, 0.5, ok)},
+    }
     for name, by_value in table.items():
         method = fc.RULES[name][0]
         for value, (loss, ref, stopped) in by_value.items():
@@ -400,7 +402,7 @@ def test_quick_house_factors_and_rules(tmp_path):
     res = payload["results"]
     rows = {r["protocol"]: r for r in res["factors"]["house"]}
     assert list(rows) == fc.factors_of("house")
-    for name, row in rows.items():
+    for row in rows.values():
         for m in fc.FACTOR_METHODS:
             s = row["methods"][m]["nonzero"]
             assert {"i", "ii", "rir", "successes_by_i", "successes_by_rtol"} <= set(s)

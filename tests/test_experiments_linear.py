@@ -472,8 +472,8 @@ def test_mnist_heatmap_titles(tmp_path, quick):
 
 
 def test_quick_house_prices_says_quick_in_every_title(tmp_path):
-    from condreg.experiments import house_prices as report
     from condreg.experiments import house_prices as hpm
+    from condreg.experiments import house_prices as report
 
     payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)
     assert "(quick)" in (tmp_path / "table.md").read_text().splitlines()[0]

@@ -196,11 +196,16 @@ def ratio_summary(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
 
 def fmt_ratio(summary: Mapping[str, Any] | float | None, digits: int = 4) -> str:
     """``"geomean ×/÷ gsd"`` for a :func:`ratio_summary` of n > 1, else the number itself."""
+    return _fmt_summary(summary, digits, "geomean", "×/÷", "gsd")
+
+
+def _fmt_summary(summary, digits: int, center: str, sign: str, spread: str) -> str:
+    """``"center sign spread"`` of a summary with n > 1, its center for n = 1, a number as is."""
     if summary is None or not isinstance(summary, Mapping):
-        return fmt_number(summary, digits)  # type: ignore[arg-type]
+        return fmt_number(summary, digits)
     if summary.get("n", 1) > 1:
-        return f"{fmt_number(summary['geomean'], digits)} ×/÷ {fmt_number(summary['gsd'], 2)}"
-    return fmt_number(summary["geomean"], digits)
+        return f"{fmt_number(summary[center], digits)} {sign} {fmt_number(summary[spread], 2)}"
+    return fmt_number(summary[center], digits)
 
 
 #: Definition 3.1 (a) asks (i) ≫ 1: successes ((ii) ≤ 1 as well) are counted at (i) > 1, ≥ 2, ≥ 10.
@@ -250,11 +255,7 @@ def fmt_number(x: float | None, digits: int = 4) -> str:
 
 def fmt_mean_std(summary: Mapping[str, Any] | float | None, digits: int = 4) -> str:
     """``"mean ± std"`` for a :func:`mean_std` summary with n > 1, else just the number."""
-    if summary is None or not isinstance(summary, Mapping):
-        return fmt_number(summary, digits)  # type: ignore[arg-type]
-    if summary.get("n", 1) > 1:
-        return f"{fmt_number(summary['mean'], digits)} ± {fmt_number(summary['std'], 2)}"
-    return fmt_number(summary["mean"], digits)
+    return _fmt_summary(summary, digits, "mean", "±", "std")
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -201,11 +201,10 @@ def run(
     seed_list = rp.seed_list(seeds)
     factor_seeds = seed_list if quick else rp.seed_list(max(seeds, fc.FACTOR_SEEDS))
     plan = Plan(
-        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps
-    )
-    plan = dataclasses.replace(plan, parts=tuple(parts), factor_seeds=factor_seeds)
-    if quick:
-        plan = dataclasses.replace(plan, factor_pairs=QUICK_PAIRS[:1])
+        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps,
+        parts=tuple(parts), factor_seeds=factor_seeds,
+        factor_pairs=list(QUICK_PAIRS if quick else fc.FACTOR_PAIRS),
+    )  # fmt: skip
     from condreg.experiments.ablation.units import load_data
 
     return execute(plan, load_data(plan), start)  # load_data: DataError before any work
