@@ -76,8 +76,11 @@ def test_run_writes_files_setup_and_finite_numbers(tiny_run):
     for summary in res["summary"].values():
         assert list(summary) == ["identity", "condreg", "opt_kappa"]  # identity always first
         for m, summ in summary.items():
-            for key in ("rir_theta0", "i", "ii", "acc_p_after", "probe_h_converged"):
+            for key in ("rir_theta0", "i", "ii"):  # ratios: geometric over seeds
+                assert _finite(summ[key]["geomean"]), (m, key)
+            for key in ("acc_p_after", "probe_h_converged"):
                 assert _finite(summ[key]["mean"]), (m, key)
+            assert set(summ["successes_by_i"]) == {"i>1", "i>=2", "i>=10"}
             assert all(0.0 <= a <= 1.0 for a in summ["probe_h_mean_curve"])
             assert set(summ["rir_by_group_size"]) == {"20", "30"}
             assert set(summ["attacker_steps_h"]) == {"gd", "momentum", "adam", "lbfgs"}
@@ -100,11 +103,10 @@ def test_table_leads_with_the_ranking_and_quick_runs_say_so(tiny_run):
         vs = summary["condreg"]["vs_opt_kappa"]
         ahead = "Ours ahead of Opt κ" if vs["wins"] == 1 else "Opt κ ahead of Ours"
         assert f"{ahead} on 1 of 1 seeds" in line
-        best = max(
-            (m for m in summary if m != "identity"), key=lambda m: summary[m]["rir_theta0"]["mean"]
-        )
+        rir = {m: summary[m]["rir_theta0"]["geomean"] for m in summary if m != "identity"}
+        best = max(rir, key=rir.get)
         assert line.split(": ", 1)[1].startswith(report._label(best))
-        if summary["condreg"]["i"]["mean"] < 1:  # the caveat names Ours
+        if summary["condreg"]["i"]["geomean"] < 1:  # the caveat names Ours
             assert "Ours (" in line.split("Caveat: (i) < 1 for ")[1]
         else:
             assert "Ours (" not in line.split("Caveat")[-1]
@@ -118,10 +120,10 @@ def test_identity_is_exactly_one_and_ours_moves_kappa(tiny_run):
     _, payload = tiny_run
     for summary in payload["results"]["summary"].values():
         ident = summary["identity"]
-        assert ident["rir_theta0"]["mean"] == 1.0 and ident["ii"]["mean"] == 1.0
+        assert ident["rir_theta0"]["geomean"] == 1.0 and ident["ii"]["geomean"] == 1.0
         assert ident["acc_p_after"]["mean"] == ident["acc_p_before"]["mean"]
         assert ident["probe_h_converged_gap"]["mean"] == 0.0
-        assert summary["condreg"]["rir_theta0"]["mean"] != 1.0
+        assert summary["condreg"]["rir_theta0"]["geomean"] != 1.0
 
 
 def test_resume_keeps_completed_seeds(tiny_run, monkeypatch, capfd):

@@ -153,6 +153,37 @@ def test_unit_store_roundtrip_keeps_non_finite_numbers(tmp_path):
     assert store.load("k") is None  # a damaged unit is recomputed
 
 
+def test_every_experiment_reads_the_methods_and_labels_from_condreg_algorithm():
+    from condreg import algorithm
+    from condreg.experiments import ablation
+    from condreg.experiments.deepnet import settings
+
+    assert set(algorithm.METHODS) == set(algorithm.REGISTRY)
+    assert algorithm.METHODS[-1] == "condreg"  # the paper's table order: Ours last
+    assert rp.METHODS is algorithm.METHODS and ablation.METHODS is algorithm.METHODS
+    assert settings.METHODS == ("identity", *algorithm.METHODS)
+    for m in algorithm.METHODS:
+        assert rp.METHOD_LABELS[m] == algorithm.METHOD_LABELS[m] == algorithm.REGISTRY[m].label
+        assert ablation.LABELS[m] == algorithm.METHOD_LABELS[m]
+
+
+def test_ratios_aggregate_geometrically_and_successes_count_at_three_thresholds():
+    # κ ratios from 1e-10 to 1e10: the arithmetic mean is the largest value / 3, the geometric 1
+    s = rp.ratio_summary([1e-10, 1.0, 1e10])
+    assert s["geomean"] == pytest.approx(1.0) and s["median"] == 1.0 and s["n"] == 3
+    assert s["gsd"] == pytest.approx(1e10) and (s["min"], s["max"]) == (1e-10, 1e10)
+    bad = rp.ratio_summary([4.0, float("nan"), 0.0, 16.0])
+    assert bad["geomean"] == pytest.approx(8.0) and bad["n_invalid"] == 2
+    assert np.isnan(rp.geomean([float("nan"), -1.0]))
+    assert rp.fmt_ratio(rp.ratio_summary([2.0])) == "2" and "×/÷" in rp.fmt_ratio(s)
+    assert rp.success_by_i(10.0, 1.0) == {"i>1": True, "i>=2": True, "i>=10": True}
+    assert rp.success_by_i(1.0, 0.1) == {"i>1": False, "i>=2": False, "i>=10": False}
+    assert not any(rp.success_by_i(50.0, 1.01).values())  # (ii) > 1 fails at every threshold
+    assert not any(rp.success_by_i(float("nan"), 0.5).values())
+    counts = rp.success_counts([(1.5, 0.5), (3.0, 0.2), (12.0, 0.9), (20.0, 2.0)])
+    assert counts == {"i>1": 3, "i>=2": 2, "i>=10": 1}
+
+
 def test_method_colours_cover_every_method():
     assert set(rp.METHODS) <= set(rp.METHOD_COLORS)
     colours = [rp.METHOD_COLORS[m] for m in ("identity", *rp.METHODS)]
@@ -393,7 +424,7 @@ def test_house_prices_reports_definition_3_1_c(tmp_path):
         assert run["loss_best"] < run["loss_final"]  # the jointly trained head is not there
     table = (tmp_path / "hp" / "table.md").read_text()
     assert "D_P loss, best on Xθ" in table and "best attainable loss is the input's" in table
-    assert "success (Def. 3.1 (a) + (b))" in table
+    assert "success, (i) > 1 / ≥ 2 / ≥ 10 (Def. 3.1 (a) + (b))" in table
 
 
 def test_mnist_pairs_reports_definition_3_1_c_and_the_papers_unknowns(tmp_path):
@@ -405,7 +436,7 @@ def test_mnist_pairs_reports_definition_3_1_c_and_the_papers_unknowns(tmp_path):
     assert res["methods"]["condreg"]["n_runs"] == 1
     table = (tmp_path / "mn" / "table.md").read_text()
     assert "D_P loss, best on Xθ" in table
-    assert "success ours (Def. 3.1 (a) + (b))" in table
+    assert "success ours, (i) > 1 / ≥ 2 / ≥ 10 (Def. 3.1 (a) + (b))" in table
     assert "does not state the rule" in table and "per-pair values are not published" in table
     assert res["paper_per_pair"] is None
 
@@ -441,8 +472,8 @@ def test_mnist_heatmap_titles(tmp_path, quick):
 
 
 def test_quick_house_prices_says_quick_in_every_title(tmp_path):
-    from condreg.experiments import house_prices as report
     from condreg.experiments import house_prices as hpm
+    from condreg.experiments import house_prices as report
 
     payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)
     assert "(quick)" in (tmp_path / "table.md").read_text().splitlines()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from condreg import _linalg  # noqa: F401  (the engine; tests patch it to detect late validation)
 from condreg.algorithm._loop import immunize
 from condreg.algorithm._methods import (
+    METHOD_LABELS,
     METHODS,
     REGISTRY,
     Method,
@@ -46,6 +47,7 @@ __all__ = [
     "Method",
     "REGISTRY",
     "METHODS",
+    "METHOD_LABELS",
     "TASKS",
     "HISTORY_KEYS",
     "RECORD_FIELDS",

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 import condreg
+from condreg.algorithm import METHOD_LABELS as _LABELS
+from condreg.algorithm import METHODS
 from condreg.experiments import UsageError
 
 __all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
@@ -32,18 +34,12 @@ __all__ += [
 __all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
 __all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
 __all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
+__all__ += ["geomean", "ratio_summary", "fmt_ratio", "I_THRESHOLDS", "success_by_i"]
+__all__ += ["success_counts"]
 
-#: The four methods of condreg.immunize, in the paper's table order (Ours last).
-METHODS: tuple[str, ...] = ("r_ill_only", "imma", "opt_kappa", "condreg")
-
-#: Display names used in tables and plots ("identity" is theta = I, the un-immunized reference).
-METHOD_LABELS: dict[str, str] = {
-    "identity": "Identity (θ = I)",
-    "r_ill_only": "R_ill only",
-    "imma": "IMMA",
-    "opt_kappa": "Opt κ",
-    "condreg": "Ours (condreg)",
-}
+#: Display names in tables and plots: condreg.algorithm.METHOD_LABELS (the methods, in
+#: condreg.algorithm.METHODS order) and "identity", θ = I, the un-immunized reference.
+METHOD_LABELS: dict[str, str] = {"identity": "Identity (θ = I)", **_LABELS}
 
 #: One fixed tab10 colour per method, the same in every figure.
 METHOD_COLORS: dict[str, str] = {
@@ -203,6 +199,86 @@ def mean_std(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
     return {"mean": float(np.mean(arr)), "std": std, "n": int(arr.size), "values": arr.tolist()}
 
 
+def geomean(values: Iterable[float]) -> float:
+    """``exp(mean(log v))`` over the finite, positive ``values`` (NaN when there are none).
+
+    Ratios of condition numbers span orders of magnitude: their average is geometric.
+
+    >>> round(geomean([1.0, 100.0]), 9)  # the arithmetic mean would be 50.5
+    10.0
+    """
+    v = np.asarray(list(values), dtype=float).reshape(-1)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.exp(np.mean(np.log(v)))) if v.size else float("nan")
+
+
+def ratio_summary(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """A ratio's summary over runs: ``{"geomean", "median", "gsd", "min", "max", "n",
+    "n_invalid", "values"}`` — geometric mean and standard deviation ``exp(std(log v, ddof=1))``
+    over the finite positive values (``n_invalid`` counts the others), median over all."""
+    arr = np.asarray(values, dtype=float).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("ratio_summary needs at least one value")
+    ok = arr[np.isfinite(arr) & (arr > 0)]
+    logs = np.log(ok)
+    gsd = float(np.exp(np.std(logs, ddof=1))) if ok.size > 1 else 1.0
+    finite = arr[~np.isnan(arr)]
+    return {
+        "geomean": geomean(ok),
+        "median": float(np.median(finite)) if finite.size else float("nan"),
+        "gsd": gsd,
+        "min": float(np.min(finite)) if finite.size else float("nan"),
+        "max": float(np.max(finite)) if finite.size else float("nan"),
+        "n": int(arr.size),
+        "n_invalid": int(arr.size - ok.size),
+        "values": arr.tolist(),
+    }
+
+
+def fmt_ratio(summary: Mapping[str, Any] | float | None, digits: int = 4) -> str:
+    """``"geomean ×/÷ gsd"`` for a :func:`ratio_summary` of n > 1, else the number itself."""
+    return _fmt_summary(summary, digits, "geomean", "×/÷", "gsd")
+
+
+def _fmt_summary(summary, digits: int, center: str, sign: str, spread: str) -> str:
+    """``"center sign spread"`` of a summary with n > 1, its center for n = 1, a number as is."""
+    if summary is None or not isinstance(summary, Mapping):
+        return fmt_number(summary, digits)
+    if summary.get("n", 1) > 1:
+        return f"{fmt_number(summary[center], digits)} {sign} {fmt_number(summary[spread], 2)}"
+    return fmt_number(summary[center], digits)
+
+
+#: Definition 3.1 (a) asks (i) ≫ 1: successes ((ii) ≤ 1 as well) are counted at (i) > 1, ≥ 2, ≥ 10.
+I_THRESHOLDS: dict[str, tuple[float, bool]] = {
+    "i>1": (1.0, False),
+    "i>=2": (2.0, True),
+    "i>=10": (10.0, True),
+}
+
+
+def success_by_i(i: float, ii: float) -> dict[str, bool]:
+    """Definition 3.1 (a) + (b) at each of :data:`I_THRESHOLDS`: ``(ii) ≤ 1`` and (i) above it.
+
+    >>> success_by_i(3.0, 0.5)
+    {'i>1': True, 'i>=2': True, 'i>=10': False}
+    """
+    ok = math.isfinite(i) and math.isfinite(ii) and ii <= 1
+    return {
+        key: bool(ok and (i >= t if inclusive else i > t))
+        for key, (t, inclusive) in I_THRESHOLDS.items()
+    }
+
+
+def success_counts(pairs: Iterable[tuple[float, float]]) -> dict[str, int]:
+    """How many ``(i, ii)`` runs succeed at each of :data:`I_THRESHOLDS`."""
+    out = dict.fromkeys(I_THRESHOLDS, 0)
+    for i, ii in pairs:
+        for key, ok in success_by_i(i, ii).items():
+            out[key] += ok
+    return out
+
+
 def fmt_number(x: float | None, digits: int = 4) -> str:
     """``digits`` significant digits; scientific notation for very large or small magnitudes."""
     if x is None:
@@ -220,11 +296,7 @@ def fmt_number(x: float | None, digits: int = 4) -> str:
 
 def fmt_mean_std(summary: Mapping[str, Any] | float | None, digits: int = 4) -> str:
     """``"mean ± std"`` for a :func:`mean_std` summary with n > 1, else just the number."""
-    if summary is None or not isinstance(summary, Mapping):
-        return fmt_number(summary, digits)  # type: ignore[arg-type]
-    if summary.get("n", 1) > 1:
-        return f"{fmt_number(summary['mean'], digits)} ± {fmt_number(summary['std'], 2)}"
-    return fmt_number(summary["mean"], digits)
+    return _fmt_summary(summary, digits, "mean", "±", "std")
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -1,33 +1,27 @@
-"""``condreg reproduce ablation``: condreg's protocol, each of :data:`RELEASED_SWITCHES` alone and
-all together (``released``), scored by two κ's, and a ``max_step`` sweep (docs/ablation.md): the
-options, the plan, the data and the units (resumable, run in worker processes)."""
+"""``condreg reproduce ablation`` (docs/ablation.md): condreg's protocol, each of
+:data:`RELEASED_SWITCHES` alone and all together (``released``), the ``minibatch`` switch split
+into its parts, the step rule and Opt κ's variants tuned by a D_P-only rule, the released MNIST
+protocol on its own data, and a ``max_step`` sweep; every run scored by two κ's. This module holds
+the options, the plan and the order of the work (units: :mod:`.units`, report: :mod:`.report`)."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import multiprocessing
+import dataclasses
 import pathlib
 import time
-import warnings
 from dataclasses import dataclass
-from itertools import product
 from typing import Any
 
-import numpy as np
-
+from condreg.algorithm import METHOD_LABELS, METHODS
 from condreg.experiments import UsageError, house_prices, mnist_pairs
 from condreg.experiments import _report as rp
-from condreg.experiments._linear import default_rtol, immunize_method, kappa_features
-from condreg.experiments._mnist_units import default_jobs, limit_worker_threads
-from condreg.experiments.ablation import emulator as em
-from condreg.experiments.ablation.emulator import RELEASED_SWITCHES, SWITCHES_BY_DATASET
-from condreg.experiments.data import house_price_dir, load_house_prices, load_mnist
+from condreg.experiments.ablation import factors as fc
+from condreg.experiments.ablation.released import RELEASED_SWITCHES, SWITCHES_BY_DATASET
 
 __all__ = ["HELP", "RELEASED_SWITCHES", "ABLATION_PAIRS", "QUICK_PAIRS", "MAX_STEPS", "METHODS"]
 __all__ += ["LABELS", "DP_TOLERANCE", "add_arguments", "check_max_steps", "protocols", "run"]
-__all__ += ["Plan", "load_data", "execute", "unit_specs", "score_two_ways", "input_kappas"]
-__all__ += ["run_unit"]
+__all__ += ["Plan", "execute", "PARTS", "switches_of"]
 
 HELP = "the paper's ranking explained: condreg's protocol → the released code's, switch by switch"
 
@@ -35,7 +29,7 @@ HELP = "the paper's ranking explained: condreg's protocol → the released code'
 ABLATION_PAIRS: list[tuple[int, int]] = [
     pair for p, h in [(0, 1), (3, 8), (4, 9), (2, 7), (5, 6)] for pair in ((p, h), (h, p))
 ]
-QUICK_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8)]
+QUICK_PAIRS: list[tuple[int, int]] = [(0, 1)]
 
 #: condreg's ``max_step`` values of the schedule sweep (0.3 is the default).
 MAX_STEPS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4)
@@ -45,9 +39,12 @@ DP_TOLERANCE = 0.02
 
 DATASETS = ("house", "mnist")
 
-#: The methods, in the paper's table order (Ours last), and their names in tables and plots.
-METHODS: tuple[str, ...] = ("r_ill_only", "imma", "opt_kappa", "condreg")
-LABELS = {"condreg": "Ours", "r_ill_only": "R_ill only", "opt_kappa": "Opt κ", "imma": "IMMA"}
+#: The methods and their names in tables and plots: condreg.algorithm's (Ours last).
+LABELS = METHOD_LABELS
+
+#: The ablation's parts: the released switches (with the default row and the max_step sweep),
+#: the minibatch switch factored, the step rules, the released MNIST protocol on its own data.
+PARTS: tuple[str, ...] = ("switches", "factors", "rules", "released_mnist")
 
 
 def _protocol_list(text: str) -> list[str]:
@@ -80,28 +77,42 @@ def check_max_steps(values) -> list[float]:
     return sorted({*values, 0.3})
 
 
+def _part_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or set(names) - set(PARTS) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--parts: distinct names of {', '.join(PARTS)}")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ablation's own options (the CLI adds ``--out``, ``--seeds`` and the like)."""
     from condreg.experiments.options import add_resume_option, parse_pairs, positive_int
 
     quick = (
-        "house prices with 20 epochs and 2 MNIST pairs (0-1, 3-8) with 15 epochs and 250 images "
-        "per digit, instead of 100 / 10 pairs / 30 epochs; about 1-2 minutes on 2 cores"
+        "house prices with 20 epochs and MNIST pair 0-1 with 15 epochs and 250 images per digit, "
+        "one seed, fewer step-rule values: under 1 CPU-minute (the full run: about 20)"
     )
     parser.add_argument("--quick", action="store_true", help=quick)
-    add_resume_option(parser, "unit (dataset, protocol, seed, pair)")
+    add_resume_option(parser, "unit (dataset, row, seed, pair)")
     switches = (
         "comma-separated released switches to try one at a time, and/or 'released' (all "
         "together); default: every one and released. Switches: " + ", ".join(RELEASED_SWITCHES)
     )
     steps = (
-        "condreg's max_step values of the schedule sweep, comma-separated in (0, 0.5) (default: "
-        "0.05,0.1,0.2,0.3,0.4; the default 0.3 is always included)"
+        "condreg's max_step values of the schedule sweep and of the step rule's tuning, "
+        "comma-separated in (0, 0.5) (default: 0.05,0.1,0.2,0.3,0.4; 0.3 is always included)"
+    )
+    parts = (
+        "comma-separated parts to run (default: all): switches (the released switches, the "
+        "default row, the max_step sweep), factors (the minibatch switch split into its parts), "
+        "rules (the step rule and Opt κ's variants), released_mnist (the released MNIST "
+        "protocol on raw single-digit tasks)"
     )
     for flag, kind, text in [
         ("--switches", _protocol_list, switches),
         ("--pairs", parse_pairs, "MNIST (P, H) pairs, e.g. 0-1,3-8 (default: the fixed set of 10)"),
         ("--datasets", _dataset_list, "house,mnist (default: both)"),
+        ("--parts", _part_list, parts),
         ("--jobs", positive_int, "worker processes (default: the cores)"),
         ("--max-steps", _step_list, steps),
     ]:
@@ -148,12 +159,15 @@ def run(
     switches: list[str] | None = None,
     pairs: list[tuple[int, int]] | None = None,
     datasets: list[str] | None = None,
+    parts: list[str] | None = None,
     jobs: int | None = None,
     max_steps: list[float] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run the ablation; write results.json, table.md, ranking.png, schedule.png, units/.
+    """Run the ablation; write results.json, table.md, ranking.png, factored.png,
+    step_rules.png, schedule.png and units/. The released switches run on ``seeds`` seeds, the
+    factored rows, the step rules and the released MNIST rows on max(3, ``seeds``) (quick: 1).
 
     Returns the results.json payload; UsageError or DataError (unusable house files) before work.
 
@@ -166,13 +180,16 @@ def run(
     datasets = list(datasets or DATASETS)
     if options:
         raise UsageError(
-            f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes "
-            f"--switches, --pairs, --datasets, --jobs, --resume, --quick"
+            f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes --switches, "
+            "--pairs, --datasets, --parts, --jobs, --max-steps, --resume, --quick"
         )
     rp.check_positive("--seeds", seeds, integer=True)
     rp.check_positive("--jobs", jobs, integer=True)
     if set(datasets) - set(DATASETS):
         raise UsageError(f"--datasets: choose from house,mnist; got {datasets!r}")
+    parts = list(PARTS if parts is None else parts)
+    if not parts or set(parts) - set(PARTS) or len(set(parts)) != len(parts):
+        raise UsageError(f"--parts: distinct names of {', '.join(PARTS)}; got {parts!r}")
     if pairs is not None:
         keys = [tuple(p) for p in pairs]
         bad = [p for p in keys if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
@@ -182,9 +199,14 @@ def run(
     steps = check_max_steps(MAX_STEPS if max_steps is None else max_steps)
     pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
     seed_list = rp.seed_list(seeds)
+    factor_seeds = seed_list if quick else rp.seed_list(max(seeds, fc.FACTOR_SEEDS))
     plan = Plan(
-        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps
-    )
+        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps,
+        parts=tuple(parts), factor_seeds=factor_seeds,
+        factor_pairs=list(QUICK_PAIRS if quick else fc.FACTOR_PAIRS),
+    )  # fmt: skip
+    from condreg.experiments.ablation.units import load_data
+
     return execute(plan, load_data(plan), start)  # load_data: DataError before any work
 
 
@@ -202,208 +224,86 @@ class Plan:
     resume: bool
     progress: bool
     max_steps: list[float]
+    parts: tuple[str, ...] = PARTS
+    factor_seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    factor_pairs: list[tuple[int, int]] = dataclasses.field(
+        default_factory=lambda: list(fc.FACTOR_PAIRS)
+    )
+    raw_pairs: list[tuple[int, int]] = dataclasses.field(
+        default_factory=lambda: list(fc.RELEASED_MNIST_PAIRS)
+    )
 
     def schedule(self, dataset: str) -> dict[str, Any]:
         """condreg's default settings of ``dataset`` (the default experiments', quick or not)."""
         module = house_prices if dataset == "house" else mnist_pairs
         return dict(module.QUICK_SETTINGS if self.quick else module.PAPER_SETTINGS)
 
+    def rule_grid(self, dataset: str) -> dict[str, list[float]]:
+        """The values each step-rule variant is tuned over (its max_step or learning rate)."""
+        lrs = fc.QUICK_LR_GRID if self.quick else fc.LR_GRID
+        steps = [0.1, 0.3] if self.quick else self.max_steps
+        return {n: list(steps if r[4] == "max_step" else lrs) for n, r in fc.RULES.items()}
 
-def input_kappas(X_p: np.ndarray, X_h: np.ndarray) -> dict[str, dict[str, float]]:
-    """κ(K_P), κ(K_H) at θ = I under both scorings (``"nonzero"`` with its ranks, ``"ridge"``)."""
-    rtol = default_rtol(X_p, X_h)
-    (kp, rank_p), (kh, rank_h) = kappa_features(X_p, rtol), kappa_features(X_h, rtol)
-    return {
-        "nonzero": {"kappa_K_P": kp, "kappa_K_H": kh, "rank_K_P": rank_p, "rank_K_H": rank_h},
-        "ridge": {"kappa_K_P": em.ridge_floor_kappa(X_p), "kappa_K_H": em.ridge_floor_kappa(X_h)},
-    }
-
-
-def score_two_ways(
-    theta: np.ndarray,
-    bias: np.ndarray | None,
-    X_p: np.ndarray,
-    X_h: np.ndarray,
-    inputs: dict[str, dict[str, float]],
-) -> dict[str, dict[str, Any]]:
-    """Eq. 15 of ``xᵀθ + b`` by each scoring given :func:`input_kappas` (non-finite θ: NaN)."""
-    rtol = default_rtol(X_p, X_h)
-    kappa = {"nonzero": lambda F: kappa_features(F, rtol)[0], "ridge": em.ridge_floor_kappa}
-    out = {}
-    finite = bool(np.all(np.isfinite(theta))) and (bias is None or bool(np.all(np.isfinite(bias))))
-    F_p, F_h = (X @ theta if bias is None else X @ theta + bias for X in (X_p, X_h))
-    for way in ("nonzero", "ridge"):
-        k_hp, k_hh = (kappa[way](F_p), kappa[way](F_h)) if finite else (math.nan, math.nan)
-        i, ii = k_hh / inputs[way]["kappa_K_H"], k_hp / inputs[way]["kappa_K_P"]
-        ok = math.isfinite(i) and math.isfinite(ii) and i > 1 and ii <= 1
-        out[way] = dict(kappa_H_P=k_hp, kappa_H_H=k_hh, i=i, ii=ii, rir=i / ii, success=bool(ok))
-    return out
-
-
-def _method(m: str, data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """One method trained by the emulator (``emulated``) or ``condreg.immunize``, scored."""
-    X_p, y_p, X_h, y_h, task = (data[k] for k in ("X_p", "y_p", "X_h", "y_h", "task"))
-    if spec["kind"] == "emulated":
-        protocol = em.Protocol(
-            spec["dataset"], frozenset(spec["switches"]), spec["epochs"], spec["lr"], task
-        )
-        tr = em.emulate(m, X_p, y_p, X_h, y_h, protocol, seed=spec["seed"])
-        entry = score_two_ways(tr.theta, tr.bias, X_p, X_h, data["inputs"])
-        return entry | dict(stopped=tr.stopped, lam=tr.lam, epochs_run=tr.epochs_run)
-    options = {k: spec[k] for k in ("epochs", "lr", "seed", "max_step") if k in spec}
-    res = immunize_method(m, X_p, y_p, X_h, y_h=y_h, task=task, **options)
-    entry = score_two_ways(res["_theta"], None, X_p, X_h, data["inputs"])
-    entry.update(condreg_rir=res["rir"], history_rir=res["history"].get("rir", []))
-    return entry | dict(loss_final=res["loss_final"], stopped=res["stopped"])
-
-
-def run_unit(data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one unit on ``data``, warnings dropped: ``{"spec", "methods", "seconds", "cpu_s"}``."""
-    start, cpu_start = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = {m: _method(m, data, spec) for m in spec["methods"]}
-        if spec["kind"] == "default":
-            args = data["X_p"], data["y_p"], data["task"], spec["epochs"], spec["lr"]
-            result["head_only_loss"] = em.head_only_loss(*args)
-    seconds = time.perf_counter() - start
-    return dict(spec=spec, methods=result, seconds=seconds, cpu_s=time.process_time() - cpu_start)
-
-
-def run_unit_packed(args: tuple) -> dict[str, Any]:
-    """:func:`run_unit` with its arguments in one tuple (for a process pool)."""
-    return run_unit(*args)
-
-
-def _task_data(X_p, y_p, X_h, y_h, task: str) -> dict[str, Any]:
-    return dict(X_p=X_p, y_p=y_p, X_h=X_h, y_h=y_h, task=task, inputs=input_kappas(X_p, X_h))
-
-
-def _raw_digit_inputs(X: np.ndarray, y: np.ndarray, digits) -> dict[str, Any]:
-    """Per digit, both κ's of the released MNIST input (one digit's 784 normalised pixels)."""
-    out = {}
-    for d in digits:
-        Xd = (X[y == d] - mnist_pairs.RAW_MEAN) / mnist_pairs.RAW_STD
-        kappa, rank = kappa_features(Xd)
-        n, ridge = int(Xd.shape[0]), em.ridge_floor_kappa(Xd)
-        top = float(np.linalg.norm(Xd, 2) ** 2) / n
-        out[str(d)] = dict(
-            n_images=n, nonzero=kappa, rank=rank, ridge=ridge, lambda_max_per_image=top
-        )
-    return out
-
-
-def load_data(plan: Plan) -> dict[str, Any]:
-    """Every task the plan needs (DataError before any work)."""
-    data: dict[str, Any] = {}
-    if "house" in plan.datasets:
-        hp = load_house_prices(house_price_dir())
-        rel = em.released_house_prices(house_price_dir())
-        data["house"] = {
-            t: _task_data(d.X_p, d.y_p, d.X_h, d.y_h, "regression")
-            for t, d in (("condreg", hp), ("released", rel))
+    def settings(self) -> dict[str, Any]:
+        """What the units depend on (results.json's settings; --resume checks it)."""
+        return {
+            "quick": self.quick,
+            "protocols": self.protocols,
+            "datasets": self.datasets,
+            "parts": list(self.parts),
+            "pairs": [list(p) for p in self.pairs],
+            "factor_pairs": [list(p) for p in self.factor_pairs],
+            "factor_seeds": list(self.factor_seeds),
+            "released_mnist_pairs": [list(p) for p in self.raw_pairs],
+            "house": self.schedule("house"),
+            "mnist": self.schedule("mnist"),
+            "methods": list(METHODS),
+            "factor_methods": list(fc.FACTOR_METHODS),
+            "max_steps": self.max_steps,
+            "rule_grid": {d: self.rule_grid(d) for d in self.datasets},
         }
-    if "mnist" in plan.datasets:
-        s = plan.schedule("mnist")
-        X_raw, y = load_mnist()
-        X, n_features = mnist_pairs.prepare_inputs(X_raw, s["pool"], s["min_pixel_activity"])
-        digits = sorted({d for p in plan.pairs for d in p})
-        mnist: dict[Any, Any] = {"n_features": n_features}
-        sizes = {k: s[k] for k in ("n_positive", "negative_fraction")}
-        for seed in plan.seeds:
-            tasks = mnist_pairs.build_tasks(X, y, digits, seed=seed, **sizes)
-            for p, h in plan.pairs:
-                tp, th = tasks[p], tasks[h]
-                mnist[(seed, (p, h))] = _task_data(tp.X, tp.y, th.X, th.y, "classification")
-        mnist["raw_inputs"] = _raw_digit_inputs(X_raw, y, digits)
-        data["mnist"] = mnist
-    return data
-
-
-def unit_specs(plan: Plan) -> list[tuple[str, Any, dict[str, Any]]]:
-    """Every unit: ``(key, data key, spec)``; ``kind`` default / emulated / sweep."""
-    out = []
-    for dataset in plan.datasets:
-        s = plan.schedule(dataset)
-        training = {"epochs": s["epochs"], "lr": s["lr"], "methods": list(METHODS)}
-        for seed, pair in product(plan.seeds, [None] if dataset == "house" else plan.pairs):
-            tail = f"_seed{seed}" + ("" if pair is None else f"_pair{pair[0]}-{pair[1]}")
-            where = (dataset, "condreg") if dataset == "house" else (dataset, (seed, pair))
-            base = {"dataset": dataset, "seed": seed, **training, "pair": pair}
-            for name in plan.protocols:
-                sw = switches_of(name, dataset)
-                if name == "condreg" or sw:  # else a switch that does not exist for this dataset
-                    key = (dataset, "released") if "released_preprocessing" in sw else where
-                    kind = "default" if name == "condreg" else "emulated"
-                    spec = {**base, "kind": kind, "protocol": name, "switches": sw}
-                    out.append((f"{dataset}_{name}{tail}", key, spec))
-            for ms in [ms for ms in plan.max_steps if ms != 0.3]:
-                spec = {**base, "kind": "sweep", "protocol": f"max_step={ms}", "switches": []}
-                out.append((f"{dataset}_max_step{ms}{tail}", where, {**spec, "max_step": ms}))
-    return [(key, where, {**spec, "key": key}) for key, where, spec in out]
-
-
-def _run_units(plan: Plan, data, todo, store, done: dict[str, Any]) -> None:
-    """Compute the ``todo`` units (costliest first), saving each as it finishes."""
-    jobs = plan.jobs or default_jobs(len(todo))
-    cost = {"emulated": 2.0, "default": 1.0, "sweep": 1.0}
-    todo = sorted(todo, key=lambda u: -(cost[u[2]["kind"]] + ("minibatch" in u[2]["switches"])))
-    args = [(data[key[0]][key[1]], spec) for _, key, spec in todo]
-
-    def finish(results) -> None:
-        for result in rp.progress(results, enabled=plan.progress, desc="ablation", total=len(args)):
-            done[result["spec"]["key"]] = result
-            store.save(result["spec"]["key"], result)
-
-    if jobs == 1 or len(todo) <= 1:
-        finish(map(run_unit_packed, args))
-        return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
-        finish(workers.imap_unordered(run_unit_packed, args))
-
-
-def _defaults(plan: Plan) -> dict[str, Any]:
-    """The default experiments themselves (their own folders, their results.json payloads)."""
-    out = {}
-    kw = dict(quick=plan.quick, seeds=len(plan.seeds), progress=plan.progress, resume=plan.resume)
-    if "house" in plan.datasets:
-        out["house"] = house_prices.run(plan.out_dir / "default-house-prices", **kw)
-    if "mnist" in plan.datasets:
-        out["mnist"] = mnist_pairs.run(
-            plan.out_dir / "default-mnist-pairs", **kw, pairs=list(plan.pairs), jobs=plan.jobs
-        )
-    return out
 
 
 def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
-    """Run the default experiments and every unit, then write the outputs."""
+    """Run the default experiments and every unit (the step rules' chosen values last), then
+    write the outputs."""
     from condreg.experiments.ablation import report
+    from condreg.experiments.ablation import units as un
 
-    settings = {
-        "quick": plan.quick,
-        "protocols": plan.protocols,
-        "datasets": plan.datasets,
-        "pairs": [list(p) for p in plan.pairs],
-        "house": plan.schedule("house"),
-        "mnist": plan.schedule("mnist"),
-        "methods": list(METHODS),
-        "max_steps": plan.max_steps,
-    }
-    defaults = _defaults(plan)
-    specs = unit_specs(plan)
-    store = rp.UnitStore(plan.out_dir, settings=settings, resume=plan.resume)
-    done = {key: saved for key, _, _ in specs if (saved := store.load(key)) is not None}
-    todo = [unit for unit in specs if unit[0] not in done]
+    defaults = un.default_experiments(plan)
+    store = rp.UnitStore(plan.out_dir, settings=plan.settings(), resume=plan.resume)
+    done: dict[str, Any] = {}
     compute_start = time.perf_counter()
-    _run_units(plan, data, todo, store, done)
+    specs = un.unit_specs(plan, data)
+    computed = _compute(plan, data, specs, store, done)
+    chosen = {}
+    if "rules" in plan.parts:
+        for dataset in plan.datasets:
+            chosen[dataset] = un.choose_rule_values(plan, dataset, done, specs)
+            values = {name: [c["chosen"]] for name, c in chosen[dataset].items()}
+            extra = un.rule_specs(plan, dataset, plan.factor_seeds[1:], values)
+            extra = [(k, w, {**s, "key": k}) for k, w, s in extra]
+            computed += _compute(plan, data, extra, store, done)
+            specs += extra
     timing = {
         "units": len(specs),
-        "units_resumed": len(specs) - len(todo),
+        "units_resumed": len(specs) - len(computed),
         "compute_wall_s": time.perf_counter() - compute_start,
-        "unit_seconds_total": float(sum(done[k]["seconds"] for k, _, _ in todo)),
-        "unit_cpu_s_total": float(sum(done[k].get("cpu_s", 0.0) for k, _, _ in todo)),
+        "unit_seconds_total": float(sum(done[k]["seconds"] for k in computed)),
+        "unit_cpu_s_total": float(sum(done[k].get("cpu_s", 0.0) for k in computed)),
     }
-    results = report.assemble(plan, data, defaults, [(k, s) for k, _, s in specs], done)
+    results = report.assemble(plan, data, defaults, [(k, s) for k, _, s in specs], done, chosen)
     results["timing"] = timing
-    return report.write(plan, settings, results, time.perf_counter() - start, store)
+    return report.write(plan, plan.settings(), results, time.perf_counter() - start, store)
+
+
+def _compute(plan: Plan, data, specs, store, done: dict[str, Any]) -> list[str]:
+    """Load the saved units of ``specs`` (--resume), compute the others; the computed keys."""
+    from condreg.experiments.ablation.units import run_units
+
+    for key, _, _ in specs:
+        if key not in done and (saved := store.load(key)) is not None:
+            done[key] = saved
+    todo = [unit for unit in specs if unit[0] not in done]
+    run_units(plan, data, todo, store, done)
+    return [key for key, _, _ in todo]

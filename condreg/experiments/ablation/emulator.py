@@ -1,187 +1,25 @@
-"""The released code (``amberyzheng/model-immunization-cond-num``) as the ablation emulates it: its
-switches, config, κ, preprocessing, logs, Algorithm 1 with its choices on (:class:`Protocol`)."""
+"""Algorithm 1 with the released code's choices on, each behind a switch (:class:`Protocol`): the
+ablation's NumPy training loop. With nothing on it is condreg's Algorithm 1 (a test checks it
+against :func:`condreg.immunize`); the released ``minibatch`` switch is also split into its parts
+(batch size, step count, per-batch preconditioner, paired rows), each a field of its own."""
 
 from __future__ import annotations
 
 import math
-import pathlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from condreg.experiments.data import DataError, read_csv_table
-
-__all__ = ["RELEASED_SWITCHES", "SWITCHES_BY_DATASET", "RELEASED_CONFIG", "LOGGED", "RIDGE_FLOOR"]
-__all__ += ["PANDAS_NA_VALUES", "ReleasedHousePrices", "ridge_floor_kappa", "ridge_floor_spectrum"]
-__all__ += ["released_house_prices", "encode_column", "Protocol", "Trained", "emulate", "Adam"]
-__all__ += ["regularizer_gradient", "batches", "TaskArrays", "prepare_task", "precondition"]
-__all__ += ["initial_parameters", "head_only_loss"]
-
-#: The released code's choices the ablation emulates: name -> what it does when on (off: condreg's).
-RELEASED_SWITCHES: dict[str, str] = {
-    "ridge_kappa": "κ from eigvalsh(S + 1e-6·I), σ_min = the smallest eigenvalue above 1e-6, in "
-    "the regularizers and Opt κ's objective (condreg: κ over the nonzero singular values)",
-    "right_precond": "K⁻¹ multiplies the θ-gradient on the right (output index), not the left",
-    "adam": "Adam (β = 0.9, 0.999; ε = 1e-8) on θ, bias and head, not plain gradient descent",
-    "linear_init": "θ and a bias from nn.Linear's default init (U(±1/√D)), head ω ~ N(0, 1) "
-    "(condreg: θ = I, no bias, ω = 0)",
-    "raw_normaliser": "R_well's and R_ill's normaliser = the raw input's last axis (house: the "
-    "number of features; MNIST: 28), not p and the rank k",
-    "fixed_lambda": "the configs' fixed λ_P / λ_H (house 100 / 1e7, MNIST 1 / 5e7; Opt κ 1e-5 / "
-    "1, utils/loss.py's kappa_loss), no step clipping (condreg: λ balanced at θ_0, every "
-    "regularizer step clipped to max_step)",
-    "config_schedule": "the configs' epochs and learning rate (house 10 / 5e-3, MNIST 30 / 1e-3)",
-    "minibatch": "mini-batches of 64 row pairs (drop_last; house on 2 devices, gradients "
-    "averaged), the regularizers and the preconditioner's K per batch with a ridge (1 for D_P, "
-    "lambda_reg for D_H: house 1, MNIST 1e-7)",
-    "released_preprocessing": "house prices as dataset.py: every column but LotArea and "
-    "SalePrice (Id included), fillna(0), label-encoded per file, standardised per file "
-    "(std 0 → 1), float32, the first 200 rows of each file",
-}
-
-#: Switches per dataset (MNIST keeps condreg's pooled tasks; docs/math.md §9.5).
-SWITCHES_BY_DATASET: dict[str, tuple[str, ...]] = {
-    "house": tuple(RELEASED_SWITCHES),
-    "mnist": tuple(s for s in RELEASED_SWITCHES if s != "released_preprocessing"),
-}
-
-#: The released configs (configs/house_price.yaml, configs/mnist.yaml) and code constants.
-RELEASED_CONFIG: dict[str, dict[str, float]] = {
-    "house": {
-        "epochs": 10,
-        "lr": 5e-3,
-        "lam_p": 100.0,
-        "lam_h": 1e7,
-        "ridge_p": 1.0,
-        "ridge_h": 1.0,
-        "batch": 64,
-        "devices": 2,
-        "rows": 200,
-    },
-    "mnist": {
-        "epochs": 30,
-        "lr": 1e-3,
-        "lam_p": 1.0,
-        "lam_h": 5e7,
-        "ridge_p": 1.0,
-        "ridge_h": 1e-7,
-        "batch": 64,
-        "devices": 1,
-        "normaliser": 28,
-    },
-    "opt_kappa": {"lam_p": 1e-5, "lam_h": 1.0},
-}
-
-#: The released κ's floor: eigvalsh(S + RIDGE_FLOOR·I), σ_min = min eigenvalue > RIDGE_FLOOR.
-RIDGE_FLOOR = 1e-6
-
-#: What the authors' runs printed (wandb output.log in the released repository's commit dc536a8):
-#: κ(K_P), κ(K_H) ("X1/X2 condition") and κ(H_P), κ(H_H) ("A1/A2") by the ridge-floor κ.
-LOGGED: dict[str, dict[str, float | str]] = {
-    "house": {
-        "source": "wandb/run-20250608_031141-b400gz2b/files/output.log (and 3 identical runs)",
-        "kappa_K_P": 1795161651.0645268,
-        "kappa_K_H": 2009611173.1950781,
-        "kappa_H_P": 394404313.74806696,
-        "kappa_H_H": 531779644.03056484,
-        "ii": 0.21970406593422162,
-        "i": 0.26461817645305435,
-        "rir": 1.2044300378686656,
-        "protocol": "configs/house_price.yaml: 10 epochs, 2 GPUs, lr 5e-3, λ 100 / 1e7",
-    },
-    "mnist": {
-        "source": "wandb/run-20250608_032358-ikncuytd/files/output.log",
-        "pair": "0-1",
-        "kappa_K_P": 3108297500759.5996,
-        "kappa_K_H": 1727520316176.9072,
-        "kappa_H_P": 215216254250.395,
-        "kappa_H_H": 12615119762991.012,
-        "rir": 105.46678932580377,
-        "protocol": "configs/mnist.yaml with max_epochs 1; full MNIST (5923 images per digit), "
-        "784 raw pixels",
-    },
-}
-
-#: pandas' default missing-value strings (``read_csv``), as the released dataset.py reads them.
-PANDAS_NA_VALUES: frozenset[str] = frozenset(
-    "|#N/A|#N/A N/A|#NA|-1.#IND|-1.#QNAN|-NaN|-nan|1.#IND|1.#QNAN|<NA>|N/A|NA|NULL|NaN|None|"
-    "n/a|nan|null".split("|")
+from condreg.experiments.ablation.released import (
+    RELEASED_CONFIG,
+    RIDGE_FLOOR,
+    ridge_floor_spectrum,
 )
 
-
-def ridge_floor_spectrum(F: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """``(w, V, lo, hi)``: eigh(``FᵀF + 1e-6·I``), w[lo] the least above 1e-6 (none: DataError)."""
-    F = np.asarray(F, dtype=np.float64)
-    w, V = np.linalg.eigh(F.T @ F + RIDGE_FLOOR * np.eye(F.shape[1]))
-    above = np.flatnonzero(w > RIDGE_FLOOR)
-    if above.size == 0:
-        raise DataError("ridge-floor κ: no eigenvalue of FᵀF + 1e-6·I exceeds 1e-6")
-    return w, V, int(above[0]), int(w.size - 1)
-
-
-def ridge_floor_kappa(F: np.ndarray) -> float:
-    """The released κ(FᵀF): λ_max/λ_min of ``FᵀF + 1e-6·I``, λ_min the least above 1e-6."""
-    w, _, lo, hi = ridge_floor_spectrum(F)
-    return float(math.exp(math.log(w[hi]) - math.log(w[lo])))
-
-
-@dataclass(frozen=True)
-class ReleasedHousePrices:
-    """The released house-price tasks (float32 values in float64) and the 79 feature names."""
-
-    X_p: np.ndarray
-    y_p: np.ndarray
-    X_h: np.ndarray
-    y_h: np.ndarray
-    columns: tuple[str, ...]
-
-
-def encode_column(values: Sequence[str]) -> np.ndarray:
-    """One column as pandas reads it, after ``fillna(0)`` and (text) LabelEncoder's sorted codes."""
-    missing = [v in PANDAS_NA_VALUES for v in values]
-    try:
-        return np.array([0.0 if m else float(v) for v, m in zip(values, missing, strict=True)])
-    except ValueError:  # a text column
-        text = ["0" if m else v for v, m in zip(values, missing, strict=True)]
-        codes = {s: i for i, s in enumerate(sorted(set(text)))}
-        return np.array([float(codes[s]) for s in text])
-
-
-def _released_file(path: pathlib.Path, label: str, rows: int) -> tuple[np.ndarray, ...]:
-    header, table = read_csv_table(path)
-    for needed in ("LotArea", "SalePrice", "Id"):
-        if needed not in header:
-            raise DataError(f"{path}: no {needed!r} column; cannot preprocess the released way")
-    if len(table) < rows + 1:
-        raise DataError(f"{path}: {len(table)} rows; the released protocol needs more than {rows}")
-    columns = [c for c in header if c not in ("LotArea", "SalePrice")]
-    data = {c: encode_column([r[j] for r in table]) for j, c in enumerate(header)}
-    X = np.stack([data[c] for c in columns], axis=1)
-    std = X.std(axis=0, ddof=1)
-    X = (X - X.mean(axis=0)) / np.where(std == 0, 1.0, std)
-    y = data[label]
-    y = (y - y.mean()) / (y.std(ddof=1) or 1.0)
-    return *(a.astype(np.float32).astype(np.float64)[:rows] for a in (X, y)), tuple(columns)
-
-
-def released_house_prices(data_dir: str | pathlib.Path, rows: int = 200) -> ReleasedHousePrices:
-    """D1.csv / D2.csv as the released ``dataset.py`` reads them, first ``rows`` rows; DataError."""
-    data_dir = pathlib.Path(data_dir)
-    paths = [data_dir / "D1.csv", data_dir / "D2.csv"]
-    for path in paths:
-        if not path.is_file():
-            raise DataError(
-                f"{path}: missing; the released preprocessing needs the split files "
-                f"D1.csv and D2.csv"
-            )
-    X_p, y_p, cols_p = _released_file(paths[0], "LotArea", rows)
-    X_h, y_h, cols_h = _released_file(paths[1], "SalePrice", rows)
-    if cols_p != cols_h:
-        raise DataError(f"{data_dir}: D1.csv and D2.csv have different columns")
-    return ReleasedHousePrices(X_p, y_p, X_h, y_h, cols_p)
-
+__all__ = ["Protocol", "Trained", "emulate", "Adam", "Sampler", "regularizer_gradient"]
+__all__ += ["TaskArrays", "prepare_task", "precondition", "initial_parameters", "head_only_loss"]
+__all__ += ["task_loss", "minibatch_steps"]
 
 _EPS = np.finfo(np.float64).eps
 
@@ -195,7 +33,13 @@ _TERMS = {
 
 @dataclass(frozen=True)
 class Protocol:
-    """One training protocol: a dataset's switches turned on, condreg's epochs, lr, step clip."""
+    """One training protocol: a dataset's released switches on, condreg's epochs, lr and step
+    clip, and the parts of the ``minibatch`` switch on their own: ``batch`` rows per step
+    (None: all), ``steps`` in all (None: ``epochs`` epochs), ``batch_precond`` (the batch's
+    ``(BᵀB + ridge·I)⁻¹`` instead of the task's K⁺), ``paired_rows`` (D_H's rows are D_P's row
+    indices, so only its first min(N_P, N_H) rows are used); ``exact_steps``: every regularizer
+    step exactly ``max_step`` long (condreg: at most); ``precondition_opt_kappa``: K⁺ on Opt κ's
+    gradient too. ValueError for a combination that means nothing."""
 
     dataset: str
     switches: frozenset[str]
@@ -204,6 +48,23 @@ class Protocol:
     task: str
     max_step: float = 0.3
     imma_steps: int = 5
+    batch: int | None = None
+    steps: int | None = None
+    batch_precond: bool = False
+    paired_rows: bool = False
+    exact_steps: bool = False
+    precondition_opt_kappa: bool = False
+
+    def __post_init__(self) -> None:
+        minibatch = "minibatch" in self.switches
+        if self.batch_precond and self.batch is None and not minibatch:
+            raise ValueError("batch_precond needs a batch size (or the minibatch switch)")
+        if minibatch and (self.batch is not None or self.paired_rows or self.batch_precond):
+            raise ValueError("the minibatch switch already sets the batch, its K and the pairing")
+        if self.exact_steps and ("fixed_lambda" in self.switches or "adam" in self.switches):
+            raise ValueError("exact_steps sizes condreg's clipped steps: not with fixed λ or Adam")
+        if self.batch is not None and self.batch < 1 or self.steps is not None and self.steps < 1:
+            raise ValueError(f"batch and steps must be >= 1, got {self.batch}, {self.steps}")
 
     def on(self, name: str) -> bool:
         """Whether the released choice ``name`` is switched on."""
@@ -214,16 +75,34 @@ class Protocol:
         """The released config of this dataset."""
         return RELEASED_CONFIG[self.dataset]
 
+    def batching(self) -> tuple[int | None, int, bool, bool]:
+        """``(rows per device and step or None, devices, paired rows, per-batch K)``: the
+        ``minibatch`` switch sets all four as the released code had them, the fields one each."""
+        if self.on("minibatch"):
+            return int(self.config["batch"]), int(self.config["devices"]), True, True
+        return self.batch, 1, self.paired_rows, self.batch_precond
+
+    def preconditioned(self, method: str) -> bool:
+        """Whether ``method``'s regularizer gradient is preconditioned by K⁻¹."""
+        return method in ("condreg", "r_ill_only") or (
+            method == "opt_kappa" and self.precondition_opt_kappa
+        )
+
 
 @dataclass
 class Trained:
-    """An emulated run: θ, the bias (None without ``linear_init``), why it stopped, λ's, epochs."""
+    """An emulated run: θ, the bias (None without ``linear_init``), why it stopped, λ's, epochs
+    and steps run, the final D_P loss and each term's path length Σ_t (relative step size)
+    (NaN where no step is clipped: fixed λ or Adam)."""
 
     theta: np.ndarray
     bias: np.ndarray | None
     stopped: str = "completed"
     lam: dict[str, float] = field(default_factory=dict)
     epochs_run: int = 0
+    steps_run: int = 0
+    loss_final: float = math.nan
+    path_length: dict[str, float] = field(default_factory=dict)
 
 
 def _spectrum(F: np.ndarray, ridge_kappa: bool) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -261,15 +140,52 @@ def regularizer_gradient(
     return (s_min * np.outer(v_min, v_min) - S / k) / den**2, 1.0 / den
 
 
-def batches(n_pairs: int, protocol: Protocol, rng: np.random.Generator) -> list[list[Any]]:
-    """One epoch's steps, each one row-index array (``None``: all rows) per device."""
-    if not protocol.on("minibatch"):
-        return [[None]]
+class Sampler:
+    """The row indices of every step: per device ``(rows of D_P, rows of D_H)``, None = all.
+
+    Paired rows (the released loader): one permutation of ``min(N_P, N_H)`` row pairs per
+    epoch, split over the devices, the last incomplete batch dropped. Unpaired: a permutation of
+    D_P per epoch and D_H's rows drawn from a stream of its own permutations (every row used)."""
+
+    def __init__(self, n_p: int, n_h: int, protocol: Protocol, rng: np.random.Generator) -> None:
+        self.batch, self.devices, self.paired, _ = protocol.batching()
+        self.n_p, self.n_h, self.rng = n_p, n_h, rng
+        self._stream = np.empty(0, dtype=np.int64)
+
+    def epoch(self) -> list[list[tuple[Any, Any]]]:
+        """One epoch's steps."""
+        size, d = self.batch, self.devices
+        if size is None:
+            if not self.paired or self.n_p == self.n_h:
+                return [[(None, None)]]
+            rows = np.arange(min(self.n_p, self.n_h))  # the longer task cut to the shorter
+            return [
+                [(rows if self.n_p > self.n_h else None, rows if self.n_h > self.n_p else None)]
+            ]
+        n = min(self.n_p, self.n_h) if self.paired else self.n_p
+        perm = self.rng.permutation(n)
+        shards = [perm[r::d] for r in range(d)]
+        n_steps = min(len(s) // size for s in shards)
+        if n_steps < 1:
+            raise ValueError(f"batches of {size} rows: only {n} rows per epoch")
+        steps = []
+        for j in range(n_steps):
+            rows = [s[j * size : (j + 1) * size] for s in shards]
+            steps.append([(b, b if self.paired else self._take(size)) for b in rows])
+        return steps
+
+    def _take(self, k: int) -> np.ndarray:
+        while self._stream.size < k:
+            self._stream = np.concatenate([self._stream, self.rng.permutation(self.n_h)])
+        out, self._stream = self._stream[:k], self._stream[k:]
+        return out
+
+
+def minibatch_steps(n_p: int, n_h: int, protocol: Protocol) -> int:
+    """The steps per epoch of the released ``minibatch`` switch on these tasks."""
+    rows = min(n_p, n_h)
     size, devices = int(protocol.config["batch"]), int(protocol.config["devices"])
-    perm = rng.permutation(n_pairs)
-    shards = [perm[r::devices] for r in range(devices)]
-    n_steps = min(len(s) // size for s in shards)
-    return [[s[j * size : (j + 1) * size] for s in shards] for j in range(n_steps)]
+    return min(len(range(r, rows, devices)) for r in range(devices)) // size
 
 
 @dataclass
@@ -302,9 +218,21 @@ def _loss_derivative(z: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z)) - y
 
 
+def task_loss(z: np.ndarray, y: np.ndarray, task: str) -> float:
+    """The D_P loss as condreg reports it: relative squared error, or mean logistic loss."""
+    if task == "regression":
+        return float(np.mean((z - y) ** 2) / (np.mean(y * y) or 1.0))
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def _loss_arrays(t: TaskArrays, protocol: Protocol) -> tuple[np.ndarray, np.ndarray]:
+    """The supervised loss's inputs and labels: raw under Adam, condreg's scaled ones otherwise."""
+    return (t.X, t.y) if protocol.on("adam") else (t.Xs, t.ys)
+
+
 def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
-    """The D_P loss's gradients in θ, bias and ω on ``rows`` (raw loss under Adam)."""
-    X, y = (t.X, t.y) if protocol.on("adam") else (t.Xs, t.ys)
+    """The D_P loss's gradients in θ, bias and ω on ``rows``."""
+    X, y = _loss_arrays(t, protocol)
     if rows is not None:
         X, y = X[rows], y[rows]
     phi = X @ theta + (0.0 if bias is None else bias)
@@ -317,7 +245,7 @@ def _supervised(t: TaskArrays, rows, theta, bias, omega, protocol: Protocol):
 def precondition(g: np.ndarray, t: TaskArrays, B: np.ndarray, protocol: Protocol) -> np.ndarray:
     """K⁻¹ on the left (condreg) or the right; K⁺ of the task or the batch's (BᵀB + ridge·I)⁻¹."""
     right = protocol.on("right_precond")
-    if protocol.on("minibatch"):
+    if protocol.batching()[3]:
         K = B.T @ B + t.ridge * np.eye(B.shape[1])
         return np.linalg.solve(K, g.T).T if right else np.linalg.solve(K, g)
     return g @ t.pinv if right else t.pinv @ g
@@ -339,7 +267,7 @@ def _reg_direction(method, which, t: TaskArrays, rows, theta, bias, protocol: Pr
         G = G * (-1.0 / value**2 if value > 0 else 0.0)
     dF = 2.0 * F @ G
     g_theta = B.T @ dF
-    if method != "opt_kappa":
+    if protocol.preconditioned(method):
         g_theta = precondition(g_theta, t, B, protocol)
     return g_theta, (None if bias is None else dF.sum(axis=0))
 
@@ -348,15 +276,15 @@ def _gradients(method, P: TaskArrays, H: TaskArrays, rows, params, protocol, alp
     """One step's gradients on one device: ``{"sup": (θ, bias, ω), "p": …, "h": …}``."""
     from condreg.algorithm import imma_gradient
 
-    theta, bias = params["theta"], params["bias"]
-    out = {"sup": _supervised(P, rows, theta, bias, params["omega"], protocol)}
-    out["p"] = _reg_direction(method, "p", P, rows, theta, bias, protocol)
+    (rows_p, rows_h), theta, bias = rows, params["theta"], params["bias"]
+    out = {"sup": _supervised(P, rows_p, theta, bias, params["omega"], protocol)}
+    out["p"] = _reg_direction(method, "p", P, rows_p, theta, bias, protocol)
     if method == "imma":
-        X, y = (H.Xs, H.ys) if rows is None else (H.Xs[rows], H.ys[rows])
+        X, y = (H.Xs, H.ys) if rows_h is None else (H.Xs[rows_h], H.ys[rows_h])
         grad = imma_gradient(theta, X, y, protocol.task, protocol.imma_steps, alpha, np)[1]
         out["h"] = (-grad, None)
     else:
-        out["h"] = _reg_direction(method, "h", H, rows, theta, bias, protocol)
+        out["h"] = _reg_direction(method, "h", H, rows_h, theta, bias, protocol)
     return out
 
 
@@ -385,18 +313,22 @@ def _weights(method: str, grads, theta, protocol: Protocol, lr: float) -> dict[s
     if protocol.on("fixed_lambda") and method != "imma":
         config = RELEASED_CONFIG["opt_kappa" if method == "opt_kappa" else protocol.dataset]
         return {k: float(config[f"lam_{k}"]) for k in ("p", "h") if grads[k] is not None}
-    pre = method in ("condreg", "r_ill_only")
+    pre = protocol.preconditioned(method)
     sizes = {k: _rel_size(lr * grads[k][0], theta, pre) for k in ("p", "h") if grads[k] is not None}
     step = protocol.max_step
     return {k: step / v if v > 0 and math.isfinite(v) else 1.0 for k, v in sizes.items()}
 
 
-def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> float:
-    """condreg's step clip ``min(1, max_step/size)``; 1 under Adam and the fixed λ's."""
+def _clip(method: str, U: np.ndarray, theta: np.ndarray, protocol: Protocol) -> tuple[float, float]:
+    """``(factor, its step's relative size)``: condreg's clip ``min(1, max_step/size)``, or
+    ``max_step/size`` with ``exact_steps``; ``(1, NaN)`` under Adam and the fixed λ's."""
     if protocol.on("adam") or (protocol.on("fixed_lambda") and method != "imma"):
-        return 1.0
-    size = _rel_size(U, theta, method in ("condreg", "r_ill_only"))
-    return min(1.0, protocol.max_step / size) if size > 0 else 1.0
+        return 1.0, math.nan
+    size = _rel_size(U, theta, protocol.preconditioned(method))
+    if size <= 0:
+        return 1.0, 0.0
+    c = protocol.max_step / size if protocol.exact_steps else min(1.0, protocol.max_step / size)
+    return c, c * size
 
 
 class Adam:
@@ -418,7 +350,7 @@ class Adam:
 
 
 def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | None):
-    """The new ``{"theta", "bias", "omega"}`` after one step with the averaged gradients."""
+    """``(new {"theta", "bias", "omega"}, each term's step length)`` after one step."""
     g_theta, g_bias, g_omega = g["sup"]
     if adam is not None:
         grads = {"theta": g_theta, "omega": g_omega}
@@ -429,16 +361,17 @@ def _update(method, g, lam, params, protocol: Protocol, lr: float, adam: Adam | 
             if "bias" in grads and g[k][1] is not None:
                 grads["bias"] = grads["bias"] + w * g[k][1]
         new = adam.step({k: params[k] for k in grads}, grads)
-        return new if "bias" in grads else new | {"bias": None}
+        return (new if "bias" in grads else new | {"bias": None}), {}
     theta = params["theta"] - lr * g_theta
     bias = None if params["bias"] is None else params["bias"] - lr * g_bias
+    lengths = {}
     for k, w in lam.items():
         U = lr * w * g[k][0]
-        c = _clip(method, U, params["theta"], protocol)
+        c, lengths[k] = _clip(method, U, params["theta"], protocol)
         theta = theta - c * U
         if bias is not None and g[k][1] is not None:
             bias = bias - c * lr * w * g[k][1]
-    return {"theta": theta, "bias": bias, "omega": params["omega"] - lr * g_omega}
+    return {"theta": theta, "bias": bias, "omega": params["omega"] - lr * g_omega}, lengths
 
 
 def initial_parameters(D: int, protocol: Protocol, rng: np.random.Generator) -> dict[str, Any]:
@@ -472,34 +405,50 @@ def emulate(
     top = np.linalg.norm(H.Xs @ params["theta"], 2) ** 2 / H.Xs.shape[0]
     alpha = 1.0 / ((2.0 if protocol.task == "regression" else 0.25) * top)
     adam = Adam(lr) if protocol.on("adam") else None
-    n_pairs = min(X_p.shape[0], X_h.shape[0])
+    sampler = Sampler(X_p.shape[0], X_h.shape[0], protocol, rng)
+    run = Trained(params["theta"], params["bias"])
     lam: dict[str, float] | None = None
-    stopped, epoch = "completed", 0
-    for epoch in range(1, epochs + 1):
-        for step in batches(n_pairs, protocol, rng):
+    while run.stopped == "completed" and _more(run, epochs, protocol.steps):
+        run.epochs_run += 1
+        for rows in sampler.epoch():
+            if protocol.steps is not None and run.steps_run >= protocol.steps:
+                break
             try:
-                g = _mean([_gradients(method, P, H, r, params, protocol, alpha) for r in step])
+                g = _mean([_gradients(method, P, H, r, params, protocol, alpha) for r in rows])
                 lam = _weights(method, g, params["theta"], protocol, lr) if lam is None else lam
-                new = _update(method, g, lam, params, protocol, lr, adam)
+                new, lengths = _update(method, g, lam, params, protocol, lr, adam)
             except (FloatingPointError, OverflowError, np.linalg.LinAlgError) as exc:
-                stopped = f"stopped at epoch {epoch}: {exc}"
+                run.stopped = f"stopped at epoch {run.epochs_run}: {exc}"
                 break
             if not all(v is None or np.all(np.isfinite(v)) for v in new.values()):
-                stopped = f"diverged at epoch {epoch}"
+                run.stopped = f"diverged at epoch {run.epochs_run}"
                 break
-            params = new
-        if stopped != "completed":
-            break
-    return Trained(params["theta"], params["bias"], stopped, lam or {}, epoch)
+            params, run.steps_run = new, run.steps_run + 1
+            for k, v in lengths.items():
+                run.path_length[k] = run.path_length.get(k, 0.0) + v
+    run.theta, run.bias, run.lam = params["theta"], params["bias"], lam or {}
+    X, y = _loss_arrays(P, protocol)
+    bias = 0.0 if params["bias"] is None else params["bias"]
+    z = (X @ params["theta"] + bias) @ params["omega"]
+    run.loss_final = task_loss(z, y, protocol.task)
+    return run
 
 
-def head_only_loss(X: np.ndarray, y: np.ndarray, task: str, epochs: int, lr: float) -> float:
-    """The D_P loss of the head alone trained as ``condreg.immunize`` trains it (θ = I)."""
+def _more(run: Trained, epochs: int, steps: int | None) -> bool:
+    """Whether another epoch runs: ``epochs`` of them, or until ``steps`` steps are done."""
+    return run.epochs_run < epochs if steps is None else run.steps_run < steps
+
+
+def head_only_loss(
+    X: np.ndarray, y: np.ndarray, task: str, epochs: int, lr: float, *, adam: bool = False
+) -> float:
+    """The D_P loss of the head alone on θ = I, trained for ``epochs`` full-batch steps of
+    ``lr`` as the emulator trains it (gradient descent on condreg's scaled loss, or Adam on the
+    raw one): the reference of the D_P-only rule."""
     t = prepare_task(X, y, task, 0.0)
-    w = np.zeros(X.shape[1])
+    Xw, yw = (t.X, t.y) if adam else (t.Xs, t.ys)
+    w, optimizer = np.zeros(X.shape[1]), Adam(lr) if adam else None
     for _ in range(epochs):
-        w = w - lr * (t.Xs.T @ _loss_derivative(t.Xs @ w, t.ys, task) / len(t.ys))
-    z = t.Xs @ w
-    if task == "regression":
-        return float(np.mean((z - t.ys) ** 2))
-    return float(np.mean(np.logaddexp(0.0, z) - t.ys * z))
+        g = Xw.T @ _loss_derivative(Xw @ w, yw, task) / len(yw)
+        w = optimizer.step({"w": w}, {"w": g})["w"] if optimizer else w - lr * g
+    return task_loss(Xw @ w, yw, task)

@@ -28,7 +28,8 @@ QUICK_NOTE = (
     "for the study)."
 )
 
-_SCALARS = ("rir_theta0", "i", "ii", "acc_p_before", "acc_p_after", "probe_h_final_acc")
+_RATIOS = ("rir_theta0", "i", "ii")  # summarised geometrically over seeds
+_SCALARS = ("acc_p_before", "acc_p_after", "probe_h_final_acc")
 _SCALARS += ("probe_p_final_acc", "probe_h_converged", "probe_p_converged")
 _NO_REF = ("opt_kappa", "identity")  # methods without the paired comparison against Opt κ
 
@@ -44,7 +45,7 @@ def _paired(rows_m: list[dict], rows_ref: list[dict]) -> dict[str, Any]:
         "rir_ratio_per_seed": ratio,
         "wins": int(sum(r > 1 for r in ratio)),
         "seeds": len(ratio),
-        "rir_ratio": _report.mean_std(ratio),
+        "rir_ratio": _report.ratio_summary(ratio),
     }
 
 
@@ -68,11 +69,13 @@ def _fmt_attack(summ: dict[str, Any], attacker: str, limit: int) -> str:
 
 
 def _summary(rows: list[dict], ident: list[dict], ref: list[dict] | None) -> dict[str, Any]:
-    mean_std = _report.mean_std
-    summ: dict[str, Any] = {k: mean_std([r[k] for r in rows]) for k in _SCALARS}
+    mean_std, ratios = _report.mean_std, _report.ratio_summary
+    summ: dict[str, Any] = {k: ratios([r[k] for r in rows]) for k in _RATIOS}
+    summ |= {k: mean_std([r[k] for r in rows]) for k in _SCALARS}
+    summ["successes_by_i"] = _report.success_counts((r["i"], r["ii"]) for r in rows)
     for task in ("h", "p"):
         kappas = [r[f"kappa_{task}_full"] for r in rows]
-        summ[f"kappa_{task}_full_ratio"] = mean_std([k["immunized"] / k["theta0"] for k in kappas])
+        summ[f"kappa_{task}_full_ratio"] = ratios([k["immunized"] / k["theta0"] for k in kappas])
     summ["probe_h_converged_gap"] = mean_std(
         [r["probe_h_converged"] - i["probe_h_converged"] for r, i in zip(rows, ident, strict=True)]
     )
@@ -84,7 +87,7 @@ def _summary(rows: list[dict], ident: list[dict], ref: list[dict] | None) -> dic
         for a in attacks[0]
     }
     summ["rir_by_group_size"] = {
-        size: mean_std([r["rir_by_group_size"][size]["rir_theta0"] for r in rows])
+        size: ratios([r["rir_by_group_size"][size]["rir_theta0"] for r in rows])
         for size in rows[0]["rir_by_group_size"]
     }
     for key in ("probe_h", "probe_p"):
@@ -115,12 +118,18 @@ def _pct(summ: dict[str, Any], key: str, digits: int = 3) -> str:
     return _report.fmt_mean_std(percent, digits)
 
 
+def _fmt_successes(summ: dict[str, Any]) -> str:
+    n = summ["rir_theta0"]["n"]
+    return " / ".join(f"{summ['successes_by_i'][k]}/{n}" for k in _report.I_THRESHOLDS)
+
+
 def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
     vs = summ.get("vs_opt_kappa")
     return [
         _name(m),
         "—" if summ["reg_step"] is None else f"{summ['reg_step']:g}",
-        *(_report.fmt_mean_std(summ[k], 3) for k in ("i", "ii", "rir_theta0")),
+        *(_report.fmt_ratio(summ[k], 3) for k in ("i", "ii", "rir_theta0")),
+        _fmt_successes(summ),
         "" if vs is None else f"{vs['wins']}/{vs['seeds']}",
         f"{_pct(summ, 'acc_p_before')} → {_pct(summ, 'acc_p_after')}",
         _pct(summ, "probe_h_final_acc"),
@@ -132,11 +141,12 @@ def _row(m: str, summ: dict[str, Any], probe_steps: int) -> list[str]:
 
 def _arch_table(arch: str, summary: dict[str, Any], s, record: dict) -> list[str]:
     """The paragraphs of one arch: the main table, RIR_θ0 by group size, the attackers."""
-    fm, table, items = _report.fmt_mean_std, _report.markdown_table, summary.items()
+    fm, table, items = _report.fmt_ratio, _report.markdown_table, summary.items()
     n_att = s.attack_steps
     first = next(iter(summary.values()))
     sizes, atts = first["rir_by_group_size"], list(first["attacker_steps_h"])
-    head = ["method", "step", "(i)", "(ii)", "RIR_θ0", "RIR > Opt κ (seeds)"]
+    head = ["method", "step", "(i)", "(ii)", "RIR_θ0", "success (i) > 1 / ≥ 2 / ≥ 10"]
+    head += ["RIR > Opt κ (seeds)"]
     head += ["D_P acc % before → after", f"D_H probe acc @{s.probe_steps}", "steps to target"]
     head += ["converged probe %", "gap vs identity (pts)"]
     g_rows = [[_name(m), *(fm(x["rir_by_group_size"][k], 3) for k in sizes)] for m, x in items]
@@ -185,11 +195,12 @@ def _label(m: str) -> str:
 
 
 def ranking(summaries_by_arch: dict[str, dict]) -> list[str]:
-    """The lead of table.md: per arch, the methods by mean RIR_θ0, Ours against Opt κ seed by
-    seed, and the caveat for every method whose (i) < 1 (D_H did not get harder)."""
+    """The lead of table.md: per arch, the methods by RIR_θ0 (geometric mean over seeds), Ours
+    against Opt κ seed by seed, and the caveat for every method whose (i) < 1 (D_H did not get
+    harder)."""
     lines, fmt = [], _report.fmt_number
     for arch, summary in summaries_by_arch.items():
-        rir = {m: summary[m]["rir_theta0"]["mean"] for m in summary if m != "identity"}
+        rir = {m: summary[m]["rir_theta0"]["geomean"] for m in summary if m != "identity"}
         order = sorted(rir, key=lambda m: -rir[m])
         text = " > ".join(f"{_label(m)} {fmt(rir[m], 3)}" for m in order)
         vs = summary.get("condreg", {}).get("vs_opt_kappa")
@@ -199,14 +210,14 @@ def ranking(summaries_by_arch: dict[str, dict]) -> list[str]:
                 text += f"; Ours ahead of Opt κ on {wins} of {vs['seeds']} seeds"
             else:
                 text += f"; **Opt κ ahead of Ours on {lost} of {vs['seeds']} seeds**"
-        low = [m for m in order if summary[m]["i"]["mean"] < 1]
+        low = [m for m in order if summary[m]["i"]["geomean"] < 1]
         if low:
-            names = ", ".join(f"{_label(m)} ({fmt(summary[m]['i']['mean'], 2)})" for m in low)
+            names = ", ".join(f"{_label(m)} ({fmt(summary[m]['i']['geomean'], 2)})" for m in low)
             text += (
                 f". Caveat: (i) < 1 for {names}: κ on D_H fell, so D_H did not get harder "
                 "(Definition 3.1 (a) fails) whatever RIR_θ0 says"
             )
-        lines.append(f"- **{arch}** — RIR_θ0 (mean over seeds): {text}.")
+        lines.append(f"- **{arch}** — RIR_θ0 (geometric mean over seeds): {text}.")
     return lines
 
 
@@ -225,7 +236,9 @@ def table(
     paras.append(
         f"D_P = digits {list(s.pretrain_digits)}, D_H = digits {list(s.harmful_digits)}; "
         f"immunized: {'the block' if s.target == 'block' else 'an appended θ'}; seeds "
-        f"{list(seeds)} (mean ± std). Step = each method's relative regularizer step chosen by "
+        f"{list(seeds)} ((i), (ii), RIR_θ0: geometric mean ×/÷ geometric std; accuracies: "
+        f"mean ± std). Success: (ii) ≤ 1 and (i) > 1, ≥ 2, ≥ 10 (Definition 3.1 (a) asks "
+        f"(i) ≫ 1), seeds counted. Step = each method's relative regularizer step chosen by "
         f"the sweep {list(s.reg_steps)} on seed {s.sweep_seed}'s D_P validation accuracy "
         f"(largest within {100 * s.acc_tolerance:g} points of the pre-trained). "
         "(i) = κ ratio on D_H (want ≫ 1), (ii) = on D_P (want ≤ 1). Probe: a fresh linear "

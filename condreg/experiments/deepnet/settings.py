@@ -8,12 +8,14 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from condreg.algorithm import METHODS as ALGORITHM_METHODS
 from condreg.experiments import UsageError
 
 __all__ = ["ARCHS", "METHODS", "QUICK", "SMALL_ARCHS", "TARGETS", "Settings", "resolve"]
 
-#: Methods compared; "identity" is the un-immunized pre-trained extractor (RIR_θ0 = 1).
-METHODS: tuple[str, ...] = ("identity", "r_ill_only", "imma", "opt_kappa", "condreg")
+#: Methods compared: "identity" (the un-immunized pre-trained extractor, RIR_θ0 = 1), then
+#: condreg.algorithm.METHODS.
+METHODS: tuple[str, ...] = ("identity", *ALGORITHM_METHODS)
 
 #: CPU architectures trained here on MNIST (pre-trained on D_P by the study itself).
 SMALL_ARCHS: tuple[str, ...] = ("rescnn", "vit")
