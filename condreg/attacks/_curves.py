@@ -114,8 +114,8 @@ def finetune_deficit(
     ``deficit = 1 − ∫ (acc(t) − c) dt / ∫ (ref(t) − c) dt`` over the budget (trapezoids on the
     evaluation steps), ``c`` the chance accuracy: 0 = no protection (the curves' areas agree), 1 =
     the attacker stayed at chance for the whole budget, negative = the immunized model is learned
-    faster. With ``c = 0`` it is the plain ratio of areas under the accuracy curves. The
-    un-immunized model against itself is 0 exactly.
+    faster. With ``c = 0`` it is the plain ratio of areas under the accuracy curves. Identical
+    curves (the un-immunized model against itself) give 0 exactly.
 
     Parameters
     ----------
@@ -135,7 +135,8 @@ def finetune_deficit(
     ------
     ValueError
         Curves of different lengths, empty or non-finite; ``steps`` not increasing; ``chance``
-        outside ``[0, 1)``; a reference that never rises above ``chance`` (no area to compare).
+        outside ``[0, 1)``; different curves whose reference never rises above ``chance`` (no
+        learning to compare against).
 
     Examples
     --------
@@ -152,6 +153,8 @@ def finetune_deficit(
     if not (isinstance(chance, (int, float)) and 0.0 <= chance < 1.0):
         raise ValueError(f"{where}: chance must be in [0, 1), got {chance!r}")
     t = _steps(steps, a.size, where)
+    if np.array_equal(a, r):
+        return 0.0  # the same curve: no deficit, whatever its area
     ref_area = _area(r - chance, t)
     if not ref_area > 0:
         raise ValueError(

@@ -44,12 +44,17 @@ def _geomean(values: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(v)))) if np.all(v > 0) else math.nan
 
 
+def _deficit(run: dict, ref: dict, chance: float) -> float:
+    """The deficit, NaN (undefined) where the identity itself never rose above chance."""
+    try:
+        return finetune_deficit(run["test_acc"], ref["test_acc"], run["steps"], chance=chance)
+    except ValueError:
+        return math.nan
+
+
 def _cell(runs: list[dict], refs: list[dict], chance: float, s: Settings) -> dict[str, Any]:
     """One (method, attacker, optimizer) over the seeds, each against its seed's identity."""
-    deficits = [
-        finetune_deficit(r["test_acc"], f["test_acc"], r["steps"], chance=chance)
-        for r, f in zip(runs, refs, strict=True)
-    ]
+    deficits = [_deficit(r, f, chance) for r, f in zip(runs, refs, strict=True)]
     reach = [
         steps_to_target(r["test_acc"], f["test_acc"][-1], r["steps"], s.target_fraction)
         for r, f in zip(runs, refs, strict=True)
@@ -58,7 +63,7 @@ def _cell(runs: list[dict], refs: list[dict], chance: float, s: Settings) -> dic
     acc = np.asarray([r["test_acc"] for r in runs])
     return {
         "deficit": _report.mean_std(deficits),
-        "held": bool(min(deficits) >= s.holds_at),
+        "held": bool(np.all(np.asarray(deficits) >= s.holds_at)),
         "steps_to_target": reach,
         "steps_median": float(np.median(hit)) if hit else None,
         "never": len(reach) - len(hit),
@@ -148,10 +153,12 @@ def verdict(summary: dict, s: Settings) -> dict[str, Any]:
             if cell["held"]:
                 h["held" if _kept_utility(meas, s) else "held_losing_dp"] += 1
             for k, d in enumerate(cell["deficit"]["values"]):
+                if math.isnan(d):
+                    continue
                 xs.append(math.log(meas["per_seed"]["rir_theta0"][k]))
                 xi.append(math.log(meas["per_seed"]["i"][k]))
                 ys.append(d)
-        top = max(rows, key=lambda c: c[5]["deficit"]["mean"])
+        top = max(rows, key=lambda c: np.nan_to_num(c[5]["deficit"]["mean"], nan=-np.inf))
         out[family] = {
             "held": {m: h for m, h in held.items() if h["cells"]},
             "max_deficit": top[5]["deficit"]["mean"],
@@ -305,7 +312,8 @@ def _heatmap(out_dir: pathlib.Path, summary: dict, s: Settings) -> pathlib.Path:
                     continue
                 grid[i, j] = cell["deficit"]["mean"]
                 mark = " ✓" if cell["held"] and m != "identity" else ""
-                ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8)
+                text = "n/a" if math.isnan(grid[i, j]) else f"{grid[i, j]:.2f}{mark}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=8)
         image = ax.imshow(np.clip(grid, -0.5, 1.0), cmap="RdBu_r", norm=norm, aspect="auto")
         ax.set_xticks(range(len(s.attackers)), [ATTACKER_LABELS[a] for a in s.attackers])
         ax.set_yticks(range(len(methods)), [_label(m) for m in methods])
