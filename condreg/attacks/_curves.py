@@ -44,14 +44,28 @@ class FinetuneResult:
     settings: Mapping[str, Any] = field(default_factory=dict)
 
     def deficit(self, reference: FinetuneResult, *, chance: float = 0.0) -> float:
-        """:func:`finetune_deficit` of this attack against ``reference`` (the same attacker on
-        the un-immunized extractor)."""
+        """:func:`finetune_deficit` of this attack against ``reference``.
+
+        Parameters
+        ----------
+        reference : FinetuneResult
+            The same attacker on the un-immunized extractor (the same evaluation steps).
+        chance : float
+            The chance accuracy ``c``.
+        """
         _same_steps(self, reference)
         return finetune_deficit(self.test_acc, reference.test_acc, self.steps, chance=chance)
 
     def steps_to(self, reference: FinetuneResult, fraction: float = 0.9) -> int | None:
-        """:func:`steps_to_target` of this attack for ``fraction`` of ``reference``'s final
-        accuracy."""
+        """:func:`steps_to_target` of this attack.
+
+        Parameters
+        ----------
+        reference : FinetuneResult
+            The same attacker on the un-immunized extractor (the same evaluation steps).
+        fraction : float
+            The share of ``reference``'s final accuracy to reach, ``0 < fraction ≤ 1``.
+        """
         _same_steps(self, reference)
         return steps_to_target(self.test_acc, reference.test_acc[-1], self.steps, fraction)
 
@@ -119,9 +133,10 @@ def finetune_deficit(
 
     Parameters
     ----------
-    acc, reference : sequence of float
-        Test accuracy at the evaluation steps: the immunized extractor's and the un-immunized
-        one's, under the same attacker and budget.
+    acc : sequence of float
+        Test accuracy at the evaluation steps of the attack on the immunized extractor.
+    reference : sequence of float
+        The same for the un-immunized extractor, under the same attacker and budget.
     steps : sequence of float, optional
         The evaluation steps, strictly increasing (default ``0, 1, …``).
     chance : float

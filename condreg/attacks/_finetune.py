@@ -121,8 +121,8 @@ def finetune(
     block : str, optional
         The name of the immunized submodule (``extractor.named_modules()``); needed by ``lora``
         and ``finetune_block``.
-    optimizer : {"sgd", "adamw"}
-        SGD with ``momentum`` or AdamW with ``weight_decay``.
+    optimizer : str
+        ``"sgd"`` (with ``momentum``) or ``"adamw"`` (with ``weight_decay``).
     steps : int
         Optimizer steps (the budget), ``≥ 1``.
     lr : float, optional
@@ -131,14 +131,18 @@ def finetune(
         Rates to sweep (default :data:`LR_GRIDS` ``[optimizer]``).
     val_fraction : float
         The held-out share of ``train`` for the sweep, ``0 < val_fraction < 1``.
-    batch_size, eval_every : int
-        Mini-batch size; evaluate at steps ``0, eval_every, …`` and at ``steps``.
+    batch_size : int
+        Mini-batch size.
+    eval_every : int
+        Evaluate at steps ``0, eval_every, 2·eval_every, …`` and at ``steps``.
     rank : int
         LoRA rank.
     n_classes : int, optional
         Classes of the harmful task (default: the largest label + 1).
-    weight_decay, momentum : float
-        AdamW's decoupled weight decay; SGD's momentum.
+    weight_decay : float
+        AdamW's decoupled weight decay.
+    momentum : float
+        SGD's momentum, ``0 ≤ momentum < 1``.
     seed : int
         Seeds the head, the adapters, the split and the batch order.
     device : torch.device or str, optional

@@ -99,10 +99,7 @@ def load_extractor(path: str | pathlib.Path) -> tuple[nn.Sequential, dict[str, A
     ValueError
         Not a saved extractor of this format.
 
-    Examples
-    --------
-    >>> from condreg.experiments.tamper import load_extractor  # doctest: +SKIP
-    >>> net, info = load_extractor("results/tamper/extractors/rescnn-same-seed0-condreg.pt")
+    docs/tamper.md shows it at work: an attack of one's own on the study's extractors.
     """
     path = pathlib.Path(path)
     if not path.is_file():
