@@ -95,6 +95,7 @@ class _Task:
     train: tuple[torch.Tensor, torch.Tensor]
     sets: dict[str, tuple[torch.Tensor, torch.Tensor]]  # "test" and, when sweeping, "val"
     targets: list[str]
+    start: dict[str, tuple[float, float]] | None = None  # the evaluation at step 0
 
 
 def _batched(net: nn.Module, X: torch.Tensor, device, batch: int = 512) -> torch.Tensor:
@@ -118,9 +119,9 @@ def _evaluate(net: nn.Module, task: _Task) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _build(task: _Task) -> tuple[nn.Module, nn.Module, dict[str, nn.Parameter]]:
-    """``(net, trained part, held)``: a fresh copy with its head and the attacker's trainable
-    set; ``held`` maps the copy's own parameter names to their tensors (for ``changed``)."""
+def _build(task: _Task) -> tuple[nn.Module, dict[str, nn.Parameter]]:
+    """``(net, held)``: a fresh copy with its head and the attacker's trainable set; ``held``
+    maps the copy's own parameter names to their tensors (for ``changed``)."""
     ext = copy.deepcopy(task.extractor).to(task.device)
     held = dict(ext.named_parameters())
     all_ = task.attacker == "finetune_all"
@@ -136,7 +137,7 @@ def _build(task: _Task) -> tuple[nn.Module, nn.Module, dict[str, nn.Parameter]]:
         ext = _with_lora(ext, task)
     body = nn.Identity() if task.attacker == "linear_probe" else ext
     head = nn.Linear(task.dim, task.n_classes).to(task.device, task.dtype)
-    return nn.Sequential(body, head), ext, held
+    return nn.Sequential(body, head), held
 
 
 def _with_lora(ext: nn.Module, task: _Task) -> nn.Module:
@@ -163,7 +164,7 @@ def _optimizer(task: _Task, params: list[nn.Parameter], lr: float) -> torch.opti
 def _run(task: _Task, lr: float) -> dict[str, Any]:
     """One rate: train, evaluate at ``task.evals``; the curves, where it diverged, ``changed``."""
     torch.manual_seed(task.seed)
-    net, ext, held = _build(task)
+    net, held = _build(task)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = _optimizer(task, params, lr)
     X, y = task.train
@@ -174,7 +175,9 @@ def _run(task: _Task, lr: float) -> dict[str, Any]:
     running, count, diverged = 0.0, 0, None
     for t in range(task.steps + 1):
         if t in task.evals:
-            ev = _evaluate(net, task)
+            # every rate starts from the same copy, head and adapters: step 0 is evaluated once
+            ev = task.start if t == 0 and task.start else _evaluate(net, task)
+            task.start = task.start or ev
             curves["test_loss"].append(ev["test"][0])
             curves["test_acc"].append(ev["test"][1])
             if "val" in ev:
