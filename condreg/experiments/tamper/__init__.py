@@ -78,8 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _worker_init(threads: int) -> None:
+    """A worker: ``threads`` torch threads, and Ctrl-C left to the parent (which stops the pool
+    and says what was kept; a worker that took SIGINT too would print a traceback)."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
 
