@@ -219,7 +219,7 @@ def _immunized(prep, s: Settings, steps: dict | None, progress: bool) -> tuple:
 def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progress) -> dict:
     """One (arch, domain, seed): pre-train, immunize (sweep first when ``steps`` is None), and
     for every method save the extractor, measure it and attack it."""
-    t_seed = time.perf_counter()
+    t_seed, cpu_seed = time.perf_counter(), time.process_time()
     prep = deep_study.prepare(arch, s.base, images, seed, False)
     _, H = images.tasks(seed)
     models_, steps, sweep, failed = _immunized(prep, s, steps, False)
@@ -254,6 +254,7 @@ def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progr
         n=n,
         n_classes_h=prep.n_h,
         seconds=time.perf_counter() - t_seed,
+        cpu_s=time.process_time() - cpu_seed,
     )
 
 
