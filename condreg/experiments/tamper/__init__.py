@@ -165,8 +165,10 @@ def run(
     report.plots(out_dir, units, summary, s, seed_values)
     settings = {**s.to_json(), "quick": quick, "seeds": len(seed_values), "jobs": jobs}
     settings.update(torch_version=torch.__version__)
+    timing = report.timing(units, time.perf_counter() - t_start, jobs)
     results = {"summary": summary, "units": units, "verdict": report.verdict(summary, s)}
+    results["timing"] = timing
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=report.notes(s))
-    table = report.table(summary, s, seed_values, quick=quick)
+    table = report.table(summary, s, seed_values, quick=quick, timing_=timing)
     fields.update(runtime_s=time.perf_counter() - t_start, title=report.title(quick))
     return _report.write_outputs(out_dir, experiment="tamper", table=table, **fields)

@@ -14,7 +14,7 @@ from condreg.attacks import finetune_deficit, steps_to_target
 from condreg.experiments import _report
 from condreg.experiments.tamper.settings import Settings
 
-__all__ = ["FAMILIES", "notes", "plots", "summarise", "table", "title", "verdict"]
+__all__ = ["FAMILIES", "notes", "plots", "summarise", "table", "timing", "title", "verdict"]
 
 #: Attacker families of the verdict, weakest access first.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -249,7 +249,25 @@ def _tables(summary: dict, s: Settings) -> list[str]:
     return out
 
 
-def table(summary: dict, s: Settings, seeds: Sequence[int], *, quick: bool) -> str:
+def timing(units: dict[str, dict], wall_s: float, jobs: int) -> dict[str, Any]:
+    """The run's wall time, the units' own wall and CPU seconds, and how many rates were chosen
+    at an edge of their grid."""
+    attacks = [
+        a for u in units.values() for m in u["methods"].values() for a in m["attacks"].values()
+    ]
+    return {
+        "wall_s": wall_s,
+        "jobs": jobs,
+        "unit_wall_s": sum(u["seconds"] for u in units.values()),
+        "unit_cpu_s": sum(u.get("cpu_s", math.nan) for u in units.values()),
+        "attacks": len(attacks),
+        "rate_at_grid_edge": sum(bool(a["settings"].get("chosen_at_grid_edge")) for a in attacks),
+    }
+
+
+def table(
+    summary: dict, s: Settings, seeds: Sequence[int], *, quick: bool, timing_: dict[str, Any]
+) -> str:
     """table.md: the verdict per attacker family first, then the matrices."""
     paras = []
     if quick:
@@ -274,6 +292,12 @@ def table(summary: dict, s: Settings, seeds: Sequence[int], *, quick: bool) -> s
         f"method. Seeds {list(seeds)}. RIR_θ0, (i), (ii): geometric means over the seeds. "
         "Immunization step: each method's largest swept step keeping D_P validation accuracy "
         "(D_P only)."
+    )
+    t = timing_
+    paras.append(
+        f"Rates chosen at an edge of their grid: {t['rate_at_grid_edge']} of {t['attacks']} "
+        f"attacks. This run: {t['wall_s']:.0f} s wall on {t['jobs']} worker(s); the units took "
+        f"{t['unit_cpu_s']:.0f} CPU-s in all."
     )
     return "\n\n".join(paras + _tables(summary, s))
 
