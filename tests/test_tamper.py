@@ -84,6 +84,9 @@ def test_the_chosen_rates_and_grids_are_recorded(tiny_run):
         for cell, res in rec["attacks"].items():
             opt = cell.split("/")[1]
             grid = list(TINY["lr_grid_sgd"] if opt == "sgd" else TINY["lr_grid_adamw"])
+            assert res["settings"]["lr_grid"] == list(
+                settings.resolve(False, TINY).grid(cell.split("/")[0], opt)
+            )
             assert res["settings"]["lr_grid"] == grid and res["lr"] in grid
             assert [r["lr"] for r in res["sweep"]] == grid
             assert all(r["val_area"] is not None for r in res["sweep"])
@@ -187,8 +190,15 @@ def test_cli_bad_option_is_one_line(capsys):
     assert len(err) == 1 and "--domains" in err[0]
 
 
-def test_quick_settings_hold_every_cell():
+def test_quick_settings_hold_every_cell_and_the_grids_depend_on_the_attacker():
     s = settings.resolve(True, {})
+    assert (
+        s.grid("lora_r32", "sgd") == s.grid("lora_r8", "sgd") == settings.LR_GRIDS["lora/sgd"][1:3]
+    )
+    full = settings.resolve(False, {})
+    assert full.grid("finetune_all", "adamw") == (3e-4, 1e-3, 3e-3)
+    assert full.grid("linear_probe", "adamw") == (3e-3, 1e-2, 3e-2)
+    assert settings.resolve(False, {"lr_grid_adamw": "0.1"}).grid("finetune_all", "adamw") == (0.1,)
     assert s.attackers == settings.ATTACKERS and s.optimizers == settings.OPTIMIZERS
     assert s.base.methods == ("identity", "r_ill_only", "imma", "opt_kappa", "condreg")
     assert s.domains == ("same",) and tamper.SEEDS[True] == 1

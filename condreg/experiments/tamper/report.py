@@ -281,7 +281,12 @@ def table(
         f"within {100 * s.utility_drop:g} points:"
     )
     paras.append("\n".join(_verdict_lines(verdict(summary, s), s)))
-    grids = "; ".join(f"{OPT_LABELS[o]} {list(s.grid(o))}" for o in s.optimizers)
+    used = {
+        (a.split("_r")[0] if a.startswith("lora") else a, o): s.grid(a, o)
+        for a in s.attackers
+        for o in s.optimizers
+    }
+    grids = "; ".join(f"{a} {OPT_LABELS[o]} {list(g)}" for (a, o), g in used.items())
     paras.append(
         f"Deficit = 1 − ∫(acc − chance) / ∫(acc_identity − chance) over the budget of "
         f"{s.attack_steps} steps (batch {s.attack_batch}, evaluated every {s.eval_every}), "

@@ -9,7 +9,7 @@ from typing import Any
 from condreg.experiments import UsageError
 from condreg.experiments.deepnet import settings as deep
 
-__all__ = ["ATTACKERS", "DOMAINS", "OPTIMIZERS", "QUICK", "Settings", "resolve"]
+__all__ = ["ATTACKERS", "DOMAINS", "LR_GRIDS", "OPTIMIZERS", "QUICK", "Settings", "resolve"]
 
 #: The study's attackers: :data:`condreg.attacks.FINETUNE_ATTACKERS`, LoRA at ranks 8 and 32.
 ATTACKERS: tuple[str, ...] = (
@@ -26,6 +26,20 @@ DOMAINS: tuple[str, ...] = ("same", "cross")
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 
+#: Each attacker's learning-rate grid per optimizer (keys ``attacker/optimizer``, LoRA at every
+#: rank): half-decade steps around the rates that attacker is used with — larger for a head or
+#: adapters alone, smaller for the whole network — the same for every method.
+LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "linear_probe/sgd": (0.01, 0.03, 0.1, 0.3),
+    "linear_probe/adamw": (3e-3, 1e-2, 3e-2),
+    "lora/sgd": (0.01, 0.03, 0.1, 0.3),
+    "lora/adamw": (3e-3, 1e-2, 3e-2),
+    "finetune_block/sgd": (3e-3, 0.01, 0.03, 0.1),
+    "finetune_block/adamw": (1e-3, 3e-3, 1e-2),
+    "finetune_all/sgd": (1e-3, 3e-3, 0.01, 0.03),
+    "finetune_all/adamw": (3e-4, 1e-3, 3e-3),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -39,16 +53,22 @@ class Settings:
     attack_steps: int = 100  # the budget: optimizer steps of every attacker
     attack_batch: int = 32
     eval_every: int = 20
-    lr_grid_sgd: tuple[float, ...] = (3e-3, 1e-2, 3e-2, 1e-1)  # momentum 0.9
-    lr_grid_adamw: tuple[float, ...] = (1e-3, 3e-3, 1e-2)  # weight decay 0.01
+    lr_grids: Mapping[str, tuple[float, ...]] = dataclasses.field(
+        default_factory=lambda: dict(LR_GRIDS)
+    )  # SGD with momentum 0.9, AdamW with weight decay 0.01
+    lr_grid_sgd: tuple[float, ...] | None = None  # if given: every attacker's SGD grid
+    lr_grid_adamw: tuple[float, ...] | None = None  # if given: every attacker's AdamW grid
     attack_val_fraction: float = 0.2  # of D_H's training split: the rate sweep's held-out data
     target_fraction: float = 0.9  # steps to target: this share of the identity's final accuracy
     holds_at: float = 0.1  # "held": the deficit is at least this on every seed …
     utility_drop: float = 0.05  # … and D_P test accuracy fell by at most this (mean over seeds)
 
-    def grid(self, optimizer: str) -> tuple[float, ...]:
-        """The learning-rate grid swept for ``optimizer``."""
-        return self.lr_grid_sgd if optimizer == "sgd" else self.lr_grid_adamw
+    def grid(self, attacker: str, optimizer: str) -> tuple[float, ...]:
+        """The learning-rate grid swept for ``attacker`` (``lora_r8`` … count as ``lora``) with
+        ``optimizer``."""
+        fixed = self.lr_grid_sgd if optimizer == "sgd" else self.lr_grid_adamw
+        family = "lora" if attacker.startswith("lora") else attacker
+        return fixed if fixed is not None else tuple(self.lr_grids[f"{family}/{optimizer}"])
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values; ``base`` as its own dict."""
@@ -58,7 +78,7 @@ class Settings:
 
 #: ``--quick``: one seed, one domain, a short budget (about two minutes on 2 cores).
 QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=40, eval_every=10)
-QUICK.update(lr_grid_sgd=(1e-2, 1e-1), lr_grid_adamw=(1e-3, 3e-3))
+QUICK["lr_grids"] = {k: v[1:3] for k, v in LR_GRIDS.items()}  # the middle rates
 #: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
 QUICK_BASE: dict[str, Any] = dict(n_per_digit=250, pretrain_epochs=5, immunize_steps=30)
 QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
@@ -105,9 +125,11 @@ def _check(s: Settings) -> None:
         v = getattr(s, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"{key} must be a positive integer, got {v!r}")
-    for key in ("lr_grid_sgd", "lr_grid_adamw"):
-        grid = getattr(s, key)
-        if not grid or min(grid) <= 0:
+    grids = {k: getattr(s, k) for k in ("lr_grid_sgd", "lr_grid_adamw")} | dict(s.lr_grids)
+    if set(s.lr_grids) != set(LR_GRIDS):
+        raise UsageError(f"lr_grids needs exactly the keys {', '.join(LR_GRIDS)}")
+    for key, grid in grids.items():
+        if grid is not None and (not grid or min(grid) <= 0):
             raise UsageError(f"{key} must be positive learning rates, got {grid}")
     if not 0 < s.attack_val_fraction < 1:
         raise UsageError(f"attack_val_fraction must be in (0, 1), got {s.attack_val_fraction!r}")

@@ -161,7 +161,7 @@ def _attacks(prep, H, stem, block, s: Settings, seed: int) -> dict[str, Any]:
                 block="block",
                 optimizer=opt,
                 steps=s.attack_steps,
-                lr_grid=s.grid(opt),
+                lr_grid=s.grid(attacker, opt),
                 val_fraction=s.attack_val_fraction,
                 batch_size=s.attack_batch,
                 eval_every=s.eval_every,
