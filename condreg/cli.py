@@ -1,5 +1,7 @@
 """The ``condreg`` command line: ``condreg reproduce NAME [options]`` (docs/reproduction.md).
-Bad arguments or unusable data: one line on stderr, exit status 2, no output folder left behind."""
+Bad arguments, unusable data or an unwritable ``--out``: one line on stderr, exit status 2, no
+output folder left behind. Ctrl-C (SIGINT) or SIGTERM: one line saying how many finished units
+were kept and the ``--resume`` command that continues, exit status 130 (143 for SIGTERM)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import contextlib
 import importlib
 import itertools
 import pathlib
+import shlex
 import signal
 import sys
 import time
@@ -16,6 +19,7 @@ from typing import Any
 
 from condreg.experiments import EXPERIMENTS, UsageError
 from condreg.experiments import options as opt
+from condreg.experiments._report import check_out_dir
 from condreg.experiments.data import DataError
 from condreg.experiments.options import parse_pairs
 
@@ -73,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "reproduce",
         help="reproduce one of the paper's experiments",
-        description="Reproduce one of the paper's experiments (docs/math.md §8).",
+        description="Reproduce one of the paper's experiments (docs/reproduction.md of the "
+        "source distribution).",
     )
     exps = rep.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     for name in EXPERIMENTS:
@@ -105,12 +110,33 @@ def _blas_threads(n: int):
         yield
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a run unwinds as it does for Ctrl-C."""
+
+
 def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
+    raise _Terminated(signum)
+
+
+def _interrupted(name: str, out: pathlib.Path, argv: Sequence[str], resumable: bool) -> str:
+    """The one line of an interrupted run: the units kept in ``out`` and how to continue."""
+    from condreg.experiments._report import count_units
+
+    kept = count_units(out)
+    if not resumable:
+        return f"condreg reproduce {name}: interrupted; this experiment keeps nothing (no --resume)"
+    again = list(argv) + ([] if "--resume" in argv else ["--resume"])
+    where = f" under {out}/" if kept else ""
+    return (
+        f"condreg reproduce {name}: interrupted; {kept} finished unit(s) kept{where}; "
+        f"continue with: condreg {shlex.join(again)}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``condreg`` console script; returns the exit status (2: bad input)."""
+    """Entry point of the ``condreg`` console script; returns the exit status (2: bad input,
+    130: interrupted by Ctrl-C, 143: by SIGTERM)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     name = args.experiment
@@ -130,23 +156,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
+    stopped = None
     try:
+        check_out_dir(out)  # an unwritable --out is found before any work
         module = importlib.import_module(f"condreg.experiments.{EXPERIMENTS[name]}")
         with _blas_threads(args.threads or 1):
             kw = dict(quick=getattr(args, "quick", False), seeds=args.seeds, progress=args.progress)
             payload = module.run(out, **kw, **options)
         created = []  # a finished run keeps its folders
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, DataError, UsageError) as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the message holds
-        print(f"condreg reproduce {name}: error: {message}", file=sys.stderr)
-        return 2
+        return _error(name, exc, 2)
+    except OSError as exc:  # e.g. the disk filled up during the run: what was saved stays
+        return _error(name, exc, 1)
+    except KeyboardInterrupt:
+        stopped = 128 + signal.SIGINT
+    except _Terminated as exc:
+        stopped = 128 + exc.args[0]
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         for folder in created:  # deepest first: the folders a failed run left empty
             with contextlib.suppress(OSError):
                 folder.rmdir()
+    if stopped is not None:  # after the except block: progress bars are closed by now
+        print(_interrupted(name, out, argv, hasattr(args, "resume")), file=sys.stderr)
+        return stopped
     return _summary(name, out, payload, time.perf_counter() - start, getattr(args, "lr", None))
+
+
+def _error(name: str, exc: BaseException, status: int) -> int:
+    """Print ``exc`` as one line on stderr and return ``status``."""
+    message = " ".join(str(exc).split())  # one line, whatever the message holds
+    print(f"condreg reproduce {name}: error: {message}", file=sys.stderr)
+    return status
 
 
 def _summary(name: str, out: pathlib.Path, payload: Any, elapsed: float, lr: float | None) -> int:

@@ -290,7 +290,8 @@ def test_help_works_without_torch_and_deepnet_says_one_line(tmp_path):
     code, _, err = res["run"]
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
-    assert "needs PyTorch" in lines[0] and "torch==2.13.0" in lines[0] and not dest.exists()
+    assert "needs PyTorch" in lines[0] and ">= 2.3" in lines[0] and not dest.exists()
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in lines[0]
 
 
 def test_every_quick_help_says_what_it_does(capsys):

@@ -9,15 +9,26 @@ line, with the reason after a dash::
 skips the block only when one of the names is absent here: ``cuda`` means a CUDA GPU visible to
 PyTorch; anything else is an importable module name (``transformers``, ``lightning`` …). A block
 without that line always runs.
+
+A block whose prose claims an effect prints the quantities as ``name=value`` and is followed
+(blank lines allowed) by a comment the test asserts, one Python expression per ``;``::
+
+    <!-- claims: rir > 1; ii <= 1; kappa_hp < kappa_kp -->
+
+The names are the ``name=value`` pairs the block printed (the last value of a name counts; on a
+line that starts with ``label:`` a pair is also ``label.name``; ``None`` reads as ``inf``), with
+``stdout`` (the whole output) and ``near(a, b, rel=0.05)``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -29,6 +40,25 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)
 
 def _blocks(path: Path) -> list[tuple[int, str]]:
     """``(line, code)`` of every fenced block whose info string starts with ``python``."""
+    return [(line, code) for line, code, _ in _blocks_and_claims(path)]
+
+
+_CLAIMS = re.compile(r"^<!--\s*claims:(?P<claims>.*?)-->\s*$")
+
+
+def _claims_after(lines: list[str], j: int) -> list[str]:
+    """The claims of the ``<!-- claims: ... -->`` lines after line ``j`` (blank lines between)."""
+    out = []
+    j += 1
+    while j < len(lines) and (not lines[j].strip() or _CLAIMS.match(lines[j])):
+        if m := _CLAIMS.match(lines[j]):
+            out += [c.strip() for c in m["claims"].split(";") if c.strip()]
+        j += 1
+    return out
+
+
+def _blocks_and_claims(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``(line, code, claims)`` of every fenced ``python`` block."""
     out = []
     lines = path.read_text(encoding="utf-8").splitlines()
     i = 0
@@ -47,9 +77,56 @@ def _blocks(path: Path) -> list[tuple[int, str]]:
             j += 1
         if info.split()[:1] == ["python"] or info.startswith("python "):
             body = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[start:j]]
-            out.append((start + 1, "\n".join(body) + "\n"))
+            out.append((start + 1, "\n".join(body) + "\n", _claims_after(lines, j)))
         i = j + 1
     return out
+
+
+_PAIR = re.compile(
+    r"(?<![\w.])(?P<name>[A-Za-z_]\w*)\s*=\s*"
+    r"(?P<value>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan|None))(?![\w.])"
+)
+_LABEL = re.compile(r"^\s*(?P<label>[A-Za-z_]\w*)\s*:")
+
+
+def _printed(stdout: str) -> dict[str, object]:
+    """The ``name=value`` pairs of ``stdout`` as floats; ``label.name`` on ``label:`` lines."""
+    values: dict[str, object] = {}
+    labelled: dict[str, dict[str, float]] = {}
+    for line in stdout.splitlines():
+        label = _LABEL.match(line)
+        for m in _PAIR.finditer(line):
+            value = math.inf if m["value"] == "None" else float(m["value"])
+            values[m["name"]] = value
+            if label:
+                labelled.setdefault(label["label"], {})[m["name"]] = value
+    values.update({k: types.SimpleNamespace(**v) for k, v in labelled.items()})
+    return values
+
+
+def _near(a: float, b: float, rel: float = 0.05) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+def _failed_claims(claims: list[str], stdout: str) -> list[str]:
+    """The claims that do not hold for ``stdout`` (an unknown name is a failed claim)."""
+    scope = {
+        "stdout": stdout,
+        "near": _near,
+        "abs": abs,
+        "min": min,
+        "max": max,
+        **_printed(stdout),
+    }
+    bad = []
+    for claim in claims:
+        try:
+            ok = bool(eval(claim, {"__builtins__": {}}, scope))  # noqa: S307 - our own docs
+        except Exception as exc:  # noqa: BLE001 - reported as a failed claim
+            ok, claim = False, f"{claim} ({type(exc).__name__}: {exc})"
+        if not ok:
+            bad.append(claim)
+    return bad
 
 
 def _documents() -> list[Path]:
@@ -59,9 +136,9 @@ def _documents() -> list[Path]:
 
 def _cases():
     for path in _documents():
-        for line, code in _blocks(path):
+        for line, code, claims in _blocks_and_claims(path):
             rel = path.relative_to(ROOT).as_posix()
-            yield pytest.param(code, id=f"{rel}:{line}")
+            yield pytest.param(code, claims, id=f"{rel}:{line}")
 
 
 _REQUIRES = re.compile(
@@ -134,8 +211,37 @@ def test_requires_line_names_and_reason():
     assert _missing("x = 1\n") == []
 
 
-@pytest.mark.parametrize("code", list(_cases()))
-def test_block_runs(code, tmp_path):
+def test_claims_are_parsed_and_checked(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "```python\nprint('rir=2.5 ii=0.8')\n```\n\n<!-- claims: rir > 1; ii <= 1 -->\n\n"
+        "Text.\n\n```python\nx = 1\n```\nText <!-- claims: x -->\n",
+        encoding="utf-8",
+    )
+    assert [c for _, _, c in _blocks_and_claims(doc)] == [["rir > 1", "ii <= 1"], []]
+    out = "RIR(i=2.0, ii=0.5, rir=4.0)\ngd: theta_I=10 immunized=None\nkappa = 1e+03\n"
+    values = _printed(out)
+    assert (values["rir"], values["kappa"], values["gd"].immunized) == (4.0, 1e3, math.inf)
+    assert _failed_claims(["rir > 3", "gd.immunized > gd.theta_I", "near(kappa, 1010)"], out) == []
+    failed = _failed_claims(["ii <= 0.1", "missing > 1", "'RIR(' in stdout"], out)
+    assert (
+        failed[0] == "ii <= 0.1"
+        and failed[1].startswith("missing > 1 (NameError")
+        and (len(failed) == 2)
+    )
+
+
+def test_every_claims_comment_follows_a_block():
+    """A ``<!-- claims -->`` comment away from a block would silently check nothing."""
+    for path in _documents():
+        text = path.read_text(encoding="utf-8")
+        comments = sum(1 for ln in text.splitlines() if _CLAIMS.match(ln))
+        attached = sum(1 for _, _, c in _blocks_and_claims(path) if c)
+        assert comments == attached, path
+
+
+@pytest.mark.parametrize("code, claims", list(_cases()))
+def test_block_runs(code, claims, tmp_path):
     missing = _missing(code)
     if missing:
         reason = _requirements(code)[1]
@@ -159,6 +265,10 @@ def test_block_runs(code, tmp_path):
         pytest.fail(f"the block ran longer than {TIMEOUT} s")
     if proc.returncode != 0:
         pytest.fail(f"the block failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    failed = _failed_claims(claims, proc.stdout)
+    assert not failed, (
+        f"claims that do not hold: {failed}\nthe block printed:\n{proc.stdout[-3000:]}"
+    )
 
 
 def test_site_hook_turns_sphinx_roles_into_code_and_links():
@@ -322,7 +432,9 @@ def _misrendered_defaults() -> list[str]:
 
     def check(path: str, func, doc_obj) -> None:
         signature = {p.name.lstrip("*"): p for p in func.parameters}
-        for section in doc_obj.docstring.parse("numpy", warnings=False) if doc_obj.docstring else ():
+        for section in (
+            doc_obj.docstring.parse("numpy", warnings=False) if doc_obj.docstring else ()
+        ):
             if section.kind.value not in ("parameters", "other parameters"):
                 continue
             for entry in section.value:

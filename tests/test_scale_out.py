@@ -39,22 +39,28 @@ TORCH_SCRIPT = textwrap.dedent(
             loss.backward()
             torch.save({"loss": loss.detach(), "grad": F.grad / world}, f"{out}/rank{rank}.pt")
             # The quantity functions: Gram all-reduce (N_total >= D) or gather (N_total < D),
-            # uneven rows per rank for the Gram path; every strategy, every quantity.
+            # even and uneven rows per rank; every strategy, every quantity.
             from condreg.torch import distributed as cd
             results = {}
-            for D, rows in ((10, (5, 7)), (16, (6, 6))):
+            for D, rows in ROWS.items():
                 g = torch.Generator().manual_seed(D)
                 A = torch.randn(sum(rows), D, dtype=torch.float64, generator=g)
                 start = sum(rows[:rank])
                 for strategy in ("auto", "gram", "gather"):
-                    if strategy == "gather" and rows[0] != rows[1]:
-                        continue
                     for q in ("condition_number", "r_well", "r_ill"):
                         X = A[start : start + rows[rank]].clone().requires_grad_(True)
                         v = getattr(cd, q)(X, strategy=strategy)
                         v.backward()
                         results[(D, strategy, q)] = (v.detach(), X.grad / world)
             results["auto_choice"] = (cd.choose_strategy(12, 10), cd.choose_strategy(12, 16))
+            # gather_features with 5 rows on rank 0 and 8 on rank 1 (a rank of 3-d features)
+            g = torch.Generator().manual_seed(5)
+            T = torch.randn(13, 2, 3, dtype=torch.float64, generator=g)
+            X = T[:5].clone() if rank == 0 else T[5:].clone()
+            X.requires_grad_(True)
+            gathered = gather_features(X)
+            (gathered * torch.arange(13.0, dtype=torch.float64)[:, None, None]).sum().backward()
+            results["gather_uneven"] = (gathered.detach(), X.grad / world)
             # finite features whose all-reduced Gram overflows: the gather path, not an error
             g = torch.Generator().manual_seed(3)
             A = torch.randn(12, 10, dtype=torch.float64, generator=g) * 1e200
@@ -82,6 +88,10 @@ TORCH_SCRIPT = textwrap.dedent(
         mp.spawn(worker, args=(2, int(sys.argv[1]), sys.argv[2]), nprocs=2)
     """
 )
+#: Feature dimension -> rows on ranks 0 and 1 of the quantity checks: uneven with the Gram
+#: all-reduce (N_total >= D) and with the row gather (N_total < D), and even.
+ROWS = {10: (5, 7), 16: (6, 6), 20: (5, 8)}
+TORCH_SCRIPT = TORCH_SCRIPT.replace("import condreg\n", f"import condreg\nROWS = {ROWS!r}\n", 1)
 
 JAX_SCRIPT = textwrap.dedent(
     """
@@ -199,9 +209,16 @@ def test_torch_distributed_gram_all_reduce_and_gather_match_single_process(torch
         rtol=1e-8,
         atol=1e-10 * float(A.grad.abs().max()),
     )
+    T = torch.randn(13, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    weights = torch.arange(13.0, dtype=torch.float64)[:, None, None].expand(13, 2, 3)
+    (t0, w0), (t1, w1) = r0.pop("gather_uneven"), r1.pop("gather_uneven")
+    for t in (t0, t1):  # every rank gets all 13 rows in rank order, no padding
+        assert torch.equal(t, T)
+    # the backward sums the ranks' gradients: world × each row's weight, divided by world
+    assert torch.equal(torch.cat([w0, w1]), weights)
     seen = set()
     for (D, strategy, q), (v0, g0) in r0.items():
-        rows = (5, 7) if D == 10 else (6, 6)
+        rows = ROWS[D]
         g = torch.Generator().manual_seed(D)
         A = torch.randn(sum(rows), D, dtype=torch.float64, generator=g).requires_grad_(True)
         want = getattr(condreg, q)(A, gram=True)
@@ -213,7 +230,7 @@ def test_torch_distributed_gram_all_reduce_and_gather_match_single_process(torch
         atol = 1e-10 * float(A.grad.abs().max())
         np.testing.assert_allclose(grad, A.grad.numpy(), rtol=1e-10, atol=atol)
         seen.add((D, strategy))
-    assert {(10, "gram"), (10, "auto"), (16, "gather"), (16, "auto"), (16, "gram")} <= seen
+    assert {(D, s) for D in ROWS for s in ("auto", "gram", "gather")} == seen
 
 
 def test_distributed_quantities_are_single_process_without_a_group():

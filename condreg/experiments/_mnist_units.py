@@ -70,8 +70,14 @@ def _run_packed(args: tuple) -> dict[str, Any]:
 
 
 def limit_worker_threads() -> None:
-    """Worker initializer: one BLAS thread in this worker process (the workers share the cores)."""
+    """Worker initializer: one BLAS thread in this worker process (the workers share the cores),
+    and Ctrl-C left to the parent, which stops the pool and reports what was kept (a worker that
+    took SIGINT too would print a traceback)."""
+    import signal
+
     from threadpoolctl import threadpool_limits
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     rp.load_blas_libraries()
     threadpool_limits(limits=1)

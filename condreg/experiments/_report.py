@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -19,7 +21,14 @@ import condreg
 from condreg.experiments import UsageError
 
 __all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
-__all__ += ["check_positive", "from_jsonable", "METHOD_LABELS", "PAPER_DEEPNET", "section"]
+__all__ += [
+    "check_positive",
+    "count_units",
+    "from_jsonable",
+    "METHOD_LABELS",
+    "PAPER_DEEPNET",
+    "section",
+]
 __all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
 __all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
 __all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
@@ -75,11 +84,43 @@ PAPER_DEEPNET: dict[str, dict[str, float]] = {
 
 
 def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """``out_dir`` as a Path, checked but not created (a failed run leaves nothing behind)."""
+    """``out_dir`` as a Path, checked but not created (a failed run leaves nothing behind): not a
+    file, and writable (``out_dir`` and its ``units/`` if they exist, else the nearest existing
+    parent), tried by creating and removing a file, so a read-only file system or folder is a
+    :class:`UsageError` before any work."""
     path = pathlib.Path(out_dir)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {str(path)!r} exists and is not a directory")
+    existing = next(p for p in (path, *path.parents, pathlib.Path.cwd()) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {str(path)!r}: {str(existing)!r} is not a directory")
+    for folder in (existing, path / "units"):
+        if folder.is_dir() and (problem := _not_writable(folder)):
+            if folder == path:
+                what = "is not writable"
+            elif folder == path / "units":
+                what = "has a units/ folder that is not writable"
+            else:
+                what = f"cannot be created in {str(folder)!r}"
+            raise UsageError(f"--out {str(path)!r} {what}: {problem}")
     return path
+
+
+def _not_writable(folder: pathlib.Path) -> str | None:
+    """Why no file can be created in ``folder`` (the OSError's text), or None if one can."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".condreg-write-test-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def count_units(out_dir: str | pathlib.Path) -> int:
+    """The units saved under ``out_dir`` (``units/*.json`` there and in its sub-folders)."""
+    path = pathlib.Path(out_dir)
+    return sum(1 for _ in path.glob("**/units/*.json")) if path.is_dir() else 0
 
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:

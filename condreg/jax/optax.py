@@ -1,5 +1,5 @@
 """Algorithm 1's regularizer as an ``optax`` gradient transformation
-(``pip install 'condreg-ml[optax]'``; docs/tutorials/jax.md, docs/scaling.md)."""
+(the ``optax`` extra; docs/tutorials/jax.md, docs/scaling.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies (``pip install 'condreg-ml[test]'``) for matrices ``U diag(s) Vᵀ`` whose
+"""Hypothesis strategies (the ``test`` extra) for matrices ``U diag(s) Vᵀ`` whose
 spectrum is known exactly; a size is a value, an inclusive ``(low, high)`` range or a strategy.
 """
 

@@ -35,13 +35,6 @@ def normalized(F: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor
     return F / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
-def _row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[int]:
-    mine = torch.tensor([n], dtype=torch.int64, device=device)
-    counts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(counts, mine, group=group)
-    return [int(c.item()) for c in counts]
-
-
 def global_quantity(
     quantity: str, F: torch.Tensor, group: dist.ProcessGroup | None, rtol: float | None = None
 ) -> torch.Tensor:
@@ -50,11 +43,6 @@ def global_quantity(
     kw = {} if quantity == "r_well" else {"rtol": rtol}
     if group is None:
         return getattr(condreg, quantity)(F, gram=True, **kw)
-    counts = _row_counts(F.shape[0], F.device, group)
-    n, d = sum(counts), F.shape[1]
-    if kw and rtol is None:  # the default of the unpadded global batch
-        kw["rtol"] = _precondition.resolve_rtol(None, (n, d), F.dtype, array_namespace(F))
-    F = F_.pad(F, (0, 0, 0, max(counts) - F.shape[0]))  # zero rows up to the largest rank's
     return getattr(cdist, quantity)(F, group=group, **kw)
 
 
@@ -102,7 +90,7 @@ def global_sample_precondition(
     of ``[xᵀx | xᵀḡ]`` when that resolves the spectrum, else an all-gather of ``[x | ḡ]``."""
     if group is None:
         return _precondition.sample_preconditioner(x, ridge=ridge, rtol=rtol).apply(g.to(x.dtype))
-    counts = _row_counts(x.shape[0], x.device, group)
+    counts = cdist._row_counts(x.shape[0], x.device, group)
     n_total, d = sum(counts), x.shape[1]
     if cdist.choose_strategy(n_total, d) == "gram":
         tol = _precondition.resolve_rtol(rtol, (n_total, d), x.dtype, array_namespace(x))

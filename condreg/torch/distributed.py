@@ -23,19 +23,21 @@ def _initialised() -> bool:
 
 
 def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Differentiable all-gather of every rank's rows (equal counts; the backward sums over ranks).
+    """Differentiable all-gather of every rank's rows (the backward sums over ranks); the ranks
+    may hold different numbers of rows (each is padded with zero rows to the largest count for
+    the collective, as the trainers' batches are, and the padding is dropped again).
 
     Parameters
     ----------
     features : torch.Tensor
-        This rank's rows, ``(N, ...)``.
+        This rank's rows, ``(N_r, ...)``; the trailing shape is the same on every rank.
     group : torch.distributed.ProcessGroup, optional
         The ranks to gather from (default: the world).
 
     Returns
     -------
     torch.Tensor
-        Every rank's rows in rank order, ``(world·N, ...)``; ``features`` without a process group.
+        Every rank's rows in rank order, ``(Σ_r N_r, ...)``; ``features`` without a process group.
 
     Examples
     --------
@@ -47,9 +49,26 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
     if not _initialised():
         return features
     group = dist.group.WORLD if group is None else group
+    return _gather_rows(features, group, _row_counts(features.shape[0], features.device, group))
+
+
+def _row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[int]:
+    """Every rank's number of rows, in rank order (one all-gather of an integer)."""
+    mine = torch.tensor([n], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(counts, mine, group=group)
+    return [int(c.item()) for c in counts]
+
+
+def _gather_rows(features: torch.Tensor, group, counts: list[int]) -> torch.Tensor:
+    """The differentiable gather of :func:`gather_features` given every rank's row count."""
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(features.contiguous(), group=group), dim=0)
+    pad = max(counts) - features.shape[0]
+    if pad:
+        features = torch.cat([features, features.new_zeros((pad, *features.shape[1:]))])
+    parts = all_gather(features.contiguous(), group=group)
+    return torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)], dim=0)
 
 
 def choose_strategy(n_total: int, d: int) -> str:
@@ -71,12 +90,6 @@ def choose_strategy(n_total: int, d: int) -> str:
     ('gram', 'gather')
     """
     return "gram" if n_total >= d else "gather"
-
-
-def _global_rows(F: torch.Tensor, group) -> int:
-    n = torch.tensor([F.shape[0]], dtype=torch.int64, device=F.device)
-    dist.all_reduce(n, group=group)
-    return int(n.item())
 
 
 class _GramValue(torch.autograd.Function):
@@ -119,7 +132,8 @@ def _value(
         return fn(features, gram=True, **kw)
     F = features.reshape(features.shape[0], -1)
     group = dist.group.WORLD if group is None else group
-    n_total, D = _global_rows(F, group), F.shape[-1]
+    counts = _row_counts(F.shape[0], F.device, group)
+    n_total, D = sum(counts), F.shape[-1]
     chosen = choose_strategy(n_total, D) if strategy == "auto" else strategy
     if chosen == "gram":
         xp = array_namespace(F)
@@ -140,7 +154,7 @@ def _value(
         if bool(ok):
             args = (n_total, quantity, rtol, kw.get("tie_rtol"), dist.get_world_size(group))
             return _GramValue.apply(Fv, s, W, err_rel, *args).to(features.dtype)
-    return fn(gather_features(F, group), gram=True, **kw)
+    return fn(_gather_rows(F, group, counts), gram=True, **kw)
 
 
 def condition_number(
@@ -155,7 +169,8 @@ def condition_number(
     Parameters
     ----------
     features : torch.Tensor
-        This rank's features ``F_r``, flattened to ``(N_r, D)`` (``"gather"`` needs equal ``N_r``).
+        This rank's features ``F_r``, flattened to ``(N_r, D)``; ``N_r`` may differ between
+        ranks.
     group : torch.distributed.ProcessGroup, optional
         The ranks whose rows form the batch (default: the world).
     strategy : {"auto", "gram", "gather"}

@@ -1,4 +1,4 @@
-"""Algorithm 1 in the Hugging Face ``Trainer`` (``pip install 'condreg-ml[hf]'``): immunize one
+"""Algorithm 1 in the Hugging Face ``Trainer`` (the ``hf`` extra): immunize one
 ``nn.Linear`` of any model (docs/immunization.md; several processes: docs/scaling.md)."""
 
 from __future__ import annotations

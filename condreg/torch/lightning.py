@@ -1,4 +1,4 @@
-"""Algorithm 1 in PyTorch Lightning (``pip install 'condreg-ml[lightning]'``): a
+"""Algorithm 1 in PyTorch Lightning (the ``lightning`` extra): a
 ``LightningModule`` that immunizes one linear map (docs/immunization.md, docs/scaling.md)."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ ARCHS: tuple[str, ...] = (*SMALL_ARCHS, "resnet18", "vit_b_16", "vit_b_32")
 TARGETS: tuple[str, ...] = ("block", "theta")
 
 TORCH_HINT = (
-    "the deepnet experiment needs PyTorch: pip install torch==2.13.0 "
-    "--index-url https://download.pytorch.org/whl/cpu (the CPU wheel), or your own build"
+    "the deepnet experiment needs PyTorch, any build >= 2.3 (bring your own; the CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
 )
 
 
