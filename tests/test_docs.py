@@ -330,7 +330,7 @@ def test_distribution_name_is_condreg_ml():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["name"] == "condreg-ml"
     assert project["optional-dependencies"]["all"] == [
-        "condreg-ml[torch,jax,experiments,optax,lightning,hf]"
+        "condreg-ml[torch,jax,experiments,optax,lightning,hf,finetune]"
     ]
     assert project["scripts"] == {"condreg": "condreg.cli:main"}
 

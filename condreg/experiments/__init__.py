@@ -12,6 +12,7 @@ EXPERIMENTS: dict[str, str] = {
     "deepnet": "deepnet",
     "attacks": "attacks",
     "ablation": "ablation",
+    "tamper": "tamper",
 }
 
 

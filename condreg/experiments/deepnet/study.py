@@ -45,18 +45,28 @@ class Prepared:
     device: torch.device
 
 
-def prepare(arch: str, s: Settings, images: Images, seed: int, progress: bool) -> Prepared:
-    """Split the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs."""
+def prepare(
+    arch: str,
+    s: Settings,
+    images: Images,
+    seed: int,
+    progress: bool,
+    parts: models.Parts | None = None,
+) -> Prepared:
+    """Split the tasks, build and pre-train the model on D_P, cache the frozen stem's outputs.
+    ``parts``: a model this function pre-trained before on the same D_P and seed (reused as is,
+    with another D_H)."""
     device, dtype = torch.device(s.device), getattr(torch, s.dtype)
     torch.manual_seed(seed)
     small = arch in SMALL_ARCHS
     P, H = images.tasks(seed)
-    if small:
-        parts = models.build_small(arch, s.feature_dim, P.n_classes)
-    else:
-        parts = models.build_large(arch, s.weights, P.n_classes)
-    kw = dict(epochs=s.pretrain_epochs, lr=s.pretrain_lr, seed=seed, device=device)
-    training.pretrain(parts, P.X_tr, P.y_tr, full=small, progress=progress, **kw)
+    if parts is None:
+        if small:
+            parts = models.build_small(arch, s.feature_dim, P.n_classes)
+        else:
+            parts = models.build_large(arch, s.weights, P.n_classes)
+        kw = dict(epochs=s.pretrain_epochs, lr=s.pretrain_lr, seed=seed, device=device)
+        training.pretrain(parts, P.X_tr, P.y_tr, full=small, progress=progress, **kw)
     for p in parts.stem.parameters():
         p.requires_grad_(False)
     parts.stem.to(device).eval()

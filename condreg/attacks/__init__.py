@@ -1,0 +1,33 @@
+"""Attacks on an immunized extractor, so the κ a defense buys reads as steps and accuracy.
+
+- :func:`probe`: linear probing of fixed features ``A = Xθ`` by named optimizers
+  (:data:`ATTACKERS`); eager, on any Array API library (docs/attacks.md).
+- :func:`finetune`: fine-tuning attackers on a ``torch.nn.Module`` — a new linear head, LoRA
+  adapters on the immunized block, the block, or every parameter
+  (:data:`FINETUNE_ATTACKERS`), with SGD or AdamW at a rate swept on held-out data; compared with
+  the un-immunized model by :func:`finetune_deficit` and :func:`steps_to_target`
+  (docs/tamper.md).
+"""
+
+from condreg.attacks._curves import (
+    FINETUNE_ATTACKERS,
+    FinetuneResult,
+    finetune_deficit,
+    steps_to_target,
+)
+from condreg.attacks._finetune import LR_GRIDS, OPTIMIZERS, finetune
+from condreg.attacks._probe import ATTACKERS, ProbeResult, probe, steps_to_reduction
+
+__all__ = [
+    "ATTACKERS",
+    "FINETUNE_ATTACKERS",
+    "LR_GRIDS",
+    "OPTIMIZERS",
+    "FinetuneResult",
+    "ProbeResult",
+    "finetune",
+    "finetune_deficit",
+    "probe",
+    "steps_to_reduction",
+    "steps_to_target",
+]

@@ -1,0 +1,259 @@
+"""condreg.attacks.finetune and its two scalars: every attacker trains what it says and nothing
+else, the caller's model and random state are untouched, the rate sweep is recorded and chosen on
+held-out data only, and the deficit / steps-to-target are defined as documented."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from torch import nn  # noqa: E402
+
+from condreg.attacks import (  # noqa: E402
+    FINETUNE_ATTACKERS,
+    LR_GRIDS,
+    FinetuneResult,
+    finetune,
+    finetune_deficit,
+    steps_to_target,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one torch thread is fastest and immune to a busy machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+class _Block(nn.Module):
+    """A conv, a grouped conv, a Linear behind a pool: LoRA's two layer kinds and a non-target."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = torch.relu(self.grouped(torch.relu(self.conv(x)))).mean((2, 3))
+        return self.fc(self.norm(h))
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    stem = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU())
+    return nn.Sequential(collections.OrderedDict(stem=stem, block=_Block()))
+
+
+def _data(n=160, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    X = 0.5 * torch.randn(n, 1, 6, 6, generator=g)
+    X[:, 0, 1, 1] += 2.0 * y  # a learnable signal
+    return (X[: n * 3 // 4], y[: n * 3 // 4]), (X[n * 3 // 4 :], y[n * 3 // 4 :])
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+EXPECTED = {
+    "linear_probe": set(),
+    "lora": set(),
+    "finetune_block": {n for n, _ in _model().named_parameters() if n.startswith("block.")},
+    "finetune_all": {n for n, _ in _model().named_parameters()},
+}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("attacker", FINETUNE_ATTACKERS)
+def test_changed_is_what_the_attacker_trains_and_the_callers_model_is_untouched(
+    attacker, optimizer
+):
+    model, (train, test) = _model(), _data()
+    before, rng = _state(model), torch.random.get_rng_state()
+    lr = 0.05 if optimizer == "sgd" else 0.01
+    res = finetune(
+        model,
+        train,
+        test,
+        attacker=attacker,
+        block="block",
+        optimizer=optimizer,
+        steps=12,
+        lr=lr,
+        eval_every=4,
+        batch_size=16,
+    )
+    assert set(res.changed) == EXPECTED[attacker]
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # bit-identical
+    assert torch.equal(torch.random.get_rng_state(), rng)  # global random state untouched
+    assert res.steps == [0, 4, 8, 12] and len(res.test_acc) == len(res.train_loss) == 4
+    assert res.lr == lr and res.sweep[0]["val_area"] is None and res.val_acc == []
+    assert res.settings["optimizer"] == optimizer and res.settings["selection"] == "given"
+
+
+def test_lora_adapts_every_linear_and_conv_of_the_block_only():
+    res = finetune(
+        _model(), *_data(), attacker="lora", block="block", steps=3, lr=0.01, rank=2, eval_every=3
+    )
+    assert res.settings["lora_targets"] == ["block.conv", "block.grouped", "block.fc"]
+    assert res.settings["rank"] == 2 and res.changed == ()
+
+
+def test_lora_on_attention_leaves_the_fused_projection_unchanged():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(6, 2, batch_first=True)
+            self.out = nn.Linear(6, 4)
+
+        def forward(self, x):
+            t = x.reshape(x.shape[0], 6, 6)
+            return self.out(self.attn(t, t, t, need_weights=False)[0].mean(1))
+
+    torch.manual_seed(0)
+    net = nn.Sequential(collections.OrderedDict(block=Attn()))
+    res = finetune(net, *_data(), attacker="lora", block="block", steps=6, lr=0.01, eval_every=3)
+    assert res.settings["lora_targets"] == ["block.attn", "block.out"]
+    assert res.changed == ()
+
+
+def test_the_sweep_chooses_on_held_out_data_and_records_the_grid():
+    train, test = _data()
+    res = finetune(
+        _model(),
+        train,
+        test,
+        attacker="finetune_all",
+        optimizer="adamw",
+        steps=10,
+        lr_grid=[1e-4, 1e-2, 1e-3],
+        eval_every=5,
+        batch_size=16,
+    )
+    grid = [r["lr"] for r in res.sweep]
+    assert grid == res.settings["lr_grid"] == [1e-4, 1e-3, 1e-2]
+    areas = [r["val_area"] for r in res.sweep]
+    assert res.lr == grid[int(np.argmax(areas))]
+    assert res.settings["n_val"] + res.settings["n_train"] == train[1].shape[0]
+    assert len(res.val_acc) == len(res.steps)
+    # the test data never decide: other test labels give the same choice
+    shuffled = (test[0], test[1].flip(0))
+    again = finetune(
+        _model(),
+        train,
+        shuffled,
+        attacker="finetune_all",
+        optimizer="adamw",
+        steps=10,
+        lr_grid=[1e-4, 1e-2, 1e-3],
+        eval_every=5,
+        batch_size=16,
+    )
+    assert again.lr == res.lr and again.sweep == res.sweep
+
+
+def test_default_grids_and_a_learnable_task_is_learned():
+    assert set(LR_GRIDS) == {"sgd", "adamw"}
+    res = finetune(_model(), *_data(), attacker="finetune_all", steps=40, eval_every=20)
+    assert res.settings["lr_grid"] == list(LR_GRIDS["adamw"])
+    assert res.test_acc[-1] > 0.8 > res.test_acc[0]
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    kw = dict(attacker="finetune_block", block="block", steps=8, lr=0.01, eval_every=4)
+    a, b = (finetune(_model(), *_data(), **kw) for _ in range(2))
+    c = finetune(_model(), *_data(), seed=1, **kw)
+    assert a == b and a.train_loss != c.train_loss
+
+
+def test_a_diverging_rate_keeps_its_last_evaluation_and_is_not_chosen():
+    res = finetune(
+        _model(),
+        *_data(),
+        attacker="finetune_all",
+        optimizer="sgd",
+        steps=20,
+        lr_grid=[1e-2, 1e6],
+        eval_every=5,
+        batch_size=16,
+    )
+    blown = [r for r in res.sweep if r["lr"] == 1e6][0]
+    assert blown["diverged_at"] is not None and res.lr == 1e-2
+    assert all(math.isfinite(v) for v in res.test_acc + res.test_loss)
+
+
+def test_deficit_and_steps_to_target_are_as_documented():
+    t = [0, 10, 20]
+    assert finetune_deficit([0.2, 0.8, 0.9], [0.2, 0.8, 0.9], t, chance=0.2) == 0.0
+    assert finetune_deficit([0.2, 0.2, 0.2], [0.2, 0.8, 0.9], t, chance=0.2) == 1.0
+    assert finetune_deficit([0.2, 0.9, 1.0], [0.2, 0.8, 0.9], t, chance=0.2) < 0
+    # chance 0: the plain ratio of the trapezoid areas
+    d = finetune_deficit([0.0, 0.5, 0.5], [0.0, 1.0, 1.0], t)
+    assert d == pytest.approx(1 - (2.5 + 5.0) / (5.0 + 10.0))
+    assert steps_to_target([0.1, 0.5, 0.95], 1.0, t, 0.9) == 20
+    assert steps_to_target([0.1, 0.5, 0.8], 1.0, t, 0.9) is None
+    assert steps_to_target([0.1, 0.5, 0.95], 1.0) == 2  # default steps 0, 1, 2
+
+
+def test_a_result_against_itself_and_its_json():
+    res = finetune(_model(), *_data(), attacker="linear_probe", steps=30, lr=0.5, eval_every=10)
+    assert res.deficit(res, chance=1 / 3) == 0.0
+    assert res.steps_to(res, 0.5) is not None
+    js = res.to_json()
+    assert js["changed"] == [] and FinetuneResult(**{**js, "changed": ()}) == res
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(attacker="prune"), ValueError, "unknown attacker"),
+        (dict(attacker="lora"), ValueError, "needs block="),
+        (dict(attacker="lora", block="nope"), ValueError, "no submodule 'nope'"),
+        (dict(attacker="lora", block="stem.1"), ValueError, "no Linear, Conv2d"),
+        (dict(attacker="linear_probe", optimizer="adam"), ValueError, "unknown optimizer"),
+        (dict(attacker="linear_probe", steps=0), ValueError, "steps must be an integer"),
+        (dict(attacker="linear_probe", lr=-1.0), ValueError, "positive finite"),
+        (dict(attacker="linear_probe", lr_grid=[]), ValueError, "non-empty"),
+        (dict(attacker="linear_probe", val_fraction=1.0), ValueError, "val_fraction"),
+        (dict(attacker="linear_probe", n_classes=2), ValueError, "labels must lie"),
+    ],
+)
+def test_bad_arguments_are_typed_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        finetune(_model(), *_data(), **{"steps": 2, "eval_every": 1, **kwargs})
+
+
+def test_bad_data_and_models_are_typed_errors():
+    (X, y), test = _data()
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        finetune(lambda x: x, (X, y), test, attacker="linear_probe")
+    with pytest.raises(ValueError, match="labels must be integers"):
+        finetune(_model(), (X, y.float()), test, attacker="linear_probe")
+    X_bad = X.clone()
+    X_bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        finetune(_model(), (X_bad, y), test, attacker="linear_probe")
+    with pytest.raises(ValueError, match="n labels"):
+        finetune(_model(), (X, y[:-1]), test, attacker="linear_probe")
+    with pytest.raises(ValueError, match=r"\(n, D\) features"):
+        finetune(_model()[0], (X, y), test, attacker="linear_probe")
+    for bad in ([0.1, float("nan")], [0.1]), ([0.1, 0.2], [0.1]):
+        with pytest.raises(ValueError):
+            finetune_deficit(*bad)
+    with pytest.raises(ValueError, match="never rises above chance"):
+        finetune_deficit([0.1, 0.05], [0.1, 0.1], chance=0.1)
+    with pytest.raises(ValueError, match="fraction"):
+        steps_to_target([0.1], 1.0, fraction=0.0)
