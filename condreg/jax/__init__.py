@@ -9,7 +9,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError as exc:  # pragma: no cover - exercised only without jax
-    raise ImportError("condreg.jax needs JAX: pip install 'condreg-ml[jax]'") from exc
+    raise ImportError("condreg.jax needs JAX: pip install jax (or condreg's jax extra)") from exc
 
 from condreg import _core, _spectrum
 

@@ -33,7 +33,7 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        "condreg.torch needs PyTorch: pip install 'condreg-ml[torch]' (or your own torch build)"
+        "condreg.torch needs PyTorch >= 2.3: pip install torch (or condreg's torch extra)"
     ) from exc
 
 import array_api_compat.torch as xpt
