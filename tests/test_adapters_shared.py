@@ -365,4 +365,4 @@ def test_missing_framework_fails_at_adapter_import_with_install_hint(framework):
     )
     result = _run(code)
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "pip install" in result.stdout and f"condreg-ml[{framework}]" in result.stdout
+    assert f"pip install {framework}" in result.stdout

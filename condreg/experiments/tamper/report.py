@@ -301,8 +301,9 @@ def table(
     t = timing_
     paras.append(
         f"Rates chosen at an edge of their grid: {t['rate_at_grid_edge']} of {t['attacks']} "
-        f"attacks. This run: {t['wall_s']:.0f} s wall on {t['jobs']} worker(s); the units took "
-        f"{t['unit_cpu_s']:.0f} CPU-s in all."
+        f"attacks. The units took {t['unit_cpu_s']:.0f} CPU-s ({t['unit_wall_s']:.0f} s of wall "
+        f"time in their workers); this invocation {t['wall_s']:.0f} s wall on {t['jobs']} "
+        "worker(s), units kept by --resume included in the CPU figure, not in this wall time."
     )
     return "\n\n".join(paras + _tables(summary, s))
 
@@ -345,11 +346,15 @@ def _heatmap(out_dir: pathlib.Path, summary: dict, s: Settings) -> pathlib.Path:
                 ax.text(j, i, text, ha="center", va="center", fontsize=8)
         image = ax.imshow(np.clip(grid, -0.5, 1.0), cmap="RdBu_r", norm=norm, aspect="auto")
         ax.set_xticks(range(len(s.attackers)), [ATTACKER_LABELS[a] for a in s.attackers])
-        ax.set_yticks(range(len(methods)), [_label(m) for m in methods])
+        lost = {m for m in methods if "cells" in dom.get(m, {}) and not _kept_utility(dom[m], s)}
+        ax.set_yticks(range(len(methods)), [_label(m) + " †" * (m in lost) for m in methods])
         ax.tick_params(axis="x", labelsize=8, rotation=20)
         ax.set_title(f"{arch}, {domain} domain, {OPT_LABELS[o]}", fontsize=10)
     fig.colorbar(image, ax=axes, shrink=0.6, label="fine-tuning deficit (0 = no protection)")
-    fig.suptitle(f"Fine-tuning deficit; ✓ = ≥ {s.holds_at:g} on every seed (red = protected)")
+    fig.suptitle(
+        f"Fine-tuning deficit (red = protected); ✓ = ≥ {s.holds_at:g} on every seed; "
+        f"† = the method lost > {100 * s.utility_drop:g} points of D_P accuracy"
+    )
     return _report.save_figure(fig, out_dir / "deficit_heatmap.png")
 
 
