@@ -5,6 +5,8 @@ gives the recorded numbers; resume; option errors; the large-model path on a fak
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -188,6 +190,27 @@ def test_cli_bad_option_is_one_line(capsys):
     assert main(["reproduce", "tamper", "--domains", "moon", "--out", "/nonexistent/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--domains" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "match"),
+    [
+        ("peft", [], "LoRA attackers need peft"),
+        ("sklearn", ["--domains", "same,cross"], "needs scikit-learn"),
+        ("torch", [], "needs PyTorch"),
+    ],
+)
+def test_a_missing_library_is_one_line_before_any_work(tmp_path, module, argv, match):
+    out = tmp_path / "never"
+    code = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from condreg.cli import main\n"
+        f"raise SystemExit(main(['reproduce', 'tamper', *{argv!r}, '--out', {str(out)!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and match in lines[0], proc.stderr
+    assert not out.exists()
 
 
 def test_quick_settings_hold_every_cell_and_the_grids_depend_on_the_attacker():

@@ -27,7 +27,7 @@ ARCHS: tuple[str, ...] = (*SMALL_ARCHS, "resnet18", "vit_b_16", "vit_b_32")
 TARGETS: tuple[str, ...] = ("block", "theta")
 
 TORCH_HINT = (
-    "the deepnet experiment needs PyTorch, any build >= 2.3 (bring your own; the CPU build: "
+    "this experiment needs PyTorch, any build >= 2.3 (bring your own; the CPU build: "
     "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
 )
 

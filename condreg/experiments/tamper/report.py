@@ -174,14 +174,15 @@ def _verdict_lines(v: dict, s: Settings) -> list[str]:
     lines = []
     for family, f in v.items():
         held = f["held"]
-        kept = [f"{_label(m)} {h['held']}/{h['cells']}" for m, h in held.items() if h["held"]]
+        immunized = {m: h for m, h in held.items() if m != "identity"}
+        kept = [f"{_label(m)} {h['held']}/{h['cells']}" for m, h in immunized.items()]
         lost = [
             f"{_label(m)} {h['held_losing_dp']}" for m, h in held.items() if h["held_losing_dp"]
         ]
         n = next(iter(held.values()))["cells"]
         head = (
             f"held in {', '.join(kept)} of {n} cells"
-            if kept
+            if any(h["held"] for h in immunized.values())
             else f"**held nowhere** (0 of {n} cells per method)"
         )
         drop = f"{100 * s.utility_drop:g}"
@@ -273,7 +274,7 @@ def table(
     if quick:
         paras.append(
             "**Quick run: a smoke test of the pipeline, not the study** (1 seed, short budgets, "
-            "2-rate sweeps)."
+            "2-rate sweeps, so every chosen rate is at an edge of its grid)."
         )
     paras.append(
         f"What held, per attacker family — a cell (arch × domain × attacker × optimizer) is held "

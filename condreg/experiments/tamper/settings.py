@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -155,4 +156,26 @@ def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
         raise UsageError(str(exc).replace("deepnet option", "tamper option")) from None
     s = Settings(**values)
     _check(s)
+    _check_libraries(s)
     return s
+
+
+def _check_libraries(s: Settings) -> None:
+    """The libraries the chosen attackers and tasks need, checked before any work (the workers
+    would otherwise fail one by one)."""
+    needs = {"peft": any(a.startswith("lora") for a in s.attackers)}
+    needs["sklearn"] = "cross" in s.domains
+    hints = {
+        "peft": "the LoRA attackers need peft (the finetune extra: pip install peft)",
+        "sklearn": "the cross-domain task needs scikit-learn (pip install scikit-learn)",
+    }
+    for name, needed in needs.items():
+        if needed and not _importable(name):
+            raise UsageError(hints[name])
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules
+        return False
