@@ -78,10 +78,10 @@ class Settings:
 
 
 #: ``--quick``: one seed, one domain, a short budget (about two minutes on 2 cores).
-QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=40, eval_every=10)
+QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=10)
 QUICK["lr_grids"] = {k: v[1:3] for k, v in LR_GRIDS.items()}  # the middle rates
 #: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
-QUICK_BASE: dict[str, Any] = dict(n_per_digit=250, pretrain_epochs=5, immunize_steps=30)
+QUICK_BASE: dict[str, Any] = dict(n_per_digit=150, pretrain_epochs=4, immunize_steps=30)
 QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
 
 _OWN = {f.name for f in dataclasses.fields(Settings)} - {"base"}
