@@ -240,6 +240,18 @@ def x32():
         jax.config.update("jax_enable_x64", previous)
 
 
+@pytest.fixture
+def torch_one_thread():
+    """One torch thread for the test (restored afterwards): the small models and matrices of
+    the torch tests run fastest on one thread and are immune to a busy machine. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("torch_one_thread")``."""
+    torch = pytest.importorskip("torch")
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 # --------------------------------------------------------------------------------------------
 # The public functions, once for every test module: name -> (value function, closed form)
 # --------------------------------------------------------------------------------------------

@@ -37,13 +37,7 @@ TINY = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matrices: one torch thread is fastest and immune to a busy machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _finite(x) -> bool:

@@ -24,14 +24,7 @@ from condreg.attacks import (  # noqa: E402
     steps_to_target,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread is fastest and immune to a busy machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 class _Block(nn.Module):

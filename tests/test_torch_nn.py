@@ -18,14 +18,7 @@ from condreg.torch.nn import (  # noqa: E402
     precondition,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one torch thread is fastest and immune to a busy machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _pair(seed=0, N=60, D=6):

@@ -102,15 +102,18 @@ _NONE_OK = ("ridge", "imma_inner_lr")
 def _coerce(key: str, value: Any) -> Any:
     if key in _PATHS and value is not None:
         return pathlib.Path(value)
-    if key not in _TUPLES:
-        return value
-    kind = _TUPLES[key]
+    return as_tuple(key, value, _TUPLES[key], "deepnet") if key in _TUPLES else value
+
+
+def as_tuple(key: str, value: Any, kind: type, experiment: str) -> tuple:
+    """A list option (``"a,b"`` or a sequence) as a tuple of ``kind``; a :class:`UsageError`
+    naming ``experiment``'s option otherwise."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     try:
         return tuple(kind(v) for v in value)
     except (TypeError, ValueError):
-        msg = f"deepnet option {key}={value!r}: expected a list of {kind.__name__}"
+        msg = f"{experiment} option {key}={value!r}: expected a list of {kind.__name__}"
         raise UsageError(msg) from None
 
 

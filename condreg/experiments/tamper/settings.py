@@ -90,16 +90,7 @@ _TUPLES |= {"lr_grid_sgd": float, "lr_grid_adamw": float}
 
 
 def _coerce(key: str, value: Any) -> Any:
-    if key not in _TUPLES:
-        return value
-    kind = _TUPLES[key]
-    if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    try:
-        return tuple(kind(v) for v in value)
-    except (TypeError, ValueError):
-        msg = f"tamper option {key}={value!r}: expected a list of {kind.__name__}"
-        raise UsageError(msg) from None
+    return deep.as_tuple(key, value, _TUPLES[key], "tamper") if key in _TUPLES else value
 
 
 def _subset(name: str, values: tuple[str, ...], known: tuple[str, ...]) -> None:
