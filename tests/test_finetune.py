@@ -188,6 +188,37 @@ def test_a_diverging_rate_keeps_its_last_evaluation_and_is_not_chosen():
     assert all(math.isfinite(v) for v in res.test_acc + res.test_loss)
 
 
+def test_weights_that_blow_up_are_never_kept_as_a_checkpoint():
+    """An update can make the weights NaN before any mini-batch loss is: the evaluation that
+    sees them is divergence, and the curve keeps the last finite evaluation."""
+    kw = dict(attacker="finetune_all", optimizer="sgd", steps=12, eval_every=1, batch_size=16)
+    res = finetune(_model(), *_data(), lr=1e4, **kw)
+    (rec,) = res.sweep
+    assert rec["diverged_at"] is not None and 0 <= rec["diverged_at"] <= 12
+    assert all(math.isfinite(v) for v in res.test_loss + res.test_acc + res.train_loss)
+    k = res.steps.index(rec["diverged_at"]) if rec["diverged_at"] in res.steps else None
+    if k:  # the curve is flat from the last good evaluation on
+        assert len(set(res.test_acc[k - 1 :])) == 1
+
+
+def test_lr_with_lr_grid_numpy_scalars_and_integer_inputs():
+    kw = dict(attacker="linear_probe", optimizer="sgd", steps=4, eval_every=2)
+    with pytest.raises(ValueError, match="not both"):
+        finetune(_model(), *_data(), lr=0.1, lr_grid=[0.1, 0.3], **kw)
+    res = finetune(_model(), *_data(), lr=np.float32(0.1), **kw)  # a NumPy scalar is a number
+    ref = finetune(_model(), *_data(), lr=0.1, **kw)
+    assert res.test_acc == ref.test_acc
+    assert finetune_deficit(res.test_acc, ref.test_acc, res.steps, chance=np.float32(1 / 3)) == 0
+    # integer inputs reach the model as integers (token ids for an embedding)
+    emb = nn.Sequential(
+        collections.OrderedDict(emb=nn.Embedding(10, 4), flat=nn.Flatten(), block=nn.Linear(8, 6))
+    )
+    ids = torch.arange(120).reshape(60, 2) % 10
+    y = (ids[:, 0] > 4).long()
+    out = finetune(emb, (ids[:40], y[:40]), (ids[40:], y[40:]), lr=0.1, **kw)
+    assert len(out.test_acc) == 3
+
+
 def test_deficit_and_steps_to_target_are_as_documented():
     t = [0, 10, 20]
     assert finetune_deficit([0.2, 0.8, 0.9], [0.2, 0.8, 0.9], t, chance=0.2) == 0.0

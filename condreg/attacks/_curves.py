@@ -5,6 +5,7 @@ Plain Python and NumPy (no framework)."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,8 +129,9 @@ def finetune_deficit(
     ``deficit = 1 − ∫ (acc(t) − c) dt / ∫ (ref(t) − c) dt`` over the budget (trapezoids on the
     evaluation steps), ``c`` the chance accuracy: 0 = no protection (the curves' areas agree), 1 =
     the attacker stayed at chance for the whole budget, negative = the immunized model is learned
-    faster. With ``c = 0`` it is the plain ratio of areas under the accuracy curves. Identical
-    curves (the un-immunized model against itself) give 0 exactly.
+    faster, above 1 = the attacker ended below chance. With ``c = 0`` it is one minus the plain
+    ratio of the areas under the accuracy curves. Identical curves (the un-immunized model
+    against itself) give 0 exactly.
 
     Parameters
     ----------
@@ -165,7 +167,7 @@ def finetune_deficit(
     a, r = _curve(acc, "acc", where), _curve(reference, "reference", where)
     if a.size != r.size:
         raise ValueError(f"{where}: acc has {a.size} entries, reference {r.size}")
-    if not (isinstance(chance, (int, float)) and 0.0 <= chance < 1.0):
+    if not (_real(chance) and 0.0 <= chance < 1.0):
         raise ValueError(f"{where}: chance must be in [0, 1), got {chance!r}")
     t = _steps(steps, a.size, where)
     if np.array_equal(a, r):
@@ -203,10 +205,14 @@ def steps_to_target(
     -------
     int or None
 
+    A reference that never learned (``reference_final`` at or below the attack's first
+    accuracy) is reached at the first step.
+
     Raises
     ------
     ValueError
-        Empty or non-finite input, ``steps`` not increasing, ``fraction`` outside ``(0, 1]``.
+        Empty or non-finite ``acc``; a non-finite ``reference_final``; ``steps`` of another
+        length than ``acc`` or not increasing; ``fraction`` outside ``(0, 1]``.
 
     Examples
     --------
@@ -219,9 +225,14 @@ def steps_to_target(
     where = "steps_to_target"
     a = _curve(acc, "acc", where)
     t = _steps(steps, a.size, where)
-    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+    if not (_real(fraction) and 0 < fraction <= 1):
         raise ValueError(f"{where}: fraction must be in (0, 1], got {fraction!r}")
-    if not (isinstance(reference_final, (int, float)) and math.isfinite(reference_final)):
+    if not (_real(reference_final) and math.isfinite(reference_final)):
         raise ValueError(f"{where}: reference_final must be a finite number")
     hit = np.flatnonzero(a >= fraction * float(reference_final))
     return int(t[hit[0]]) if hit.size else None
+
+
+def _real(value: Any) -> bool:
+    """A real number (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

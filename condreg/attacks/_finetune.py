@@ -29,7 +29,7 @@ def _int(name: str, value: Any, low: int = 1) -> int:
 
 
 def _rate(name: str, value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not (ok and 0 < value < math.inf):
         raise ValueError(f"finetune: {name} must be a positive finite number, got {value!r}")
     return float(value)
@@ -46,6 +46,8 @@ def _options(attacker, optimizer, block, lr, lr_grid, val_fraction, weight_decay
             f"finetune: attacker {attacker!r} needs block=, the name of the immunized submodule "
             "(as in extractor.named_modules())"
         )
+    if lr is not None and lr_grid is not None:
+        raise ValueError("finetune: give lr (a fixed rate) or lr_grid (a sweep), not both")
     if lr is not None:
         grid = (_rate("lr", lr),)
     else:
@@ -53,11 +55,11 @@ def _options(attacker, optimizer, block, lr, lr_grid, val_fraction, weight_decay
         if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or not grid:
             raise ValueError(f"finetune: lr_grid must be a non-empty sequence, got {grid!r}")
         grid = tuple(sorted({_rate("lr_grid entry", g) for g in grid}))
-        ok = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
+        ok = isinstance(val_fraction, numbers.Real) and not isinstance(val_fraction, bool)
         if not (ok and 0 < val_fraction < 1):
             raise ValueError(f"finetune: val_fraction must be in (0, 1), got {val_fraction!r}")
     weight_decay = float(weight_decay) if weight_decay == 0 else _rate("weight_decay", weight_decay)
-    ok = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
+    ok = isinstance(momentum, numbers.Real) and not isinstance(momentum, bool)
     if not (ok and 0 <= momentum < 1):
         raise ValueError(f"finetune: momentum must be in [0, 1), got {momentum!r}")
     return grid, weight_decay, float(momentum)
@@ -103,9 +105,10 @@ def finetune(
     ``lr_grid`` trains on the training data less a stratified ``val_fraction`` of it, and the
     one whose mean held-out accuracy over the evaluation steps is largest (ties: the larger final
     accuracy, then the smaller rate) is kept; its curves are returned (selection never sees the
-    test data). With a given ``lr`` the whole training data is used. A run whose loss or weights
-    stop being finite stops there and keeps its last evaluation for the remaining steps (the
-    attacker keeps its last good checkpoint); ``sweep`` records where.
+    test data). With a given ``lr`` the whole training data is used. A run whose mini-batch loss
+    or evaluation loss stops being finite stops there and keeps its last finite evaluation for
+    the remaining steps (the attacker keeps its last good checkpoint); ``sweep`` records the
+    step (``diverged_at``: the number of updates made when it was seen).
 
     The caller's extractor is never modified, and neither is the global random state (the
     attack runs under ``torch.random.fork_rng`` seeded by ``seed``).
@@ -128,7 +131,7 @@ def finetune(
     lr : float, optional
         A fixed learning rate (no sweep).
     lr_grid : sequence of float, optional
-        Rates to sweep (default :data:`LR_GRIDS` ``[optimizer]``).
+        Rates to sweep (default :data:`LR_GRIDS` ``[optimizer]``); not together with ``lr``.
     val_fraction : float
         The held-out share of ``train`` for the sweep, ``0 < val_fraction < 1``.
     batch_size : int
@@ -156,8 +159,8 @@ def finetune(
     ------
     ValueError
         Unknown attacker or optimizer, a missing or unknown ``block``, a block without
-        ``Linear``/``Conv2d`` layers for ``lora``, bad numbers, mismatched, empty or
-        non-finite data, labels outside ``0 … n_classes − 1``.
+        ``Linear``/``Conv2d`` layers for ``lora``, bad numbers, both ``lr`` and ``lr_grid``,
+        mismatched, empty or non-finite data, labels outside ``0 … n_classes − 1``.
     TypeError
         ``extractor`` is not a ``torch.nn.Module``.
     ImportError

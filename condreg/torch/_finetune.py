@@ -39,7 +39,7 @@ def _tensors(data: Any, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, to
         raise ValueError(f"finetune: {name} labels must be integers, got {y.dtype}")
     if X.is_complex():
         raise ValueError(f"finetune: {name} inputs must be real, got {X.dtype}")
-    X = X.to(dtype) if (X.is_floating_point() or dtype.is_floating_point) else X
+    X = X.to(dtype) if X.is_floating_point() or X.dtype == torch.bool else X
     if X.is_floating_point() and not bool(torch.isfinite(X).all()):
         raise ValueError(f"finetune: {name} inputs contain NaN or Inf")
     return X, y.long()
@@ -177,6 +177,9 @@ def _run(task: _Task, lr: float) -> dict[str, Any]:
         if t in task.evals:
             # every rate starts from the same copy, head and adapters: step 0 is evaluated once
             ev = task.start if t == 0 and task.start else _evaluate(net, task)
+            if t > 0 and not all(math.isfinite(loss) for loss, _ in ev.values()):
+                diverged = t  # the weights blew up: this evaluation is not a checkpoint
+                break
             task.start = task.start or ev
             curves["test_loss"].append(ev["test"][0])
             curves["test_acc"].append(ev["test"][1])
@@ -196,7 +199,7 @@ def _run(task: _Task, lr: float) -> dict[str, Any]:
         if t == 0:
             curves["train_loss"].append(value)
         if not math.isfinite(value):
-            diverged = t + 1
+            diverged = t
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -267,8 +270,8 @@ def _task(extractor, train, test, *, sweep, val_fraction, n_classes, device, **k
 
 def attack(extractor, train, test, *, grid, sweep, **kw) -> FinetuneResult:
     """Every rate of ``grid`` (one when not ``sweep``), the best kept (see ``SELECTION``)."""
-    devices = [kw["device"]] if kw["device"] is not None else []
-    with torch.random.fork_rng(devices=[d for d in devices if torch.device(d).type == "cuda"]):
+    # torch.manual_seed reseeds every CUDA device too: restore them all afterwards
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         task = _task(extractor, train, test, sweep=sweep, **kw)
         runs = [_run(task, lr) for lr in grid]
     evals = task.evals

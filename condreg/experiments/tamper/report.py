@@ -179,9 +179,9 @@ def _verdict_lines(v: dict, s: Settings) -> list[str]:
         lost = [
             f"{_label(m)} {h['held_losing_dp']}" for m, h in held.items() if h["held_losing_dp"]
         ]
-        n = next(iter(held.values()))["cells"]
+        n = max(h["cells"] for h in held.values())
         head = (
-            f"held in {', '.join(kept)} of {n} cells"
+            f"held in {', '.join(kept)} cells"
             if any(h["held"] for h in immunized.values())
             else f"**held nowhere** (0 of {n} cells per method)"
         )
