@@ -319,8 +319,8 @@ def notes(s: Settings) -> list[str]:
     return [
         "The attackers that freeze the stem (all but full fine-tuning) run on its cached outputs: "
         "the same computation as through the whole extractor in eval mode.",
-        "A rate whose loss stops being finite keeps its last evaluation for the rest of the "
-        "budget (the attacker keeps its last good checkpoint).",
+        "A rate whose mini-batch or evaluation loss stops being finite keeps its last finite "
+        "evaluation for the rest of the budget (the attacker keeps its last good checkpoint).",
     ]
 
 
