@@ -125,17 +125,8 @@ def test_lora_on_attention_leaves_the_fused_projection_unchanged():
 
 def test_the_sweep_chooses_on_held_out_data_and_records_the_grid():
     train, test = _data()
-    res = finetune(
-        _model(),
-        train,
-        test,
-        attacker="finetune_all",
-        optimizer="adamw",
-        steps=10,
-        lr_grid=[1e-4, 1e-2, 1e-3],
-        eval_every=5,
-        batch_size=16,
-    )
+    kw = dict(attacker="finetune_all", optimizer="adamw", steps=10, eval_every=5, batch_size=16)
+    res = finetune(_model(), train, test, lr_grid=[1e-4, 1e-2, 1e-3], **kw)
     grid = [r["lr"] for r in res.sweep]
     assert grid == res.settings["lr_grid"] == [1e-4, 1e-3, 1e-2]
     areas = [r["val_area"] for r in res.sweep]
@@ -144,17 +135,7 @@ def test_the_sweep_chooses_on_held_out_data_and_records_the_grid():
     assert len(res.val_acc) == len(res.steps)
     # the test data never decide: other test labels give the same choice
     shuffled = (test[0], test[1].flip(0))
-    again = finetune(
-        _model(),
-        train,
-        shuffled,
-        attacker="finetune_all",
-        optimizer="adamw",
-        steps=10,
-        lr_grid=[1e-4, 1e-2, 1e-3],
-        eval_every=5,
-        batch_size=16,
-    )
+    again = finetune(_model(), train, shuffled, lr_grid=[1e-4, 1e-2, 1e-3], **kw)
     assert again.lr == res.lr and again.sweep == res.sweep
 
 
