@@ -25,7 +25,6 @@ from condreg._errors import PoleError, TiedExtremeError
 Array = Any
 Concrete = Callable[[Array], "bool | None"]
 Subgradient = Literal["min_norm", "any", "raise"]
-Quantity = Literal["condition_number", "r_well", "r_ill"]
 
 SUBGRADIENTS = ("min_norm", "any", "raise")
 QUANTITIES = ("condition_number", "r_well", "r_ill")

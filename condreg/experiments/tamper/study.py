@@ -216,6 +216,11 @@ def _immunized(prep, s: Settings, steps: dict | None, progress: bool) -> tuple:
     return models_, steps, sweep, failed
 
 
+def unit_key(arch: str, domain: str, seed: int) -> str:
+    """The name of one (arch, domain, seed): its unit file and its extractors' prefix."""
+    return f"{arch.replace(':', '_')}-{domain}-seed{seed}"
+
+
 def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progress) -> dict:
     """One (arch, domain, seed): pre-train, immunize (sweep first when ``steps`` is None), and
     for every method save the extractor, measure it and attack it."""
@@ -223,7 +228,7 @@ def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progr
     prep = deep_study.prepare(arch, s.base, images, seed, False)
     _, H = images.tasks(seed)
     models_, steps, sweep, failed = _immunized(prep, s, steps, False)
-    tag, methods = f"{arch.replace(':', '_')}-{domain}-seed{seed}", {}
+    tag, methods = unit_key(arch, domain, seed), {}
     for method, (block, head) in models_.items():
         t0 = time.perf_counter()
         step = steps.get(method)
@@ -264,7 +269,7 @@ def run_chain(arch: str, domain: str, s: Settings, seeds, store, out_dir, progre
     as it is done and reused from there (``--resume``); returns ``{key: record}``."""
     images, steps, out = load_images(s.base, domain), None, {}
     for seed in seeds:
-        key = f"{arch.replace(':', '_')}-{domain}-seed{seed}"
+        key = unit_key(arch, domain, seed)
         rec = store.load(key)
         if rec is None:
             rec = run_seed(arch, domain, s, images, seed, steps, out_dir, progress)
