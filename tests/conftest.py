@@ -306,3 +306,13 @@ def reference(quantity: str, S, *, rtol: float | None = None, gram: bool = False
 def spectral_parts(S) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 NumPy thin SVD ``(U, s, Vt)`` of one matrix."""
     return np.linalg.svd(to_numpy(S).astype(np.float64), full_matrices=False)
+
+
+def conditioned_rtol(kappa: float, dtype=np.float64, *, factor: float = 100.0) -> float:
+    """Relative tolerance for two routes to the same gradient of a matrix with condition number
+    ``kappa``: the rounding of a decomposition-based gradient grows like ``kappa * eps`` (two
+    kernels, or two CPUs, round differently), so a fixed ``rtol`` that holds at kappa = 10 fails
+    at kappa = 1e6 on another machine. ``factor`` covers the dimension and the few operations
+    after the decomposition; the floor keeps well-conditioned cases tight."""
+    eps = float(np.finfo(dtype).eps)
+    return max(factor * float(kappa) * eps, 1e3 * eps)

@@ -173,5 +173,9 @@ def test_host_and_device_decisions_agree_under_jax_jit():
                 f = getattr(condreg, q)
                 eager = jax.value_and_grad(lambda X, f=f: f(X, gram=True))(F)
                 traced = jax.jit(jax.value_and_grad(lambda X, f=f: f(X, gram=True)))(F)
-                np.testing.assert_allclose(eager[0], traced[0], rtol=1e-12)
-                np.testing.assert_allclose(eager[1], traced[1], rtol=1e-10, atol=1e-14)
+                # Rounding follows the conditioning: at kappa(F) = 1e6 the gradients of two
+                # compiled programs differ by ~kappa * eps relative (5e-10 seen on one CPU).
+                rtol = conditioned_rtol(kappa)
+                np.testing.assert_allclose(eager[0], traced[0], rtol=rtol)
+                scale = float(np.max(np.abs(np.asarray(eager[1]))))
+                np.testing.assert_allclose(eager[1], traced[1], rtol=rtol, atol=rtol * scale)
