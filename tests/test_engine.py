@@ -164,7 +164,7 @@ def test_host_and_device_decisions_agree_under_jax_jit():
     ``lax.cond``): both take the Gram on a resolved spectrum and the exact route on κ(F) = 1e6,
     with the same values and gradients."""
     jax = pytest.importorskip("jax")
-    from conftest import enable_x64
+    from conftest import conditioned_rtol, enable_x64
 
     with enable_x64(jax):
         for kappa in (10.0, 1e6):
