@@ -62,6 +62,8 @@ def _state(model):
 
 EXPECTED = {
     "linear_probe": set(),
+    "whitened_probe": set(),
+    "lstsq_probe": set(),
     "lora": set(),
     "finetune_block": {n for n, _ in _model().named_parameters() if n.startswith("block.")},
     "finetune_all": {n for n, _ in _model().named_parameters()},
@@ -94,7 +96,7 @@ def test_changed_is_what_the_attacker_trains_and_the_callers_model_is_untouched(
     assert torch.equal(torch.random.get_rng_state(), rng)  # global random state untouched
     assert res.steps == [0, 4, 8, 12] and len(res.test_acc) == len(res.train_loss) == 4
     assert res.lr == lr and res.sweep[0]["val_area"] is None and res.val_acc == []
-    assert res.settings["optimizer"] == optimizer and res.settings["selection"] == "given"
+    assert res.optimizer == optimizer and res.settings["selection"] == "given"
 
 
 def test_lora_adapts_every_linear_and_conv_of_the_block_only():

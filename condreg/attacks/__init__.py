@@ -15,7 +15,13 @@ from condreg.attacks._curves import (
     finetune_deficit,
     steps_to_target,
 )
-from condreg.attacks._finetune import LR_GRIDS, OPTIMIZERS, finetune
+from condreg.attacks._finetune import (
+    LR_GRIDS,
+    OPTIMIZERS,
+    SCHEDULES,
+    finetune,
+    finetune_search,
+)
 from condreg.attacks._probe import ATTACKERS, ProbeResult, probe, steps_to_reduction
 
 __all__ = [
@@ -23,10 +29,12 @@ __all__ = [
     "FINETUNE_ATTACKERS",
     "LR_GRIDS",
     "OPTIMIZERS",
+    "SCHEDULES",
     "FinetuneResult",
     "ProbeResult",
     "finetune",
     "finetune_deficit",
+    "finetune_search",
     "probe",
     "steps_to_reduction",
     "steps_to_target",

@@ -15,7 +15,14 @@ import numpy as np
 __all__ = ["FINETUNE_ATTACKERS", "FinetuneResult", "finetune_deficit", "steps_to_target"]
 
 #: Attackers of :func:`condreg.attacks.finetune`, from the weakest access to the strongest.
-FINETUNE_ATTACKERS: tuple[str, ...] = ("linear_probe", "lora", "finetune_block", "finetune_all")
+FINETUNE_ATTACKERS: tuple[str, ...] = (
+    "linear_probe",
+    "whitened_probe",
+    "lstsq_probe",
+    "lora",
+    "finetune_block",
+    "finetune_all",
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class FinetuneResult:
     sweep: list[dict[str, Any]]
     changed: tuple[str, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)
+    schedule: str = "constant"
 
     def deficit(self, reference: FinetuneResult, *, chance: float = 0.0) -> float:
         """:func:`finetune_deficit` of this attack against ``reference``.
