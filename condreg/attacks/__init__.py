@@ -23,6 +23,7 @@ from condreg.attacks._finetune import (
     finetune_search,
 )
 from condreg.attacks._probe import ATTACKERS, ProbeResult, probe, steps_to_reduction
+from condreg.attacks._tangent import tangent_condition
 
 __all__ = [
     "ATTACKERS",
@@ -38,4 +39,5 @@ __all__ = [
     "probe",
     "steps_to_reduction",
     "steps_to_target",
+    "tangent_condition",
 ]
