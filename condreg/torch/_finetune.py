@@ -28,7 +28,7 @@ SELECTION = (
 PROBES = ("linear_probe", "whitened_probe", "lstsq_probe")
 #: The ridge of ``whitened_probe`` and ``lstsq_probe``, relative to the mean eigenvalue of the
 #: training split's feature covariance.
-RIDGE = 1e-3
+RIDGE = 1e-6
 #: Why a rate line stopped extending with its best rate at an edge of the rates tried.
 EDGE = ("diverged", "flat", "cap")
 #: ``warmup_cosine``: the share of the budget spent in linear warmup.
@@ -351,10 +351,12 @@ def _extend(task, line, rates, runs, steps, used, cap, tried) -> str:
     """Extend a rate line ``(optimizer, schedule)`` by its grid's step beyond an edge while the
     best of ``runs`` (its runs at ``steps``, by rate) sits at an edge of ``rates`` (every rate of
     the line tried so far, sorted; both grow here); ``used`` counts the extensions per side
-    (at most ``cap`` each). Returns why it stopped: ``interior`` (the best has a tried rate on
-    either side), ``diverged`` (the best is the largest rate and diverged), ``flat`` (the best
-    scores exactly as its inner neighbour: the score does not depend on the rate there),
-    ``cap``, or ``single`` (one rate: no step to extend by)."""
+    (at most ``cap`` each). A line whose every rate scores the same (nothing learned, say) is
+    extended towards larger rates. Returns why it stopped: ``interior`` (the best has a tried
+    rate on either side), ``diverged`` (the best — or, on a line that scores the same
+    everywhere, the largest rate — diverged), ``flat`` (the best scores exactly as its inner
+    neighbour: the score does not depend on the rate there), ``cap``, or ``single`` (one rate:
+    no step to extend by)."""
     while True:
         best = max(runs, key=lambda lr: _key(runs[lr]))
         if len(rates) < 2:
@@ -364,8 +366,12 @@ def _extend(task, line, rates, runs, steps, used, cap, tried) -> str:
         high = best == rates[-1]
         if high and runs[best]["record"]["diverged_at"] is not None:
             return "diverged"
-        inner = rates[-2] if high else rates[1]
-        if inner in runs and _key(runs[inner])[:2] == _key(runs[best])[:2]:
+        score, inner = _key(runs[best])[:2], rates[-2] if high else rates[1]
+        if all(lr in runs and _key(runs[lr])[:2] == score for lr in rates):
+            if runs[rates[-1]]["record"]["diverged_at"] is not None:
+                return "diverged"
+            high, best = True, rates[-1]  # nothing tried differs (all at chance?): look up
+        elif inner in runs and _key(runs[inner])[:2] == score:
             return "flat"
         side = "high" if high else "low"
         if used[side] >= cap:
