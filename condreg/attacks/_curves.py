@@ -32,11 +32,14 @@ class FinetuneResult:
     ``steps`` are the evaluation steps (``0, eval_every, …, steps``); at each one ``test_acc`` and
     ``test_loss`` (cross-entropy) on the test data, ``val_acc`` on the held-out split (empty when
     ``lr`` was given), and ``train_loss``, the mean mini-batch loss since the previous evaluation
-    (at step 0: the loss before any update, on the first batch). ``lr``: the rate the curves ran
-    with; ``sweep``: one entry per rate of the grid (``lr``, ``val_area``, ``val_final``,
-    ``diverged_at``); ``settings``: everything else the attacker ran with; ``changed``: the names
-    (as in ``extractor.named_parameters()``) of the extractor's parameters whose values differ
-    after the attack, found by comparison (LoRA adapters are not merged into the weights).
+    (at step 0: the loss before any update, on the first batch). ``optimizer``, ``schedule`` and
+    ``lr``: the configuration the curves ran with; ``sweep``: every configuration tried, in the
+    order tried (``optimizer``, ``schedule``, ``lr``, ``steps`` — the run's budget —,
+    ``val_area``, ``val_final``, ``diverged_at``); ``settings``: everything else the attacker
+    ran with, and how the choice was made (``chosen_at_grid_edge``, ``capped``, ``stopped``,
+    ``lines``); ``changed``: the names (as in ``extractor.named_parameters()``) of the
+    extractor's parameters whose values differ after the attack, found by comparison (LoRA
+    adapters are not merged into the weights).
     """
 
     attacker: str

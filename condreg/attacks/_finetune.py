@@ -140,8 +140,9 @@ def finetune(
     choice at its edge); :func:`finetune_search` extends it and searches optimizers and
     schedules too. With a given ``lr`` the whole training data is used. A run whose mini-batch loss
     or evaluation loss stops being finite stops there and keeps its last finite evaluation for
-    the remaining steps (the attacker keeps its last good checkpoint); ``sweep`` records the
-    step (``diverged_at``: the number of updates made when it was seen).
+    the remaining steps (the attacker keeps its last good checkpoint); ``sweep`` records, per
+    rate, the held-out score and that step (``diverged_at``: the number of updates made when
+    it was seen).
 
     The caller's extractor is never modified, and neither is the global random state (the
     attack runs under ``torch.random.fork_rng`` seeded by ``seed``).
@@ -262,7 +263,7 @@ def finetune_search(
     steps: int = 100,
     short_steps: int | None = None,
     keep: int = 4,
-    max_extend: int = 4,
+    max_extend: int = 6,
     val_fraction: float = 0.2,
     batch_size: int = 64,
     eval_every: int = 10,
@@ -288,7 +289,7 @@ def finetune_search(
        grid's step at that edge (the ratio of the two outermost rates there) — until the best
        has a tried rate on either side, the best is the largest rate and diverged, the rate
        beyond scores exactly the same (the score does not depend on the rate there), or
-       ``max_extend`` rates have been added on that side (the **cap**: with √10 steps, 4 is two
+       ``max_extend`` rates have been added on that side (the **cap**: with √10 steps, 6 is three
        decades beyond the grid).
     2. **Full runs.** The ``keep`` best short runs over all lines run the full ``steps``; the
        line of the best of them is extended at the full budget by the same rule (the same cap,

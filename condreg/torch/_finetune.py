@@ -410,7 +410,8 @@ def attack(
                 if sweep
                 else "given"
             )
-            lines[line] = {"rates": rates, "used": used, "stopped": stopped}
+            best_lr = max(runs, key=lambda lr: _key(runs[lr]))
+            lines[line] = {"rates": rates, "used": used, "stopped": stopped, "best_lr": best_lr}
             short.update({(*line, lr): r for lr, r in runs.items()})
         if short_steps == steps:
             full = short
@@ -448,7 +449,7 @@ def attack(
                 "optimizer": o,
                 "schedule": s,
                 "rates": v["rates"],
-                "best_lr": max(v["rates"], key=lambda lr: _key(short[(o, s, lr)])),
+                "best_lr": v["best_lr"],
                 "at_edge": v["stopped"] in EDGE,
                 "capped": v["stopped"] == "cap",
                 "stopped": v["stopped"],
