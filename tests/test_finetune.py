@@ -232,6 +232,7 @@ def test_a_result_against_itself_and_its_json():
         (dict(attacker="lora", block="nope"), ValueError, "no submodule 'nope'"),
         (dict(attacker="lora", block="stem.1"), ValueError, "no Linear, Conv2d"),
         (dict(attacker="linear_probe", optimizer="adam"), ValueError, "unknown optimizer"),
+        (dict(attacker="linear_probe", schedule="step"), ValueError, "unknown schedule"),
         (dict(attacker="linear_probe", steps=0), ValueError, "steps must be an integer"),
         (dict(attacker="linear_probe", lr=-1.0), ValueError, "positive finite"),
         (dict(attacker="linear_probe", lr_grid=[]), ValueError, "non-empty"),
