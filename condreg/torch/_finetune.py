@@ -115,11 +115,13 @@ def _batched(net: nn.Module, X: torch.Tensor, device, batch: int = 512) -> torch
         return torch.cat([net(X[i : i + batch].to(device)) for i in range(0, X.shape[0], batch)])
 
 
-def _evaluate(net: nn.Module, task: _Task) -> dict[str, tuple[float, float]]:
+def _evaluate(net: nn.Module, task: _Task, keys) -> dict[str, tuple[float, float]]:
     was = [m.training for m in net.modules()]
     net.eval()
     out = {}
     for key, (X, y) in task.sets.items():
+        if key not in keys:
+            continue
         logits = _batched(net, X, task.device).float()
         yy = y.to(logits.device)
         out[key] = (
@@ -131,9 +133,20 @@ def _evaluate(net: nn.Module, task: _Task) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _head(task: _Task) -> nn.Linear:
+    head = nn.Linear(task.dim, task.n_classes).to(task.device, task.dtype)
+    if task.head_init is not None:
+        with torch.no_grad():
+            head.weight.copy_(task.head_init[0])
+            head.bias.copy_(task.head_init[1])
+    return head
+
+
 def _build(task: _Task) -> tuple[nn.Module, dict[str, nn.Parameter]]:
     """``(net, held)``: a fresh copy with its head and the attacker's trainable set; ``held``
     maps the copy's own parameter names to their tensors (for ``changed``)."""
+    if task.attacker in PROBES:  # the features are computed: no copy of the extractor
+        return nn.Sequential(nn.Identity(), _head(task)), {}
     ext = copy.deepcopy(task.extractor).to(task.device)
     held = dict(ext.named_parameters())
     all_ = task.attacker == "finetune_all"
@@ -147,13 +160,7 @@ def _build(task: _Task) -> tuple[nn.Module, dict[str, nn.Parameter]]:
             p.requires_grad_(True)
     if task.attacker == "lora":
         ext = _with_lora(ext, task)
-    body = nn.Identity() if task.attacker in PROBES else ext
-    head = nn.Linear(task.dim, task.n_classes).to(task.device, task.dtype)
-    if task.head_init is not None:
-        with torch.no_grad():
-            head.weight.copy_(task.head_init[0])
-            head.bias.copy_(task.head_init[1])
-    return nn.Sequential(body, head), held
+    return nn.Sequential(ext, _head(task)), held
 
 
 def _with_lora(ext: nn.Module, task: _Task) -> nn.Module:
@@ -191,10 +198,12 @@ def scheduler(opt: torch.optim.Optimizer, schedule: str, steps: int):
     return lr_s.SequentialLR(opt, [up, down], milestones=[warm])
 
 
-def _run(task: _Task, cfg: tuple[str, str, float], steps: int) -> dict[str, Any]:
+def _run(task: _Task, cfg: tuple[str, str, float], steps: int, test: bool = True) -> dict:
     """One configuration ``(optimizer, schedule, lr)`` for ``steps`` updates, evaluated at
-    ``task.evals(steps)``: the curves, where it diverged, ``changed``."""
+    ``task.evals(steps)``: the curves, where it diverged, ``changed``. ``test=False`` (a run
+    that can only be a step of the search, never the result) skips the test curves."""
     optimizer, schedule, lr = cfg
+    keys = set(task.sets) if test else {"val"}
     evals = task.evals(steps)
     torch.manual_seed(task.seed)
     net, held = _build(task)
@@ -209,14 +218,16 @@ def _run(task: _Task, cfg: tuple[str, str, float], steps: int) -> dict[str, Any]
     running, count, diverged = 0.0, 0, None
     for t in range(steps + 1):
         if t in evals:
-            # every rate starts from the same copy, head and adapters: step 0 is evaluated once
-            ev = task.start if t == 0 and task.start else _evaluate(net, task)
+            # every run starts from the same copy, head and adapters: step 0 is evaluated once
+            if t == 0:
+                task.start = task.start or _evaluate(net, task, task.sets)
+            ev = task.start if t == 0 else _evaluate(net, task, keys)
             if t > 0 and not all(math.isfinite(loss) for loss, _ in ev.values()):
                 diverged = t  # the weights blew up: this evaluation is not a checkpoint
                 break
-            task.start = task.start or ev
-            curves["test_loss"].append(ev["test"][0])
-            curves["test_acc"].append(ev["test"][1])
+            if test:
+                curves["test_loss"].append(ev["test"][0])
+                curves["test_acc"].append(ev["test"][1])
             if "val" in ev:
                 curves["val_acc"].append(ev["val"][1])
             if t > 0:
@@ -347,7 +358,7 @@ def _key(run: dict[str, Any]) -> tuple[float, float, float]:
     return (r["val_area"] or 0.0, r["val_final"] or 0.0, -r["lr"])
 
 
-def _extend(task, line, rates, runs, steps, used, cap, tried) -> str:
+def _extend(task, line, rates, runs, steps, used, cap, tried, test) -> str:
     """Extend a rate line ``(optimizer, schedule)`` by its grid's step beyond an edge while the
     best of ``runs`` (its runs at ``steps``, by rate) sits at an edge of ``rates`` (every rate of
     the line tried so far, sorted; both grow here); ``used`` counts the extensions per side
@@ -356,7 +367,7 @@ def _extend(task, line, rates, runs, steps, used, cap, tried) -> str:
     rate on either side), ``diverged`` (the best — or, on a line that scores the same
     everywhere, the largest rate — diverged), ``flat`` (the best scores exactly as its inner
     neighbour: the score does not depend on the rate there), ``cap``, or ``single`` (one rate:
-    no step to extend by)."""
+    no step to extend by). ``test``: whether the new runs record test curves (:func:`_run`)."""
     while True:
         best = max(runs, key=lambda lr: _key(runs[lr]))
         if len(rates) < 2:
@@ -378,7 +389,7 @@ def _extend(task, line, rates, runs, steps, used, cap, tried) -> str:
             return "cap"
         new = best * rates[-1] / rates[-2] if high else best * rates[0] / rates[1]
         new = float(f"{new:.12g}")  # 1.0, not 1.0000000000000002
-        runs[new] = _run(task, (*line, new), steps)
+        runs[new] = _run(task, (*line, new), steps, test)
         tried.append(runs[new]["record"])
         rates.insert(len(rates) if high else 0, new)
         used[side] += 1
@@ -399,21 +410,22 @@ def attack(
         task = _task(extractor, train, test, sweep=sweep, **kw)
         tried: list[dict[str, Any]] = []
         lines, short = {}, {}
+        final = short_steps == steps  # one rung: any run may be the result
         for line in ((o, s) for o in optimizers for s in schedules):
             runs = {}
             for lr in grids[line[0]]:
-                runs[lr] = _run(task, (*line, lr), short_steps)
+                runs[lr] = _run(task, (*line, lr), short_steps, test=final)
                 tried.append(runs[lr]["record"])
             rates, used = sorted(runs), {"low": 0, "high": 0}
             stopped = (
-                _extend(task, line, rates, runs, short_steps, used, cap, tried)
+                _extend(task, line, rates, runs, short_steps, used, cap, tried, final)
                 if sweep
                 else "given"
             )
             best_lr = max(runs, key=lambda lr: _key(runs[lr]))
             lines[line] = {"rates": rates, "used": used, "stopped": stopped, "best_lr": best_lr}
             short.update({(*line, lr): r for lr, r in runs.items()})
-        if short_steps == steps:
+        if final:
             full = short
         else:  # successive halving: the keep best short runs get the full budget
             promoted = sorted(short, key=lambda c: _key(short[c]), reverse=True)[:keep]
@@ -425,7 +437,7 @@ def attack(
             runs = {c[2]: r for c, r in full.items() if c[:2] == line}
             ln = lines[line]
             ln["stopped_full"] = _extend(
-                task, line, ln["rates"], runs, steps, ln["used"], cap, tried
+                task, line, ln["rates"], runs, steps, ln["used"], cap, tried, True
             )
             full.update({(*line, lr): r for lr, r in runs.items()})
     best = max(full, key=lambda c: _key(full[c]))
