@@ -396,3 +396,28 @@ def test_successive_halving_runs_every_configuration_short_and_the_best_few_in_f
 def test_bad_search_arguments_are_typed_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         finetune_search(_model(), *_data(), attacker="linear_probe", steps=8, **kwargs)
+
+
+def test_a_line_that_learns_nothing_climbs_until_a_rate_diverges():
+    res = finetune_search(
+        _model(),
+        *_data(),
+        attacker="finetune_all",
+        optimizers=["sgd"],
+        schedules=["constant"],
+        lr_grids={"sgd": [1e-3, 1e-2]},
+        steps=20,
+        short_steps=20,
+        eval_every=5,
+        batch_size=16,
+        max_extend=12,
+    )
+    (line,) = res.settings["lines"]
+    rates = [r["lr"] for r in res.sweep]
+    np.testing.assert_allclose(rates, 1e-3 * 10.0 ** np.arange(len(rates)))
+    assert res.sweep[-1]["diverged_at"] is not None
+    assert all(r["diverged_at"] is None for r in res.sweep[:-1])
+    # 20 steps learn nothing here (every rate at chance): the line climbs, and stops where a rate
+    # diverges, well before the cap
+    assert len({(r["val_area"], r["val_final"]) for r in res.sweep}) == 1
+    assert line["stopped"] == "diverged" and not line["capped"] and line["at_edge"]
