@@ -118,7 +118,7 @@ def finetune(
     - ``linear_probe``: only the new head trains; the extractor is frozen (eval mode).
     - ``whitened_probe``: a linear probe on the frozen features whitened with the attacker's own
       training split (less the held-out share when sweeping): ``(F − μ)(C + λI)^{-1/2}``, ``μ``
-      and ``C`` the split's feature mean and covariance, ridge ``λ = 1e-3 · tr(C)/D`` (the mean
+      and ``C`` the split's feature mean and covariance, ridge ``λ = 1e-6 · tr(C)/D`` (the mean
       eigenvalue of ``C``; ``settings["ridge"]``). The same whitening is applied to the
       held-out and test features.
     - ``lstsq_probe``: a linear probe whose head starts at the ridge least-squares fit of the
@@ -287,10 +287,12 @@ def finetune_search(
        (``lr_grids[optimizer]``, default :data:`LR_GRIDS`) for ``short_steps`` updates. While
        the line's best rate is its smallest or largest rate tried, the line is extended by the
        grid's step at that edge (the ratio of the two outermost rates there) — until the best
-       has a tried rate on either side, the best is the largest rate and diverged, the rate
-       beyond scores exactly the same (the score does not depend on the rate there), or
-       ``max_extend`` rates have been added on that side (the **cap**: with √10 steps, 6 is three
-       decades beyond the grid).
+       has a tried rate on either side (``interior``), the best is the largest rate and diverged
+       (``diverged``), the best scores exactly as its inner neighbour (``flat``: the score does
+       not depend on the rate there), or ``max_extend`` rates have been added on that side
+       (``cap``: with √10 steps, 6 is three decades beyond the grid). A line on which every
+       rate scores the same (nothing learned) climbs towards larger rates until one diverges
+       or the cap.
     2. **Full runs.** The ``keep`` best short runs over all lines run the full ``steps``; the
        line of the best of them is extended at the full budget by the same rule (the same cap,
        counted together with rung 1's), and the best full run is returned.
@@ -355,8 +357,9 @@ def finetune_search(
     FinetuneResult
         The best full run's curves, with its ``optimizer``, ``schedule`` and ``lr``. ``sweep``
         holds every configuration tried, in the order tried (``optimizer``, ``schedule``,
-        ``lr``, ``steps`` — its budget —, ``val_area``, ``val_final``, ``diverged_at``): the
-        best-so-far curve of held-out scores. ``settings["lines"]`` reports each rate line's
+        ``lr``, ``steps`` — its budget —, ``val_area``, ``val_final``, ``diverged_at``); the
+        running maximum of ``val_area`` over the runs of one budget is the best-so-far curve.
+        ``settings["lines"]`` reports each rate line's
         rung-1 choice: the rates tried, ``best_lr``, ``at_edge`` (its best is an outermost
         rate tried), ``capped`` (it stopped there because of the cap), ``stopped`` (why:
         ``interior``, ``diverged``, ``flat``, ``cap``, ``single``) and ``extended`` (rates added
