@@ -43,9 +43,10 @@ def tangent_condition(
     ``functional_call`` — with the network in eval mode (batch normalization uses its running
     statistics, dropout is off; the caller's modules and their train/eval flags are left as
     they were). κ is :func:`condreg.condition_number` ``(J, gram=True)``, which is κ(JᵀJ): its
-    nonzero eigenvalues are those of ``JJᵀ``, so it equals κ(JJᵀ) over the nonzero spectrum,
-    and condreg's engine forms the smaller of the two Grams (``n·K × n·K`` when ``n·K ≤ P``).
-    One route: no ``n·K × n·K`` kernel is formed here.
+    nonzero eigenvalues are those of ``JJᵀ``, so it equals κ(JJᵀ) over the nonzero spectrum.
+    condreg's spectral engine takes the eigenvalues of the smaller Gram (``n·K × n·K`` when
+    ``n·K ≤ P``) where that Gram resolves the spectrum, else a QR + SVD of ``J`` — the one
+    route every κ in condreg takes; no kernel is formed here.
 
     **Limits of the linearization.** The kernel is that of the network at its current weights;
     training moves it (the lazy / NTK regime, where it barely moves, needs wide networks and
