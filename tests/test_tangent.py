@@ -34,10 +34,11 @@ def _features(n, d, decades, seed=0):
     return U @ np.diag(np.logspace(0, -decades, min(n, d))) @ V.T
 
 
-@pytest.mark.parametrize(("n", "d"), [(20, 6), (5, 8)])
-def test_a_linear_head_on_features_is_the_probing_hessians_kappa(n, d):
-    """J = F ⊗ I_K: κ(JJᵀ) = κ(FFᵀ) = κ(FᵀF) over the nonzero spectrum, for every K."""
-    F = _features(n, d, 2)
+@pytest.mark.parametrize(("n", "d", "decades"), [(20, 6, 2), (5, 8, 2), (20, 6, 5)])
+def test_a_linear_head_on_features_is_the_probing_hessians_kappa(n, d, decades):
+    """J = F ⊗ I_K: κ(JJᵀ) = κ(FFᵀ) = κ(FᵀF) over the nonzero spectrum, for every K (κ(FᵀF)
+    up to 1e10, where the engine leaves the Gram for a QR of J)."""
+    F = _features(n, d, decades)
     expect = _kappa_nonzero(F)
     for k in (1, 3):
         head = nn.Linear(d, k, bias=False).double()
