@@ -21,6 +21,7 @@ from condreg.attacks import (  # noqa: E402
     FinetuneResult,
     finetune,
     finetune_deficit,
+    finetune_search,
     steps_to_target,
 )
 
@@ -62,6 +63,8 @@ def _state(model):
 
 EXPECTED = {
     "linear_probe": set(),
+    "whitened_probe": set(),
+    "lstsq_probe": set(),
     "lora": set(),
     "finetune_block": {n for n, _ in _model().named_parameters() if n.startswith("block.")},
     "finetune_all": {n for n, _ in _model().named_parameters()},
@@ -94,7 +97,7 @@ def test_changed_is_what_the_attacker_trains_and_the_callers_model_is_untouched(
     assert torch.equal(torch.random.get_rng_state(), rng)  # global random state untouched
     assert res.steps == [0, 4, 8, 12] and len(res.test_acc) == len(res.train_loss) == 4
     assert res.lr == lr and res.sweep[0]["val_area"] is None and res.val_acc == []
-    assert res.settings["optimizer"] == optimizer and res.settings["selection"] == "given"
+    assert res.optimizer == optimizer and res.settings["selection"] == "given"
 
 
 def test_lora_adapts_every_linear_and_conv_of_the_block_only():
@@ -229,6 +232,7 @@ def test_a_result_against_itself_and_its_json():
         (dict(attacker="lora", block="nope"), ValueError, "no submodule 'nope'"),
         (dict(attacker="lora", block="stem.1"), ValueError, "no Linear, Conv2d"),
         (dict(attacker="linear_probe", optimizer="adam"), ValueError, "unknown optimizer"),
+        (dict(attacker="linear_probe", schedule="step"), ValueError, "unknown schedule"),
         (dict(attacker="linear_probe", steps=0), ValueError, "steps must be an integer"),
         (dict(attacker="linear_probe", lr=-1.0), ValueError, "positive finite"),
         (dict(attacker="linear_probe", lr_grid=[]), ValueError, "non-empty"),
@@ -262,3 +266,158 @@ def test_bad_data_and_models_are_typed_errors():
         finetune_deficit([0.1, 0.05], [0.1, 0.1], chance=0.1)
     with pytest.raises(ValueError, match="fraction"):
         steps_to_target([0.1], 1.0, fraction=0.0)
+
+
+def _skewed(n=400, d=8, seed=0):
+    """A frozen linear extractor whose features have a covariance spread over six decades
+    (singular values 1 … 1e-3, rotated), the class signal in the smallest direction."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    X = torch.randn(n, d, generator=g)
+    X[:, -1] += 1.5 * (2 * y - 1)
+    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
+    net = nn.Linear(d, d, bias=False)
+    with torch.no_grad():
+        net.weight.copy_(Q @ torch.diag(torch.logspace(0, -3, d)))
+    return net, (X[:300], y[:300]), (X[300:], y[300:])
+
+
+def test_the_whitened_probe_undoes_a_badly_conditioned_covariance():
+    net, train, test = _skewed()
+    kw = dict(optimizer="sgd", steps=60, eval_every=5, batch_size=32)
+    plain = finetune(net, train, test, attacker="linear_probe", **kw)
+    white = finetune(net, train, test, attacker="whitened_probe", **kw)
+    reach = [steps_to_target(r.test_acc, 0.9, r.steps, 1.0) for r in (plain, white)]
+    assert reach[1] is not None and (reach[0] is None or reach[0] > reach[1])
+    assert white.settings["ridge"] > 0 and white.changed == ()
+
+
+def test_the_closed_form_start_is_already_a_good_head():
+    net, train, test = _skewed()
+    kw = dict(optimizer="adamw", steps=10, eval_every=5)
+    random_head = finetune(net, train, test, attacker="linear_probe", **kw)
+    start = finetune(net, train, test, attacker="lstsq_probe", **kw)
+    assert start.test_acc[0] > 0.9 > random_head.test_acc[0] + 0.3
+    # the start is fit on the training split only: other test labels, the same start
+    again = finetune(net, train, (test[0], test[1].flip(0)), attacker="lstsq_probe", **kw)
+    assert again.val_acc == start.val_acc and again.lr == start.lr
+
+
+def test_default_grids_span_three_decades_on_a_log_scale():
+    for grid in LR_GRIDS.values():
+        ratios = np.diff(np.log10(grid))
+        assert grid[-1] / grid[0] >= 1e3 * (1 - 1e-12)
+        np.testing.assert_allclose(ratios, ratios[0], rtol=1e-12)
+
+
+def test_warmup_cosine_is_torchs_schedulers_over_the_budget():
+    from condreg.torch._finetune import scheduler
+
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1.0)
+    sched = scheduler(opt, "warmup_cosine", 20)
+    assert isinstance(sched, torch.optim.lr_scheduler.SequentialLR)
+    rates = []
+    for _ in range(20):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates[0] == pytest.approx(0.5) and max(rates) == pytest.approx(1.0) == rates[2]
+    assert 0 < rates[-1] < 0.01 and opt.param_groups[0]["lr"] == pytest.approx(0, abs=1e-12)
+    assert scheduler(opt, "constant", 20) is None
+    kw = dict(attacker="finetune_all", optimizer="sgd", steps=10, lr=0.05, eval_every=5)
+    const = finetune(_model(), *_data(), **kw)
+    cos = finetune(_model(), *_data(), schedule="warmup_cosine", **kw)
+    assert cos.schedule == "warmup_cosine" and cos.train_loss[1:] != const.train_loss[1:]
+
+
+def test_the_search_extends_a_grid_beyond_its_edge_until_interior_or_capped():
+    net, train, test = _skewed()
+    kw = dict(attacker="whitened_probe", optimizers=["sgd"], schedules=["constant"], steps=20)
+    kw.update(short_steps=20, eval_every=5, batch_size=32, lr_grids={"sgd": [1e-6, 1e-5]})
+    res = finetune_search(net, train, test, max_extend=12, **kw)
+    rates = [r["lr"] for r in res.sweep]
+    assert rates[:2] == [1e-6, 1e-5] and len(rates) > 3
+    np.testing.assert_allclose(rates[2:], 1e-5 * 10.0 ** np.arange(1, len(rates) - 1))
+    (line,) = res.settings["lines"]
+    assert line["stopped"] in ("interior", "diverged") and not res.settings["capped"]
+    assert res.lr > 1e-5 and line["extended"] == {"low": 0, "high": len(rates) - 2}
+    capped = finetune_search(net, train, test, max_extend=1, **kw)
+    assert [r["lr"] for r in capped.sweep] == pytest.approx([1e-6, 1e-5, 1e-4])
+    assert capped.settings["capped"] and capped.settings["chosen_at_grid_edge"]
+    assert capped.settings["lines"][0]["capped"] and capped.lr == pytest.approx(1e-4)
+
+
+def test_successive_halving_runs_every_configuration_short_and_the_best_few_in_full():
+    train, test = _data()
+    kw = dict(attacker="finetune_all", steps=12, short_steps=4, keep=2, eval_every=4)
+    kw.update(batch_size=16, lr_grids={"sgd": [1e-3, 1e-2, 1e-1], "adamw": [1e-4, 1e-3, 1e-2]})
+    res = finetune_search(_model(), train, test, **kw)
+    budgets = [r["steps"] for r in res.sweep]
+    first_full = budgets.index(12)
+    assert set(budgets[:first_full]) == {4} and set(budgets[first_full:]) == {12}
+    short = res.sweep[:first_full]
+    assert first_full >= 2 * 2 * 3  # every optimizer × schedule × rate, and any extensions
+    assert {(r["optimizer"], r["schedule"]) for r in short} == {
+        (o, s) for o in ("sgd", "adamw") for s in ("constant", "warmup_cosine")
+    }
+    key = lambda r: (r["val_area"], r["val_final"], -r["lr"])  # noqa: E731
+    promoted = sorted(short, key=key, reverse=True)[:2]
+    full = res.sweep[first_full:]
+    assert [(r["optimizer"], r["schedule"], r["lr"]) for r in full[:2]] == [
+        (r["optimizer"], r["schedule"], r["lr"]) for r in promoted
+    ]
+    best = max(full, key=key)
+    assert (res.optimizer, res.schedule, res.lr) == (
+        best["optimizer"],
+        best["schedule"],
+        best["lr"],
+    )
+    assert res.steps == [0, 4, 8, 12] and res.settings["keep"] == 2
+    assert all(isinstance(line["at_edge"], bool) for line in res.settings["lines"])
+    # the test data never decide
+    again = finetune_search(_model(), train, (test[0], test[1].flip(0)), **kw)
+    assert again.sweep == res.sweep and again.lr == res.lr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(schedules=["cyclic"]), "unknown schedule"),
+        (dict(optimizers=[]), "non-empty"),
+        (dict(optimizers=["adam"]), "unknown optimizer"),
+        (dict(short_steps=9), "at most steps"),
+        (dict(keep=0), "keep must"),
+        (dict(max_extend=-1), "max_extend must"),
+        (dict(lr_grids={"sgd": [0.1]}), "lr_grids needs"),
+        (dict(lr_grids={"sgd": [0.1], "adamw": []}), "non-empty"),
+    ],
+)
+def test_bad_search_arguments_are_typed_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        finetune_search(_model(), *_data(), attacker="linear_probe", steps=8, **kwargs)
+
+
+def test_a_line_that_learns_nothing_climbs_until_a_rate_diverges():
+    res = finetune_search(
+        _model(),
+        *_data(),
+        attacker="finetune_all",
+        optimizers=["sgd"],
+        schedules=["constant"],
+        lr_grids={"sgd": [1e-3, 1e-2]},
+        steps=20,
+        short_steps=20,
+        eval_every=5,
+        batch_size=16,
+        max_extend=12,
+    )
+    (line,) = res.settings["lines"]
+    rates = [r["lr"] for r in res.sweep]
+    np.testing.assert_allclose(rates, 1e-3 * 10.0 ** np.arange(len(rates)))
+    assert res.sweep[-1]["diverged_at"] is not None
+    assert all(r["diverged_at"] is None for r in res.sweep[:-1])
+    # 20 steps learn nothing here (every rate at chance): the line climbs, and stops where a rate
+    # diverges, well before the cap
+    assert len({(r["val_area"], r["val_final"]) for r in res.sweep}) == 1
+    assert line["stopped"] == "diverged" and not line["capped"] and line["at_edge"]

@@ -15,7 +15,14 @@ import numpy as np
 __all__ = ["FINETUNE_ATTACKERS", "FinetuneResult", "finetune_deficit", "steps_to_target"]
 
 #: Attackers of :func:`condreg.attacks.finetune`, from the weakest access to the strongest.
-FINETUNE_ATTACKERS: tuple[str, ...] = ("linear_probe", "lora", "finetune_block", "finetune_all")
+FINETUNE_ATTACKERS: tuple[str, ...] = (
+    "linear_probe",
+    "whitened_probe",
+    "lstsq_probe",
+    "lora",
+    "finetune_block",
+    "finetune_all",
+)
 
 
 @dataclass(frozen=True)
@@ -25,11 +32,14 @@ class FinetuneResult:
     ``steps`` are the evaluation steps (``0, eval_every, …, steps``); at each one ``test_acc`` and
     ``test_loss`` (cross-entropy) on the test data, ``val_acc`` on the held-out split (empty when
     ``lr`` was given), and ``train_loss``, the mean mini-batch loss since the previous evaluation
-    (at step 0: the loss before any update, on the first batch). ``lr``: the rate the curves ran
-    with; ``sweep``: one entry per rate of the grid (``lr``, ``val_area``, ``val_final``,
-    ``diverged_at``); ``settings``: everything else the attacker ran with; ``changed``: the names
-    (as in ``extractor.named_parameters()``) of the extractor's parameters whose values differ
-    after the attack, found by comparison (LoRA adapters are not merged into the weights).
+    (at step 0: the loss before any update, on the first batch). ``optimizer``, ``schedule`` and
+    ``lr``: the configuration the curves ran with; ``sweep``: every configuration tried, in the
+    order tried (``optimizer``, ``schedule``, ``lr``, ``steps`` — the run's budget —,
+    ``val_area``, ``val_final``, ``diverged_at``); ``settings``: everything else the attacker
+    ran with, and how the choice was made (``chosen_at_grid_edge``, ``capped``, ``stopped``,
+    ``lines``); ``changed``: the names (as in ``extractor.named_parameters()``) of the
+    extractor's parameters whose values differ after the attack, found by comparison (LoRA
+    adapters are not merged into the weights).
     """
 
     attacker: str
@@ -43,6 +53,7 @@ class FinetuneResult:
     sweep: list[dict[str, Any]]
     changed: tuple[str, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)
+    schedule: str = "constant"
 
     def deficit(self, reference: FinetuneResult, *, chance: float = 0.0) -> float:
         """:func:`finetune_deficit` of this attack against ``reference``.
