@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: read, the PEP 561 marker, the data's provenance (the house-price loader's docs point to it).
 WHEEL_DATA = [
     "condreg/py.typed",
-    "condreg/datasets/house_price/README.md",
-    "condreg/datasets/house_price/train.csv",
-    "condreg/datasets/house_price/test.csv",
-    "condreg/datasets/house_price/D1.csv",
-    "condreg/datasets/house_price/D2.csv",
+    "experiments/condreg_experiments/datasets/house_price/README.md",
+    "experiments/condreg_experiments/datasets/house_price/train.csv",
+    "experiments/condreg_experiments/datasets/house_price/test.csv",
+    "experiments/condreg_experiments/datasets/house_price/D1.csv",
+    "experiments/condreg_experiments/datasets/house_price/D2.csv",
 ]
 #: Files the sdist must hold besides the package: what its users read and run (the CLI, the
 #: docstrings and the error messages point to docs/; the tests; how to cite).

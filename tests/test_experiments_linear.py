@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from condreg.experiments import UsageError
-from condreg.experiments import _linear as lin
-from condreg.experiments import _mnist_units as units_mod
-from condreg.experiments import _report as rp
-from condreg.experiments import mnist_pairs as mp
+from condreg_experiments import UsageError
+from condreg_experiments import _linear as lin
+from condreg_experiments import _mnist_units as units_mod
+from condreg_experiments import _report as rp
+from condreg_experiments import mnist_pairs as mp
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def test_resume_refuses_units_of_other_settings(tmp_path):
 
 
 def test_house_prices_resume_by_seed(tmp_path):
-    from condreg.experiments import house_prices as hp
+    from condreg_experiments import house_prices as hp
 
     out = tmp_path / "hp"
     kw = {"epochs": 2, "methods": ["condreg"], "progress": False}
@@ -155,8 +155,8 @@ def test_unit_store_roundtrip_keeps_non_finite_numbers(tmp_path):
 
 def test_every_experiment_reads_the_methods_and_labels_from_condreg_algorithm():
     from condreg import algorithm
-    from condreg.experiments import ablation
-    from condreg.experiments.deepnet import settings
+    from condreg_experiments import ablation
+    from condreg_experiments.deepnet import settings
 
     assert set(algorithm.METHODS) == set(algorithm.REGISTRY)
     assert algorithm.METHODS[-1] == "condreg"  # the paper's table order: Ours last
@@ -359,7 +359,7 @@ def test_units_run_largest_first():
 
 
 def _house():
-    from condreg.experiments.data import load_house_prices
+    from condreg_experiments.data import load_house_prices
 
     hp = load_house_prices()
     return hp, lin.default_rtol(hp.X_p, hp.X_h)
@@ -410,7 +410,7 @@ def test_best_loss_of_the_logistic_probe():
 
 
 def test_house_prices_reports_definition_3_1_c(tmp_path):
-    from condreg.experiments import house_prices as hpm
+    from condreg_experiments import house_prices as hpm
 
     payload = hpm.run(tmp_path / "hp", epochs=2, methods=["condreg", "opt_kappa"], progress=False)
     res = payload["results"]
@@ -452,7 +452,7 @@ def _titles(fig) -> list[str]:
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_mnist_heatmap_titles(tmp_path, quick):
-    from condreg.experiments import _mnist_units as report
+    from condreg_experiments import _mnist_units as report
 
     payload = _run(tmp_path / "mn", [(0, 1), (1, 0)])
     fig = report.heatmap(
@@ -472,8 +472,8 @@ def test_mnist_heatmap_titles(tmp_path, quick):
 
 
 def test_quick_house_prices_says_quick_in_every_title(tmp_path):
-    from condreg.experiments import house_prices as hpm
-    from condreg.experiments import house_prices as report
+    from condreg_experiments import house_prices as hpm
+    from condreg_experiments import house_prices as report
 
     payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)
     assert "(quick)" in (tmp_path / "table.md").read_text().splitlines()[0]
@@ -515,7 +515,7 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
     import importlib
     import inspect
 
-    module = importlib.import_module(f"condreg.experiments.{name}")
+    module = importlib.import_module(f"condreg_experiments.{name}")
     assert isinstance(module.HELP, str) and "\n" not in module.HELP
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
@@ -528,8 +528,8 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
 
 
 def test_resolve_data_dir():
-    from condreg.experiments import house_prices as hpm
-    from condreg.experiments.data import house_price_dir
+    from condreg_experiments import house_prices as hpm
+    from condreg_experiments.data import house_price_dir
 
     assert hpm.resolve_data_dir(None) == house_price_dir()
     assert hpm.resolve_data_dir("x/y") == __import__("pathlib").Path("x/y")
@@ -558,7 +558,7 @@ def test_best_loss_at_full_rank_takes_the_same_column_space_from_qr():
 
 def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypatch):
     import condreg
-    from condreg.experiments.data import load_mnist, mnist_digit_task
+    from condreg_experiments.data import load_mnist, mnist_digit_task
 
     X, y = load_mnist()
     X, _ = mp.prepare_inputs(X, 2, 0.05)
@@ -587,7 +587,7 @@ def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypat
 
 def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypatch):
     import condreg.algorithm
-    from condreg.experiments import house_prices as hpm
+    from condreg_experiments import house_prices as hpm
 
     calls, real = [], condreg.algorithm.setup_data
     monkeypatch.setattr(

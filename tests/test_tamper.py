@@ -17,8 +17,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
 from condreg.attacks import finetune  # noqa: E402
-from condreg.experiments import UsageError, tamper  # noqa: E402
-from condreg.experiments.tamper import settings, study  # noqa: E402
+from condreg_experiments import UsageError, tamper  # noqa: E402
+from condreg_experiments.tamper import settings, study  # noqa: E402
 
 # pre-training and immunization as small as the deep-net study's tiny run; 4-step attacks
 TINY = dict(
@@ -228,7 +228,7 @@ def test_large_model_path_on_a_fake_resnet(tmp_path, monkeypatch):
 
     from test_deepnet import _FakeResNet, _write_folder
 
-    from condreg.experiments.deepnet import models
+    from condreg_experiments.deepnet import models
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
