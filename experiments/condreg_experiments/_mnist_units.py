@@ -4,11 +4,8 @@ spawned workers with one BLAS thread each), their summaries, table.md and Fig. 2
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import pathlib
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,35 +13,31 @@ import numpy as np
 from condreg_experiments import _linear as lin
 from condreg_experiments import _report as rp
 
-__all__ = ["default_jobs", "largest_first", "run_unit", "run_units", "limit_worker_threads"]
+__all__ = ["unit_cost", "run_unit"]
 __all__ += ["collect", "summarise", "timing", "results", "notes", "table", "heatmap"]
 
 #: What every unit of one run shares: (methods, epochs, lr, immunize options, cross_check).
 Shared = tuple[Sequence[str], int, float, Mapping[str, Any], bool]
 
 
-def default_jobs(n_units: int) -> int:
-    """Worker processes for ``n_units`` units: ``min(os.cpu_count(), 8, n_units // 2)``, >= 1."""
-    return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
+def unit_cost(key: tuple[int, tuple[int, int]], tasks_by_seed) -> float:
+    """A (seed, pair) unit's relative cost, to start the costliest first: ``Σ r²·(r + D)`` over
+    its two tasks, ``r`` the inputs' rank."""
+    seed, pair = key
+    cost = 0.0
+    for digit in pair:
+        X = tasks_by_seed[seed][digit].X
+        r = lin.kappa_features(X)[1]
+        cost += float(r * r * (r + X.shape[1]))
+    return cost
 
 
-def largest_first(todo: list[tuple[int, tuple[int, int]]], tasks_by_seed) -> list:
-    """``todo``, costliest first (``Σ r²·(r + D)`` over the two tasks, ``r`` the inputs' rank)."""
-    task_cost: dict[tuple[int, int], float] = {}
-    for seed, pair in todo:
-        for digit in pair:
-            if (seed, digit) not in task_cost:
-                X = tasks_by_seed[seed][digit].X
-                r = lin.kappa_features(X)[1]
-                task_cost[(seed, digit)] = float(r * r * (r + X.shape[1]))
-    return sorted(todo, key=lambda u: -sum(task_cost[(u[0], d)] for d in u[1]))
-
-
-def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared) -> dict:
-    """One (seed, pair): every method on (D_P = ``tp``, D_H = ``th``), the tasks decomposed once;
+def run_unit(key: tuple[int, tuple[int, int]], data: tuple[Any, Any, Shared]) -> dict:
+    """One (seed, pair): every method on (D_P, D_H) = ``data[:2]``, the tasks decomposed once;
     each method's numbers are kept without θ and the history."""
+    (seed, pair), (tp, th, shared) = key, data
     methods, epochs, lr, options, cross_check = shared
-    start, cpu_start, by_method = time.perf_counter(), time.process_time(), {}
+    by_method = {}
     setup = lin.data_setup(tp.X, th.X, options)
     pair_spectra = lin.PairSpectra(tp.X, th.X, tasks=setup.tasks)
     kw = dict(task="classification", epochs=epochs, lr=lr, seed=seed, cross_check=cross_check)
@@ -60,50 +53,7 @@ def run_unit(seed: int, pair: tuple[int, int], tp: Any, th: Any, shared: Shared)
     best = lin.best_loss(
         tp.X, tp.y, task="classification", rtol=first["rtol"], rank=first["rank_K_P"]
     )
-    unit = dict(seed=seed, pair=list(pair), kappas=kappas, loss_best_input=best, methods=by_method)
-    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    return unit | dict(seconds=seconds, cpu_s=cpu_s, worker=os.getpid())
-
-
-def _run_packed(args: tuple) -> dict[str, Any]:
-    return run_unit(*args)
-
-
-def limit_worker_threads() -> None:
-    """Worker initializer: one BLAS thread in this worker process (the workers share the cores),
-    and Ctrl-C left to the parent, which stops the pool and reports what was kept (a worker that
-    took SIGINT too would print a traceback)."""
-    import signal
-
-    from threadpoolctl import threadpool_limits
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    rp.load_blas_libraries()
-    threadpool_limits(limits=1)
-
-
-def run_units(
-    todo: list, tasks_by_seed: Mapping, shared: Shared, *, jobs: int, progress: bool, done: Callable
-) -> None:
-    """Run every (seed, pair) of ``todo`` here (``jobs == 1`` or one unit) or in ``jobs`` spawned
-    workers, costliest first, and call ``done(unit)`` as each one finishes."""
-
-    def arguments(seed: int, pair: tuple[int, int]) -> tuple:
-        tasks = tasks_by_seed[seed]
-        return seed, pair, tasks[pair[0]], tasks[pair[1]], shared
-
-    bar = {"enabled": progress, "desc": "mnist-pairs", "total": len(todo)}
-    if jobs == 1 or len(todo) <= 1:
-        for seed, pair in rp.progress(todo, **bar):
-            done(run_unit(*arguments(seed, pair)))
-        return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
-        order = largest_first(list(todo), tasks_by_seed)
-        finished = workers.imap_unordered(_run_packed, [arguments(*u) for u in order])
-        for unit in rp.progress(finished, **bar):
-            done(unit)
+    return dict(seed=seed, pair=list(pair), kappas=kappas, loss_best_input=best, methods=by_method)
 
 
 #: The paper publishes Ours' per-pair range and mean only, no per-pair values of any method.
@@ -166,24 +116,28 @@ def summarise(per_pair, pairs, seed_values) -> dict[str, Any]:
     return out
 
 
-def timing(units, computed, jobs: int, compute_wall: float, methods) -> dict[str, Any]:
-    """How long the units took (means per pair, workers), and the full run (90 pairs × 4 methods
-    on ``jobs`` workers) extrapolated from them."""
-    mean_pair_s = float(np.mean([u["seconds"] for u in units.values()]))
+def timing(done, methods) -> dict[str, Any]:
+    """The runner's timing (``done``: :class:`~condreg_experiments._runner.Units`), with the
+    means per pair of the units computed now and the full run (90 pairs × 4 methods on
+    ``done.jobs`` workers) extrapolated from them."""
+    computed = [done.units[k] for k in done.computed]
 
-    def per_pair_sum(key):  # mean over the units computed now of the sum over the methods
-        sums = [sum(r[key] for r in u["methods"].values()) for u in computed]
-        return float(np.mean(sums)) if sums else None
+    def per_pair(values):  # the mean over the units computed now
+        return float(np.mean(values)) if len(values) else None
 
-    out = {"mean_seconds_per_pair_all_methods": mean_pair_s}
-    out["mean_immunize_s_per_pair"] = per_pair_sum("runtime_s")
-    out.update(mean_scoring_s_per_pair=per_pair_sum("scoring_s"), jobs=jobs)
-    out["workers_used"] = len({u.get("worker") for u in computed})
-    out["units_cpu_s"] = float(sum(u.get("cpu_s", 0.0) for u in computed))
-    out.update(units_computed=len(computed), units_resumed=len(units) - len(computed))
-    out["compute_wall_s"] = compute_wall
-    full_s = mean_pair_s * 90 * len(rp.METHODS) / len(methods) / max(jobs, 1)
-    return out | {"extrapolated_full_run_s": full_s, "pairs_run": len(units)}
+    def method_sum(key):
+        return per_pair([sum(r[key] for r in u["methods"].values()) for u in computed])
+
+    mean_pair_s = per_pair(list(done.seconds.values()))
+    full_s = None
+    if mean_pair_s is not None:
+        full_s = mean_pair_s * 90 * len(rp.METHODS) / len(methods) / max(done.jobs, 1)
+    return done.timing(
+        mean_seconds_per_pair_all_methods=mean_pair_s,
+        mean_immunize_s_per_pair=method_sum("runtime_s"),
+        mean_scoring_s_per_pair=method_sum("scoring_s"),
+        extrapolated_full_run_s=full_s,
+    )
 
 
 def results(collected, summary, timing_, n_features, tasks, cross_check) -> dict[str, Any]:
@@ -206,10 +160,10 @@ def results(collected, summary, timing_, n_features, tasks, cross_check) -> dict
     return out
 
 
-def notes(results_: Mapping[str, Any], settings, units_dir) -> list[str]:
-    """One line per failure cause, verdict flip, early stop and distinct warning, then the inputs
-    and what --resume took from ``units_dir``."""
-    out, timing_ = [], results_["timing"]
+def notes(results_: Mapping[str, Any], settings) -> list[str]:
+    """One line per failure cause, verdict flip, early stop and distinct warning, then the
+    inputs."""
+    out = []
     for m, s in results_["methods"].items():
         label, n_pairs = rp.METHOD_LABELS[m], s["n_pairs"]
         if s["successes"]["mean"] < n_pairs:
@@ -241,11 +195,6 @@ def notes(results_: Mapping[str, Any], settings, units_dir) -> list[str]:
             f"active in > {settings['min_pixel_activity']:g} of the images: "
             f"{results_['data']['n_features']} features, not the paper's 784 raw pixels (--inputs "
             "raw for those)"
-        )
-    if timing_["units_resumed"]:
-        out.append(
-            f"--resume: {timing_['units_resumed']} (seed, pair) unit(s) taken from "
-            f"{units_dir}, {timing_['units_computed']} computed now"
         )
     return out
 
@@ -353,9 +302,7 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int) -> str:
         f"not state the rule behind them. Task d: digit d (label 1) vs a "
         f"{settings['negative_fraction']:g}× sample of other digits (label 0). "
         + _loss_text(summary, loss_input, settings)
-        + f"Mean time per pair (all methods, one worker): "
-        f"{timing_['mean_seconds_per_pair_all_methods']:.2f} s{split}; "
-        f"{timing_['jobs']} worker(s). "
+        + _time_text(timing_, split)
     )
     if check["max_rel_diff"] is not None:
         text += (
@@ -366,6 +313,16 @@ def table(results_: Mapping[str, Any], settings, n_seeds: int) -> str:
     else:
         text += "Not cross-checked by an independent SVD (--cross-check does it).\n"
     return text + f"\nFig. 2 (ln_rir_heatmap.png): {PAPER_PER_PAIR_NOTE}.\n"
+
+
+def _time_text(timing_: Mapping[str, Any], split: str) -> str:
+    """The mean time per pair of the units computed now (none when every unit was resumed)."""
+    mean = timing_["mean_seconds_per_pair_all_methods"]
+    if mean is None:
+        return f"Every unit taken from --resume; {timing_['jobs']} worker(s). "
+    return f"Mean time per pair (all methods, one worker): {mean:.2f} s{split}; " + (
+        f"{timing_['jobs']} worker(s). "
+    )
 
 
 def _grids(per_pair, methods, digits):

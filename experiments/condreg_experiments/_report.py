@@ -20,7 +20,7 @@ from condreg.algorithm import METHOD_LABELS as _LABELS
 from condreg.algorithm import METHODS
 from condreg.cli import UsageError, check_out_dir
 
-__all__ = ["METHODS", "METHOD_COLORS", "UnitStore", "check_methods", "check_out_dir"]
+__all__ = ["METHODS", "METHOD_COLORS", "check_methods", "check_out_dir"]
 __all__ += [
     "check_positive",
     "from_jsonable",
@@ -299,46 +299,6 @@ def from_jsonable(obj: Any) -> Any:
     if obj in ("NaN", "Infinity", "-Infinity"):
         return float(obj.replace("Infinity", "inf"))
     return obj
-
-
-class UnitStore:
-    """Completed units of a long run (a pair or seed), one JSON file each in ``out_dir/units/``."""
-
-    def __init__(
-        self, out_dir: str | pathlib.Path, *, settings: Mapping[str, Any], resume: bool
-    ) -> None:
-        self.dir = pathlib.Path(out_dir) / "units"
-        self.settings = to_jsonable(dict(settings))
-        self.resume = bool(resume)
-        self.loaded: list[str] = []
-
-    def load(self, key: str) -> Any | None:
-        """The saved unit ``key`` (``resume=True``, same settings), else None."""
-        path = self.dir / f"{key}.json"
-        if not (self.resume and path.is_file()):
-            return None
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            settings, unit = saved["settings"], saved["unit"]
-        except (ValueError, KeyError, TypeError):
-            return None  # a damaged file (e.g. a run killed mid-write): compute it again
-        if settings != self.settings:
-            keys = set(settings) | set(self.settings)
-            differ = sorted(k for k in keys if settings.get(k) != self.settings.get(k))
-            raise UsageError(
-                f"--resume: {path} was computed with other settings ({', '.join(differ)}); "
-                f"use the same options, another --out, or leave out --resume"
-            )
-        self.loaded.append(key)
-        return from_jsonable(unit)
-
-    def save(self, key: str, unit: Any) -> None:
-        """Write unit ``key`` (creates ``out_dir/units/``)."""
-        path = prepare_out_dir(self.dir) / f"{key}.json"
-        tmp = path.with_suffix(".json.tmp")
-        payload = {"settings": self.settings, "unit": to_jsonable(unit)}
-        tmp.write_text(json.dumps(payload, allow_nan=False, ensure_ascii=False), encoding="utf-8")
-        tmp.replace(path)
 
 
 def _environment() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from condreg_experiments import UsageError
 from condreg_experiments import _report as rp
 from condreg_experiments import options as opt
 from condreg_experiments._linear import default_rtol, immunize_method, spectrum_numbers
+from condreg_experiments._runner import UnitStore, run_units
 
 __all__ = ["HELP", "add_arguments", "run", "PAPER_PAIRS", "QUICK_PAIRS", "FULL_STEPS"]
 __all__ += ["QUICK_STEPS", "FRACTION"]
@@ -137,16 +138,14 @@ def run(
     )
     out_dir = rp.prepare_out_dir(out_dir)
     unit_settings = {k: v for k, v in settings.items() if k not in ("methods", "datasets")}
-    store = rp.UnitStore(out_dir, settings=unit_settings, resume=resume)  # a unit per θ
-    probes, curves, immunization = _units(datasets, settings, seed_values, progress, store)
+    store = UnitStore(out_dir, settings=unit_settings, resume=resume)  # a unit per θ
+    probes, curves, immunization, timing = _units(datasets, settings, seed_values, progress, store)
     keys = [f"{f:g}" for f in settings["fractions_recorded"]]
     slowdown = {key: _slowdowns(probes, settings["steps"], key) for key in keys}
     summary = {key: _summary(tab, settings) for key, tab in slowdown.items()}
     results = dict(immunization=immunization, probes=probes, slowdown=slowdown, summary=summary)
-    results["curves"] = curves
-    notes = _notes(probes)
-    if store.loaded:
-        notes.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
+    results.update(curves=curves, timing=timing)
+    notes = _notes(probes) + store.note("unit(s)")
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
     fields.update(start=start, table=_table(results, settings))
     title = "Immunization under stronger attackers: probing steps to 99 % of the loss reduction"
@@ -186,26 +185,27 @@ def _unit(spec, settings, seed: int, method: str) -> dict[str, Any]:
     return rp.from_jsonable(rp.to_jsonable(unit))
 
 
-def _units(datasets, settings, seed_values, progress, store) -> tuple[dict, dict, dict]:
+def _units(datasets, settings, seed_values, progress, store) -> tuple[dict, dict, dict, dict]:
     """Every (seed, dataset, θ) attacked on both tasks, from ``store`` or computed and saved
-    there: ``(probes, curves, immunization)``."""
+    there: ``(probes, curves, immunization, timing)``."""
     thetas = ["identity", *settings["methods"]]
     keys = [(s, d, m) for s in seed_values for d in datasets for m in thetas]
-    units = {k: store.load("seed{}_{}_{}".format(*k)) for k in keys}
-    for seed, name, method in rp.progress(
-        [k for k in keys if units[k] is None], enabled=progress, desc="attacks"
-    ):
-        units[(seed, name, method)] = _unit(datasets[name], settings, seed, method)
-        store.save(f"seed{seed}_{name}_{method}", units[(seed, name, method)])
+
+    def compute(key: tuple) -> dict[str, Any]:
+        seed, name, method = key
+        return _unit(datasets[name], settings, seed, method)
+
+    names = {k: "seed{}_{}_{}".format(*k) for k in keys}
+    done = run_units(store, names, compute, jobs=1, progress=progress, desc="attacks")
     probes, curves, immunization = {}, {}, {}
-    for (seed, name, method), unit in units.items():
+    for (seed, name, method), unit in done.units.items():
         _branch(immunization, name).setdefault(method, []).append(unit["immunization"])
         for task, by_attacker in unit["probes"].items():
             for attacker, rec in by_attacker.items():
                 _branch(probes, name, task, method).setdefault(attacker, []).append(rec)
                 if seed == seed_values[0]:
                     _branch(curves, name, task, method)[attacker] = unit["curves"][task][attacker]
-    return probes, curves, immunization
+    return probes, curves, immunization, done.timing()
 
 
 def _attack(theta, X, y, attacker, settings, rtol, seed) -> tuple[dict, dict]:

@@ -23,6 +23,7 @@ from condreg_experiments._linear import (
     spectrum_numbers,
     stopped_early,
 )
+from condreg_experiments._runner import UnitStore, run_units
 
 __all__ = ["HELP", "add_arguments", "digits_closed", "linear_datasets", "run"]
 
@@ -138,22 +139,26 @@ def _unit(spec, seed: int, method: str, steps: int, options) -> dict[str, Any]:
     )
 
 
-def _units(datasets, seed_values, methods, steps, progress, options, store) -> tuple[dict, dict]:
+def _units(datasets, seed_values, methods, steps, progress, options, store) -> tuple:
     """``curves[name][method][task]`` (Eq. 16, a list per seed) and ``numbers[name][method]`` (a
-    dict per seed) of every (seed, dataset, θ), each from ``store`` or computed and saved there."""
+    dict per seed) of every (seed, dataset, θ), each from ``store`` or computed and saved there;
+    and the timing."""
     keys = [(s, name, m) for s in seed_values for name in datasets for m in ["identity", *methods]]
-    units = {k: store.load(_key(*k)) for k in keys}
-    todo = [k for k in keys if units[k] is None]
-    for seed, name, method in rp.progress(todo, enabled=progress, desc="convergence"):
-        units[(seed, name, method)] = _unit(datasets[name], seed, method, steps, options)
-        store.save(_key(seed, name, method), units[(seed, name, method)])
+
+    def compute(key: tuple) -> dict[str, Any]:
+        seed, name, method = key
+        return _unit(datasets[name], seed, method, steps, options)
+
+    done = run_units(
+        store, {k: _key(*k) for k in keys}, compute, jobs=1, progress=progress, desc="convergence"
+    )
     curves, numbers = {}, {}
-    for (_, name, method), unit in units.items():
+    for (_, name, method), unit in done.units.items():
         entry = curves.setdefault(name, {}).setdefault(method, {"D_P": [], "D_H": []})
         for task in ("D_P", "D_H"):
             entry[task].append(unit["curves"][task])
         numbers.setdefault(name, {}).setdefault(method, []).append(unit["numbers"])
-    return curves, numbers
+    return curves, numbers, done.timing()
 
 
 def _key(seed: int, name: str, method: str) -> str:
@@ -202,15 +207,15 @@ def run(
     settings = dict(steps=steps, lr=LR, quick=quick, mnist_pair=list(pair))
     settings.update(datasets=list(datasets), epochs={k: v["epochs"] for k, v in datasets.items()})
     settings.update(data_dir=str(data_dir), immunize_options=dict(options))
-    store = rp.UnitStore(out_dir, settings=settings, resume=resume)  # a unit per method
-    curves, numbers = _units(datasets, seed_values, methods, steps, progress, options, store)
-    final, notes = _final(curves), _flip_notes(numbers)
-    if store.loaded:
-        notes.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
+    store = UnitStore(out_dir, settings=settings, resume=resume)  # a unit per method
+    curves, numbers, timing = _units(
+        datasets, seed_values, methods, steps, progress, options, store
+    )
+    final, notes = _final(curves), _flip_notes(numbers) + store.note("unit(s)")
     settings.update(methods=methods)
     settings.update(probe="gradient descent with exact line search from w_0 = 0 (Eq. 16)")
     immunized = [rs for by in numbers.values() for m, rs in by.items() if m != "identity"]
-    results = {"final_norm_ratio": final, "rir": numbers, "curves": curves}
+    results = {"final_norm_ratio": final, "rir": numbers, "curves": curves, "timing": timing}
     results["stopped_early"] = stopped_early([r for rs in immunized for r in rs])
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes, start=start)
     title = "Fig. 1 — linear-probing convergence (Eq. 16, exact line search)"

@@ -15,6 +15,7 @@ from condreg_experiments import UsageError
 from condreg_experiments import _linear as lin
 from condreg_experiments import _report as rp
 from condreg_experiments import options as opt
+from condreg_experiments._runner import UnitStore, run_units
 from condreg_experiments.data import HousePrices, house_price_dir, load_house_prices
 
 __all__ = ["HELP", "add_arguments", "run", "resolve_data_dir", "PAPER_SETTINGS", "QUICK_SETTINGS"]
@@ -100,12 +101,10 @@ def run(
     identity = lin.spectrum_numbers(None, hp.X_p, hp.X_h, rtol=rtol)
     identity["loss_best"] = lin.best_loss(hp.X_p, hp.y_p, task="regression", rtol=rtol)
     seed_values = rp.seed_list(seeds)
-    store = rp.UnitStore(out_dir, settings=settings, resume=resume)
-    runs = _runs(hp, store, seed_values, settings, options, progress)
-    results = _results(runs, identity, hp.info)
-    notes = _notes(results["methods"])
-    if store.loaded:
-        notes.append(f"--resume: seed(s) {', '.join(store.loaded)} taken from {store.dir}")
+    store = UnitStore(out_dir, settings=settings, resume=resume)
+    runs, timing = _runs(hp, store, seed_values, settings, options, progress)
+    results = _results(runs, identity, hp.info) | {"timing": timing}
+    notes = _notes(results["methods"]) + store.note("seed(s)")
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes, start=start)
     fields["table"] = _table(results, settings, len(seed_values))
     title = f"Table 1 — house prices (Ames){' (quick)' if quick else ''}: ours beside the paper's"
@@ -114,23 +113,27 @@ def run(
     return payload
 
 
-def _runs(hp: HousePrices, store, seed_values, settings, options, progress) -> dict[str, list]:
-    """Each method's run per seed, from ``store`` or computed now; a seed's runs saved together."""
-    methods = settings["methods"]
-    units = {s: store.load(f"seed{s}") for s in seed_values}
-    jobs = [(s, m) for s in seed_values if units[s] is None for m in methods]
-    setup = lin.data_setup(hp.X_p, hp.X_h, options) if jobs else None
-    kw = dict(task="regression", epochs=settings["epochs"], lr=settings["lr"], setup=setup)
-    kw["y_h"] = hp.y_h
-    fresh: dict[int, dict[str, Any]] = {}
-    for seed, method in rp.progress(jobs, enabled=progress, desc="house-prices"):
-        res = lin.immunize_method(method, hp.X_p, hp.y_p, hp.X_h, seed=seed, **kw, **options)
-        res.pop("_theta")
-        fresh.setdefault(seed, {})[method] = res
-        if len(fresh[seed]) == len(methods):
-            units[seed] = fresh[seed]
-            store.save(f"seed{seed}", fresh[seed])
-    return {m: [units[s][m] for s in seed_values] for m in methods}
+def _runs(hp: HousePrices, store, seed_values, settings, options, progress):
+    """Each method's run per seed (a unit: every method of one seed), from ``store`` or computed
+    now (the data decomposed once); and the timing."""
+    methods, setup = settings["methods"], []
+    kw = dict(task="regression", epochs=settings["epochs"], lr=settings["lr"], y_h=hp.y_h)
+
+    def compute(seed: int) -> dict[str, Any]:
+        setup[:] = setup or [lin.data_setup(hp.X_p, hp.X_h, options)]
+        unit = {}
+        for method in methods:
+            res = lin.immunize_method(
+                method, hp.X_p, hp.y_p, hp.X_h, seed=seed, setup=setup[0], **kw, **options
+            )
+            res.pop("_theta")
+            unit[method] = res
+        return unit
+
+    keys = {s: f"seed{s}" for s in seed_values}
+    done = run_units(store, keys, compute, jobs=1, progress=progress, desc="house-prices")
+    units = done.units
+    return {m: [units[s][m] for s in seed_values] for m in methods}, done.timing()
 
 
 def _results(runs: Mapping[str, list[dict]], identity: Mapping[str, Any], info) -> dict[str, Any]:

@@ -15,12 +15,12 @@ from condreg_experiments import UsageError
 from condreg_experiments import _mnist_units as report
 from condreg_experiments import _report as rp
 from condreg_experiments import options as opt
-from condreg_experiments._mnist_units import default_jobs, largest_first
+from condreg_experiments._runner import UnitStore, default_jobs, run_units
 from condreg_experiments.data import load_mnist, mnist_digit_task
 
 __all__ = ["HELP", "add_arguments", "run", "ALL_PAIRS", "QUICK_PAIRS", "INPUT_PRESETS"]
 __all__ += ["PAPER_SETTINGS", "QUICK_SETTINGS", "POOLS", "RAW_MEAN", "RAW_STD", "default_jobs"]
-__all__ += ["largest_first", "prepare_inputs", "build_tasks", "pooled_mnist"]
+__all__ += ["prepare_inputs", "build_tasks", "pooled_mnist"]
 
 #: One line for ``condreg reproduce --help``.
 HELP = "Table 2 and Fig. 2: 90 ordered MNIST digit pairs"
@@ -219,14 +219,14 @@ def run(
     sizes = {k: settings[k] for k in ("n_positive", "negative_fraction")}
     digits = sorted({d for p in pairs for d in p})
     tasks = {s: build_tasks(X, y, digits, seed=s, **sizes) for s in seed_values}
-    store = rp.UnitStore(out_dir, settings=settings, resume=resume)
+    store = UnitStore(out_dir, settings=settings, resume=resume)
     keys = {(s, p): f"seed{s}_pair{p[0]}-{p[1]}" for s in seed_values for p in pairs}
     units, timing = _compute_units(store, tasks, keys, settings, options, jobs, progress)
     collected = report.collect(units, pairs, seed_values, settings["methods"])
     summary = report.summarise(collected["per_pair"], pairs, seed_values)
     first = tasks[seed_values[0]]
     results = report.results(collected, summary, timing, n_features, first, cross_check)
-    notes = report.notes(results, settings, store.dir)
+    notes = report.notes(results, settings) + store.note("(seed, pair) unit(s)")
     fields = dict(settings={**settings, "pairs": [list(p) for p in pairs]}, seeds=seed_values)
     fields.update(results=results, notes=notes, start=start)
     fields["table"] = report.table(results, settings, len(seed_values))
@@ -237,18 +237,18 @@ def run(
 
 
 def _compute_units(store, tasks, keys, settings, options, jobs, progress):
-    """Every (seed, pair) unit of ``keys`` (-> file name), from ``store`` or computed; timing."""
-    units = {k: u for k, name in keys.items() if (u := store.load(name)) is not None}
-    todo = [k for k in keys if k not in units]
-    n_jobs = int(jobs) if jobs is not None else default_jobs(len(todo))
-
-    def done(unit: dict[str, Any]) -> None:
-        key = (int(unit["seed"]), tuple(unit["pair"]))
-        units[key] = unit
-        store.save(keys[key], unit)
-
-    start, methods = time.perf_counter(), settings["methods"]
+    """Every (seed, pair) unit of ``keys`` (-> file name), from ``store`` or computed, in
+    ``jobs`` workers (each unit ships with its two tasks only); and the timing."""
+    methods = settings["methods"]
     shared = (methods, settings["epochs"], settings["lr"], options, settings["cross_check"])
-    report.run_units(todo, tasks, shared, jobs=n_jobs, progress=progress, done=done)
-    wall = time.perf_counter() - start
-    return units, report.timing(units, [units[k] for k in todo], n_jobs, wall, methods)
+    done = run_units(
+        store,
+        keys,
+        report.run_unit,
+        jobs=jobs,
+        progress=progress,
+        desc="mnist-pairs",
+        cost=lambda key: report.unit_cost(key, tasks),
+        payload=lambda key: (tasks[key[0]][key[1][0]], tasks[key[0]][key[1][1]], shared),
+    )
+    return done.units, report.timing(done, methods)

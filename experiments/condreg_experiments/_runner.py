@@ -1,0 +1,229 @@
+"""The one runner of every study's units (a seed, a (seed, pair), an (arch, domain, seed), …):
+the settings check and ``--resume`` (:class:`UnitStore`), load-or-compute, the atomic save of each
+unit as soon as it is done, progress, a spawn pool with one worker initializer and one ``--jobs``
+default, and one timing schema (:meth:`Units.timing`, ``results.json``'s ``results.timing``).
+Ctrl-C stops the pool; the units saved so far stay for ``--resume`` (condreg's CLI says so)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+from condreg_experiments import UsageError
+from condreg_experiments._report import from_jsonable, prepare_out_dir, to_jsonable
+
+__all__ = ["UnitStore", "Units", "default_jobs", "init_worker", "run_units"]
+
+
+class UnitStore:
+    """Completed units of a long run, one JSON file each in ``out_dir/units/`` (with the settings
+    they were computed with: ``--resume`` reuses a unit only under the same settings)."""
+
+    def __init__(
+        self, out_dir: str | pathlib.Path, *, settings: Mapping[str, Any], resume: bool
+    ) -> None:
+        self.dir = pathlib.Path(out_dir) / "units"
+        self.settings = to_jsonable(dict(settings))
+        self.resume = bool(resume)
+        self.loaded: list[str] = []
+
+    def load(self, key: str) -> Any | None:
+        """The saved unit ``key`` (``resume=True``, same settings), else None."""
+        path = self.dir / f"{key}.json"
+        if not (self.resume and path.is_file()):
+            return None
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            settings, unit = saved["settings"], saved["unit"]
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged file (e.g. a run killed mid-write): compute it again
+        if settings != self.settings:
+            keys = set(settings) | set(self.settings)
+            differ = sorted(k for k in keys if settings.get(k) != self.settings.get(k))
+            raise UsageError(
+                f"--resume: {path} was computed with other settings ({', '.join(differ)}); "
+                f"use the same options, another --out, or leave out --resume"
+            )
+        self.loaded.append(key)
+        return from_jsonable(unit)
+
+    def save(self, key: str, unit: Any) -> None:
+        """Write unit ``key`` atomically (a temporary file, then a rename; creates ``units/``)."""
+        path = prepare_out_dir(self.dir) / f"{key}.json"
+        tmp = path.with_suffix(".json.tmp")
+        payload = {"settings": self.settings, "unit": to_jsonable(unit)}
+        tmp.write_text(json.dumps(payload, allow_nan=False, ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+
+    def note(self, what: str) -> list[str]:
+        """The ``--resume`` note of table.md and results.json: which ``what`` were reused."""
+        if not self.loaded:
+            return []
+        return [f"--resume: {len(self.loaded)} {what} taken from {self.dir}"]
+
+
+def default_jobs(n_units: int) -> int:
+    """Worker processes for ``n_units`` units (every study's ``--jobs`` default):
+    ``min(os.cpu_count(), 8, n_units // 2)``, at least 1 (a pool pays off from two units each)."""
+    return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
+
+
+def init_worker(threads: int, torch_threads: bool) -> None:
+    """The initializer of every worker process: ``threads`` BLAS threads (and torch threads with
+    ``torch_threads``), and Ctrl-C left to the parent, which stops the pool and reports what was
+    kept (a worker that took SIGINT too would print a traceback)."""
+    from threadpoolctl import threadpool_limits
+
+    from condreg_experiments._report import load_blas_libraries
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    load_blas_libraries()
+    threadpool_limits(limits=threads)
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@dataclasses.dataclass
+class Units:
+    """What :func:`run_units` returns: every unit by key, and how they were obtained."""
+
+    units: dict[Hashable, Any]
+    computed: list[Hashable]
+    jobs: int
+    wall_s: float
+    cpu_s: dict[Hashable, float]
+    seconds: dict[Hashable, float]
+
+    def timing(self, **extra: Any) -> dict[str, Any]:
+        """``results.timing`` of results.json, the same keys in every study (``extra`` after)."""
+        return {
+            "jobs": self.jobs,
+            "units": len(self.units),
+            "units_computed": len(self.computed),
+            "units_resumed": len(self.units) - len(self.computed),
+            "compute_wall_s": self.wall_s,
+            "units_seconds": float(sum(self.seconds.values())),
+            "units_cpu_s": float(sum(self.cpu_s.values())),
+        } | extra
+
+
+def _chain(
+    compute: Callable, store: UnitStore, todo: Sequence[tuple], first: Any, chained: bool
+) -> list[tuple[Hashable, Any, float, float]]:
+    """Compute the units ``todo`` (``(key, file name, payload)``) in order, saving each at once;
+    a unit of a chain gets the chain's first unit (``first``, None while that one runs)."""
+    out = []
+    for key, name, payload in todo:
+        t0, c0 = time.perf_counter(), time.process_time()
+        unit = compute(key, first) if chained else compute(key, *payload)
+        store.save(name, unit)
+        first = unit if first is None else first
+        out.append((key, unit, time.perf_counter() - t0, time.process_time() - c0))
+    return out
+
+
+def _chain_packed(args: tuple) -> list:
+    return _chain(*args)
+
+
+def run_units(
+    store: UnitStore,
+    keys: Mapping[Hashable, str] | Sequence[Mapping[Hashable, str]],
+    compute: Callable[[Any, Any], Any],
+    *,
+    jobs: int | None = None,
+    progress: bool = True,
+    desc: str = "units",
+    threads: int = 1,
+    torch_threads: bool = False,
+    cost: Callable[[Any], float] | None = None,
+    payload: Callable[[Any], Any] | None = None,
+) -> Units:
+    """Every unit of ``keys`` (unit key -> file name in ``units/``): loaded from ``store``
+    (``--resume``), else computed here (``jobs`` 1, or one piece of work) or in ``jobs`` spawned
+    workers of ``threads`` threads each (default :func:`default_jobs`), costliest first by
+    ``cost(key)``; each unit is saved as soon as it is done.
+
+    ``keys`` is one mapping of independent units, each computed as ``compute(key)``, or
+    ``compute(key, payload(key))`` with ``payload`` (the unit's own data, shipped to its worker
+    alone); or a list of chains: a chain's units run in order in one process, each computed as
+    ``compute(key, first)``, ``first`` being the chain's first unit (its sweep chose what the
+    others use; None while the first itself runs). With workers, ``compute`` must pickle (a
+    module-level function or a partial of one). Progress: a bar on a terminal, else one line per
+    finished unit."""
+    chained = not isinstance(keys, Mapping)
+    chains = [dict(chain) for chain in keys] if chained else [{k: n} for k, n in keys.items()]
+    units: dict[Hashable, Any] = {}
+    for chain in chains:
+        for key, name in chain.items():
+            if (saved := store.load(name)) is not None:
+                units[key] = saved
+    work = []
+    for chain in chains:
+        todo = [(k, n) for k, n in chain.items() if k not in units]
+        todo = [(k, n, () if payload is None else (payload(k),)) for k, n in todo]
+        first = units.get(next(iter(chain))) if chained else None
+        if todo:
+            work.append((compute, store, todo, first, chained))
+    n_jobs = int(jobs) if jobs is not None else default_jobs(len(work))
+    total = sum(len(w[2]) for w in work)
+    done = Units(units, [], n_jobs, 0.0, {}, {})
+    start = time.perf_counter()
+    bar = _progress(progress, desc, total, len(units))
+    if n_jobs == 1 or len(work) <= 1:
+        parts: Any = (_chain(*w) for w in work)
+        pool = None
+    else:
+        if cost is not None:  # the longest first, so that no worker is left with it at the end
+            work.sort(key=lambda w: -sum(cost(k) for k, _, _ in w[2]))
+        context = multiprocessing.get_context("spawn")
+        pool = context.Pool(min(n_jobs, len(work)), init_worker, (threads, torch_threads))
+        parts = pool.imap_unordered(_chain_packed, work)
+    try:
+        for part in parts:
+            for key, unit, seconds, cpu_s in part:
+                units[key] = unit
+                done.computed.append(key)
+                done.seconds[key], done.cpu_s[key] = seconds, cpu_s
+                bar(key, seconds)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    done.wall_s = time.perf_counter() - start
+    bar(None, 0.0)
+    order = [k for chain in chains for k in chain]
+    done.units = {k: units[k] for k in order}
+    return done
+
+
+def _progress(enabled: bool, desc: str, total: int, resumed: int) -> Callable[[Any, float], None]:
+    """``tick(key, seconds)`` after each unit (``tick(None, 0)`` at the end): a tqdm bar on a
+    terminal, else one line per unit on stderr; nothing unless ``enabled``."""
+    if not enabled or total == 0:
+        return lambda key, seconds: None
+    if sys.stderr.isatty():
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
+        return lambda key, seconds: bar.close() if key is None else bar.update()
+    count = [0]
+
+    def line(key: Any, seconds: float) -> None:
+        if key is None:
+            return
+        count[0] += 1
+        text = f"{desc}: {key} done in {seconds:.0f} s ({count[0]}/{total}"
+        print(text + (f"; {resumed} resumed)" if resumed else ")"), file=sys.stderr, flush=True)
+
+    return line
