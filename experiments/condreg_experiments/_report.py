@@ -340,14 +340,20 @@ def write_results(
 
 
 def write_outputs(
-    out_dir: str | pathlib.Path, *, table: str, title: str, start: float | None = None, **fields
+    out_dir: str | pathlib.Path,
+    *,
+    table: str,
+    title: str,
+    start: float,
+    bullets: bool = True,
+    **fields,
 ) -> dict:
-    """:func:`write_results` (``fields``: its keywords) then :func:`write_table`; the payload.
-    With ``start`` (a ``time.perf_counter()``): the runtime since then, notes as bullets."""
-    if start is not None:
-        fields["runtime_s"] = time.perf_counter() - start
-        bullets = "".join(f"\n- {n}" for n in fields["notes"])
-        table = table.rstrip("\n") + "\n" + bullets + "\n" if bullets else table
+    """:func:`write_results` (``fields``: its keywords; ``runtime_s``: the time since ``start``,
+    a ``time.perf_counter()``) then :func:`write_table`, the notes as bullets under the table
+    (unless ``bullets`` is False: the table shows them itself); the payload."""
+    fields["runtime_s"] = time.perf_counter() - start
+    notes = "".join(f"\n- {n}" for n in fields["notes"]) if bullets else ""
+    table = table.rstrip("\n") + "\n" + notes + "\n" if notes else table
     payload = write_results(out_dir, **fields)
     write_table(out_dir, table, title=title)
     return payload

@@ -104,22 +104,24 @@ class Units:
     cpu_s: dict[Hashable, float]
     seconds: dict[Hashable, float]
 
-    def timing(self, **extra: Any) -> dict[str, Any]:
-        """``results.timing`` of results.json, the same keys in every study (``extra`` after)."""
+    def timing(self, *more: Units, **extra: Any) -> dict[str, Any]:
+        """``results.timing`` of results.json, the same keys in every study: this run's units
+        and those of ``more`` runs (later phases) together, then ``extra``."""
+        runs = (self, *more)
         return {
             "jobs": self.jobs,
-            "units": len(self.units),
-            "units_computed": len(self.computed),
-            "units_resumed": len(self.units) - len(self.computed),
-            "compute_wall_s": self.wall_s,
-            "units_seconds": float(sum(self.seconds.values())),
-            "units_cpu_s": float(sum(self.cpu_s.values())),
+            "units": sum(len(r.units) for r in runs),
+            "units_computed": sum(len(r.computed) for r in runs),
+            "units_resumed": sum(len(r.units) - len(r.computed) for r in runs),
+            "compute_wall_s": sum(r.wall_s for r in runs),
+            "units_seconds": float(sum(sum(r.seconds.values()) for r in runs)),
+            "units_cpu_s": float(sum(sum(r.cpu_s.values()) for r in runs)),
         } | extra
 
 
 def _chain(
     compute: Callable, store: UnitStore, todo: Sequence[tuple], first: Any, chained: bool
-) -> list[tuple[Hashable, Any, float, float]]:
+) -> list[tuple[Hashable, str, Any, float, float]]:
     """Compute the units ``todo`` (``(key, file name, payload)``) in order, saving each at once;
     a unit of a chain gets the chain's first unit (``first``, None while that one runs)."""
     out = []
@@ -128,7 +130,7 @@ def _chain(
         unit = compute(key, first) if chained else compute(key, *payload)
         store.save(name, unit)
         first = unit if first is None else first
-        out.append((key, unit, time.perf_counter() - t0, time.process_time() - c0))
+        out.append((key, name, unit, time.perf_counter() - t0, time.process_time() - c0))
     return out
 
 
@@ -191,11 +193,11 @@ def run_units(
         parts = pool.imap_unordered(_chain_packed, work)
     try:
         for part in parts:
-            for key, unit, seconds, cpu_s in part:
+            for key, name, unit, seconds, cpu_s in part:
                 units[key] = unit
                 done.computed.append(key)
                 done.seconds[key], done.cpu_s[key] = seconds, cpu_s
-                bar(key, seconds)
+                bar(name, seconds)
     finally:
         if pool is not None:
             pool.terminate()
@@ -208,7 +210,7 @@ def run_units(
 
 
 def _progress(enabled: bool, desc: str, total: int, resumed: int) -> Callable[[Any, float], None]:
-    """``tick(key, seconds)`` after each unit (``tick(None, 0)`` at the end): a tqdm bar on a
+    """``tick(name, seconds)`` after each unit (``tick(None, 0)`` at the end): a tqdm bar on a
     terminal, else one line per unit on stderr; nothing unless ``enabled``."""
     if not enabled or total == 0:
         return lambda key, seconds: None

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=opt.positive_int,
         help="worker processes, one (seed, pair) each at a time, one BLAS thread each "
-        "(default: the number of CPU cores, at most 8 and at most half the units)",
+        + opt.JOBS_DEFAULT,
     )
     parser.add_argument(
         "--cross-check",

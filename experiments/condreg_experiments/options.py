@@ -69,6 +69,9 @@ def method_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: How every study's ``--jobs`` defaults (condreg_experiments._runner.default_jobs).
+JOBS_DEFAULT = "(default: the cores, at most 8 and at most half the pieces of work)"
+
 #: The help text of every experiment's ``--methods``.
 METHODS_HELP = "comma-separated subset of condreg,r_ill_only,opt_kappa,imma (default: all)"
 

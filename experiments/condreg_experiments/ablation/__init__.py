@@ -16,6 +16,8 @@ from typing import Any
 from condreg.algorithm import METHOD_LABELS, METHODS
 from condreg_experiments import UsageError, house_prices, mnist_pairs
 from condreg_experiments import _report as rp
+from condreg_experiments import options as opt
+from condreg_experiments._runner import UnitStore
 from condreg_experiments.ablation import factors as fc
 from condreg_experiments.ablation.released import RELEASED_SWITCHES, SWITCHES_BY_DATASET
 
@@ -113,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--pairs", parse_pairs, "MNIST (P, H) pairs, e.g. 0-1,3-8 (default: the fixed set of 10)"),
         ("--datasets", _dataset_list, "house,mnist (default: both)"),
         ("--parts", _part_list, parts),
-        ("--jobs", positive_int, "worker processes (default: the cores)"),
+        ("--jobs", positive_int, "worker processes " + opt.JOBS_DEFAULT),
         ("--max-steps", _step_list, steps),
     ]:
         parser.add_argument(flag, type=kind, default=None, help=text)
@@ -271,11 +273,10 @@ def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
     from condreg_experiments.ablation import units as un
 
     defaults = un.default_experiments(plan)
-    store = rp.UnitStore(plan.out_dir, settings=plan.settings(), resume=plan.resume)
+    store = UnitStore(plan.out_dir, settings=plan.settings(), resume=plan.resume)
     done: dict[str, Any] = {}
-    compute_start = time.perf_counter()
     specs = un.unit_specs(plan, data)
-    computed = _compute(plan, data, specs, store, done)
+    runs = [un.run_units(plan, data, specs, store, done)]
     chosen = {}
     if "rules" in plan.parts:
         for dataset in plan.datasets:
@@ -283,27 +284,8 @@ def execute(plan: Plan, data: dict[str, Any], start: float) -> dict[str, Any]:
             values = {name: [c["chosen"]] for name, c in chosen[dataset].items()}
             extra = un.rule_specs(plan, dataset, plan.factor_seeds[1:], values)
             extra = [(k, w, {**s, "key": k}) for k, w, s in extra]
-            computed += _compute(plan, data, extra, store, done)
+            runs.append(un.run_units(plan, data, extra, store, done))
             specs += extra
-    timing = {
-        "units": len(specs),
-        "units_resumed": len(specs) - len(computed),
-        "compute_wall_s": time.perf_counter() - compute_start,
-        "unit_seconds_total": float(sum(done[k]["seconds"] for k in computed)),
-        "unit_cpu_s_total": float(sum(done[k].get("cpu_s", 0.0) for k in computed)),
-    }
     results = report.assemble(plan, data, defaults, [(k, s) for k, _, s in specs], done, chosen)
-    results["timing"] = timing
-    return report.write(plan, plan.settings(), results, time.perf_counter() - start, store)
-
-
-def _compute(plan: Plan, data, specs, store, done: dict[str, Any]) -> list[str]:
-    """Load the saved units of ``specs`` (--resume), compute the others; the computed keys."""
-    from condreg_experiments.ablation.units import run_units
-
-    for key, _, _ in specs:
-        if key not in done and (saved := store.load(key)) is not None:
-            done[key] = saved
-    todo = [unit for unit in specs if unit[0] not in done]
-    run_units(plan, data, todo, store, done)
-    return [key for key, _, _ in todo]
+    results["timing"] = runs[0].timing(*runs[1:])
+    return report.write(plan, plan.settings(), results, start, store)

@@ -315,12 +315,10 @@ def notes(results: dict[str, Any], store) -> list[str]:
             if text not in seen:
                 seen.add(text)
                 out.append(text)
-    if store.loaded:
-        out.append(f"--resume: {len(store.loaded)} unit(s) taken from {store.dir}")
-    return out
+    return out + store.note("unit(s)")
 
 
-def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
+def write(plan, settings, results, start: float, store) -> dict[str, Any]:
     """results.json, table.md, ranking.png, factored.png, step_rules.png, schedule.png."""
     from condreg_experiments.ablation import plots, tables
 
@@ -332,7 +330,8 @@ def write(plan, settings, results, runtime_s, store) -> dict[str, Any]:
         settings=settings,
         seeds=plan.seeds,
         results=results,
-        runtime_s=runtime_s,
+        start=start,
+        bullets=False,
         notes=notes_,
         table=tables.table(plan, results, notes_),
         title=f"Ablation — condreg's protocol → the released code's{quick}",

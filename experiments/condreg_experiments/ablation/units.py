@@ -4,8 +4,6 @@ units: one (dataset, row, seed, pair) each, run here or in worker processes, sav
 from __future__ import annotations
 
 import math
-import multiprocessing
-import time
 import warnings
 from itertools import product
 from typing import Any
@@ -13,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from condreg_experiments import _report as rp
+from condreg_experiments import _runner as rn
 from condreg_experiments import house_prices, mnist_pairs
 from condreg_experiments._linear import TOLERANCE_FACTORS, default_rtol, immunize_method
-from condreg_experiments._mnist_units import default_jobs, limit_worker_threads
 from condreg_experiments.ablation import emulator as em
 from condreg_experiments.ablation import factors as fc
 from condreg_experiments.ablation import released as rel
@@ -103,9 +101,10 @@ def _reference_loss(data: dict[str, Any], spec: dict[str, Any]) -> float:
     return em.head_only_loss(*args, adam=protocol.on("adam"))
 
 
-def run_unit(data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one unit on ``data``, warnings dropped: ``{"spec", "methods", "seconds", "cpu_s"}``."""
-    start, cpu_start = time.perf_counter(), time.process_time()
+def run_unit(key: str, task: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run the unit ``key`` (``task``: its data and spec), warnings dropped:
+    ``{"spec", "methods"}``."""
+    data, spec = task
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         result = {m: _method(m, data, spec) for m in spec["methods"]}
@@ -113,13 +112,7 @@ def run_unit(data: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
             result["head_only_loss"] = _reference_loss(data, {**spec, "fields": {}})
         elif spec["section"] == "rules":
             result["head_only_loss"] = _reference_loss(data, spec)
-    seconds = time.perf_counter() - start
-    return dict(spec=spec, methods=result, seconds=seconds, cpu_s=time.process_time() - cpu_start)
-
-
-def run_unit_packed(args: tuple) -> dict[str, Any]:
-    """:func:`run_unit` with its arguments in one tuple (for a process pool)."""
-    return run_unit(*args)
+    return dict(spec=spec, methods=result)
 
 
 def _task_data(X_p, y_p, X_h, y_h, task: str) -> dict[str, Any]:
@@ -306,23 +299,22 @@ def choose_rule_values(plan, dataset: str, done: dict[str, Any], specs) -> dict[
     return out
 
 
-def run_units(plan, data, todo, store, done: dict[str, Any]) -> None:
-    """Compute the ``todo`` units (costliest first), saving each as it finishes."""
-    jobs = plan.jobs or default_jobs(len(todo))
-    todo = sorted(todo, key=lambda u: -_cost(u[2]))
-    args = [(data[key[0]][key[1]], spec) for _, key, spec in todo]
-
-    def finish(results) -> None:
-        for result in rp.progress(results, enabled=plan.progress, desc="ablation", total=len(args)):
-            done[result["spec"]["key"]] = result
-            store.save(result["spec"]["key"], result)
-
-    if jobs == 1 or len(todo) <= 1:
-        finish(map(run_unit_packed, args))
-        return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=jobs, initializer=limit_worker_threads) as workers:
-        finish(workers.imap_unordered(run_unit_packed, args))
+def run_units(plan, data, specs, store, done: dict[str, Any]):
+    """The units of ``specs`` not ``done`` yet, from ``store`` (--resume) or computed (costliest
+    first), each saved as it finishes and added to ``done``; the runner's result."""
+    todo = {key: (where, spec) for key, where, spec in specs if key not in done}
+    run = rn.run_units(
+        store,
+        {key: key for key in todo},
+        run_unit,
+        jobs=plan.jobs,
+        progress=plan.progress,
+        desc="ablation",
+        cost=lambda key: _cost(todo[key][1]),
+        payload=lambda key: (data[todo[key][0][0]][todo[key][0][1]], todo[key][1]),
+    )
+    done.update(run.units)
+    return run
 
 
 def _cost(spec: dict[str, Any]) -> float:

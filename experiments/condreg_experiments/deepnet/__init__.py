@@ -12,6 +12,7 @@ from typing import Any
 
 from condreg_experiments import _report
 from condreg_experiments import options as opt
+from condreg_experiments._runner import UnitStore, run_units
 from condreg_experiments.deepnet.settings import METHODS, QUICK, Settings, resolve
 
 __all__ = ["DEFAULTS", "HELP", "METHODS", "QUICK", "SEEDS", "Settings", "add_arguments", "run"]
@@ -67,34 +68,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _units(s: Settings, store: _report.UnitStore, seeds: list[int], progress: bool):
-    """``(per_arch, sweeps)``: every (arch, seed) unit, reused from ``store`` or computed (images
-    read once); the sweep seed runs first (it chooses the steps), reported only if in ``seeds``."""
+def _units(s: Settings, store: UnitStore, seeds: list[int], progress: bool):
+    """``(per_arch, sweeps, timing)``: every (arch, seed) unit, reused from ``store`` or computed
+    (images read once); per arch, a chain whose first seed is the sweep seed (its sweep chooses
+    the others' steps), reported only if in ``seeds``."""
     from condreg_experiments.deepnet import data, study
 
     bars = progress and sys.stderr.isatty()
     order = [s.sweep_seed] + [x for x in seeds if x != s.sweep_seed]
-    images, count, total, per_arch, sweeps = None, 0, len(s.arch) * len(order), {}, {}
-    for arch in s.arch:
-        records, steps = {}, None
-        for seed in _report.progress(order, enabled=bars, desc=f"deepnet {arch} seeds"):
-            key = f"{arch.replace(':', '_')}-seed{seed}"
-            done, t0, how = store.load(key), time.perf_counter(), "reused"
-            if done is None:
-                images = data.load_images(s) if images is None else images
-                rec, sw = study.run_seed(arch, s, images, seed, steps, bars)
-                done, how = {"record": rec, "sweep": sw}, "done"
-                store.save(key, done)
-            count += 1
-            if not bars:
-                text = f"{arch} seed {seed} {how} in {time.perf_counter() - t0:.0f} s"
-                print(f"deepnet: {text} ({count}/{total})", file=sys.stderr, flush=True)
-            if seed == s.sweep_seed:
-                sweeps[arch] = done["sweep"]
-                steps = {m: r["chosen"] for m, r in sweeps[arch].items() if isinstance(r, dict)}
-            records[seed] = done["record"]
-        per_arch[arch] = [records[x] for x in seeds]
-    return per_arch, sweeps
+    images: list = []
+
+    def compute(key: tuple[str, int], first: dict | None) -> dict[str, Any]:
+        arch, seed = key
+        images[:] = images or [data.load_images(s)]
+        steps = None
+        if first is not None:
+            steps = {m: r["chosen"] for m, r in first["sweep"].items() if isinstance(r, dict)}
+        rec, sw = study.run_seed(arch, s, images[0], seed, steps, bars)
+        return {"record": rec, "sweep": sw}
+
+    chains = [{(a, x): f"{a.replace(':', '_')}-seed{x}" for x in order} for a in s.arch]
+    done = run_units(store, chains, compute, jobs=1, progress=progress, desc="deepnet")
+    per_arch = {a: [done.units[(a, x)]["record"] for x in seeds] for a in s.arch}
+    sweeps = {a: done.units[(a, s.sweep_seed)]["sweep"] for a in s.arch}
+    return per_arch, sweeps, done.timing()
 
 
 def run(
@@ -120,12 +117,12 @@ def run(
 
     from condreg_experiments.deepnet import report
 
-    store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
+    store = UnitStore(out_dir, settings=s.to_json(), resume=resume)
     old_threads = torch.get_num_threads()
     if s.num_threads is not None:
         torch.set_num_threads(int(s.num_threads))
     try:
-        per_arch, sweeps = _units(s, store, seed_values, progress)
+        per_arch, sweeps, timing = _units(s, store, seed_values, progress)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -134,11 +131,11 @@ def run(
     failures = report.failures(per_arch)
     settings = {**s.to_json(), "quick": quick, "seeds": len(seed_values), "resume": resume}
     settings.update(torch_version=torch.__version__, torch_threads=s.num_threads)
-    results = {"summary": summaries, "per_seed": per_arch, "sweep": sweeps}
+    results = {"summary": summaries, "per_seed": per_arch, "sweep": sweeps, "timing": timing}
     results.update(setup=report.setup(per_arch, s), paper=_report.PAPER_DEEPNET)
     table = report.table(summaries, s, per_arch, seed_values, quick=quick)
     table += "".join(f"\n- {line}" for line in failures)
-    notes = ([report.PAPER_NOTE] if not s.large else []) + failures
+    notes = ([report.PAPER_NOTE] if not s.large else []) + failures + store.note("unit(s)")
     fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes, table=table)
-    fields.update(runtime_s=time.perf_counter() - t_start, title=report.title(quick))
+    fields.update(start=t_start, bullets=False, title=report.title(quick))
     return _report.write_outputs(out_dir, experiment="deepnet", **fields)

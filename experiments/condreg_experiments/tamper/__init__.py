@@ -6,14 +6,13 @@ cross-domain harmful task. Importing this package imports no torch."""
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import pathlib
-import sys
 import time
 from typing import Any
 
 from condreg_experiments import _report
 from condreg_experiments import options as opt
+from condreg_experiments._runner import UnitStore, run_units
 from condreg_experiments.tamper.settings import ATTACKERS, DOMAINS, QUICK, Settings, resolve
 
 __all__ = ["ATTACKERS", "DOMAINS", "HELP", "QUICK", "SEEDS", "Settings", "add_arguments"]
@@ -65,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--jobs",
         type=opt.positive_int,
-        help="worker processes, one (arch, domain) each (default: 2, or 1 on a 1-core machine)",
+        help="worker processes, one (arch, domain) chain of seeds each " + opt.JOBS_DEFAULT,
     )
     opt.add_resume_option(parser, "(arch, domain, seed)")
     add(
@@ -75,54 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{QUICK['attack_steps']}-step budgets, 2-rate sweeps (about 1 minute on 2 cores; the "
         "full run: about 52 CPU-minutes, 37 minutes on 2 cores)",
     )
-
-
-def _worker_init(threads: int) -> None:
-    """A worker: ``threads`` torch threads, and Ctrl-C left to the parent (which stops the pool
-    and says what was kept; a worker that took SIGINT too would print a traceback)."""
-    import signal
-
-    import torch
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(threads)
-
-
-def _chain(args: tuple) -> dict[str, Any]:
-    from condreg_experiments.tamper import study
-
-    return study.run_chain(*args)
-
-
-def _units(s: Settings, store, seeds: list[int], out_dir, jobs: int, progress: bool) -> dict:
-    """Every (arch, domain, seed) unit: one chain of seeds per (arch, domain), run here or in
-    ``jobs`` spawned workers of one torch thread each; units are reused from ``store``."""
-    chains = [
-        (a, d, s, seeds, store, str(out_dir), progress) for a in s.base.arch for d in s.domains
-    ]
-    units: dict[str, Any] = {}
-    t0 = time.perf_counter()
-
-    def done(part: dict[str, Any]) -> None:
-        units.update(part)
-        if progress:
-            spent = time.perf_counter() - t0
-            print(
-                f"tamper: {len(units)}/{len(chains) * len(seeds)} units ({spent:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    if jobs == 1 or len(chains) == 1:
-        for args in chains:
-            done(_chain(args))
-        return units
-    context = multiprocessing.get_context("spawn")
-    threads = s.base.num_threads or 1
-    with context.Pool(min(jobs, len(chains)), _worker_init, (threads,)) as workers:
-        for part in workers.imap_unordered(_chain, chains):
-            done(part)
-    return units
 
 
 def run(
@@ -147,28 +98,44 @@ def run(
     seed_values = _report.seed_list(SEEDS[bool(quick)] if seeds is None else seeds)
     _report.check_positive("--jobs", jobs, integer=True)
     out_dir = _report.prepare_out_dir(out_dir)
-    import os
-
     import torch
 
-    from condreg_experiments.tamper import report
+    from condreg_experiments.tamper import report, study
 
-    jobs = jobs or min(2, os.cpu_count() or 1)
-    store = _report.UnitStore(out_dir, settings=s.to_json(), resume=resume)
+    store = UnitStore(out_dir, settings=s.to_json(), resume=resume)
+    chains = [
+        {(a, d, x): study.unit_key(a, d, x) for x in seed_values}
+        for a in s.base.arch
+        for d in s.domains
+    ]
+    threads = int(s.base.num_threads or 1)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(int(s.base.num_threads or old_threads))
     try:
-        units = _units(s, store, seed_values, out_dir, jobs, progress)
+        runner = study.SeedRunner(s, str(out_dir), progress)
+        done = run_units(
+            store,
+            chains,
+            runner,
+            jobs=jobs,
+            progress=progress,
+            desc="tamper",
+            threads=threads,
+            torch_threads=True,
+        )
     finally:
         torch.set_num_threads(old_threads)
+    units = {study.unit_key(*key): unit for key, unit in done.units.items()}
+    jobs = done.jobs
     summary = report.summarise(units, s, seed_values)
     report.plots(out_dir, units, summary, s, seed_values)
     settings = {**s.to_json(), "quick": quick, "seeds": len(seed_values), "jobs": jobs}
     settings.update(torch_version=torch.__version__)
-    timing = report.timing(units, time.perf_counter() - t_start, jobs)
+    timing = report.timing(units, done)
     results = {"summary": summary, "units": units, "verdict": report.verdict(summary, s)}
     results["timing"] = timing
-    fields = dict(settings=settings, seeds=seed_values, results=results, notes=report.notes(s))
+    notes = report.notes(s) + store.note("unit(s)")
+    fields = dict(settings=settings, seeds=seed_values, results=results, notes=notes)
     table = report.table(summary, s, seed_values, quick=quick, timing_=timing)
-    fields.update(runtime_s=time.perf_counter() - t_start, title=report.title(quick))
+    fields.update(start=t_start, bullets=False, title=report.title(quick))
     return _report.write_outputs(out_dir, experiment="tamper", table=table, **fields)

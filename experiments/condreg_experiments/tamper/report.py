@@ -250,20 +250,14 @@ def _tables(summary: dict, s: Settings) -> list[str]:
     return out
 
 
-def timing(units: dict[str, dict], wall_s: float, jobs: int) -> dict[str, Any]:
-    """The run's wall time, the units' own wall and CPU seconds, and how many rates were chosen
-    at an edge of their grid."""
+def timing(units: dict[str, dict], done) -> dict[str, Any]:
+    """The runner's timing (``done``), with how many rates were chosen at an edge of their
+    grid."""
     attacks = [
         a for u in units.values() for m in u["methods"].values() for a in m["attacks"].values()
     ]
-    return {
-        "wall_s": wall_s,
-        "jobs": jobs,
-        "unit_wall_s": sum(u["seconds"] for u in units.values()),
-        "unit_cpu_s": sum(u.get("cpu_s", math.nan) for u in units.values()),
-        "attacks": len(attacks),
-        "rate_at_grid_edge": sum(bool(a["settings"].get("chosen_at_grid_edge")) for a in attacks),
-    }
+    edge = sum(bool(a["settings"].get("chosen_at_grid_edge")) for a in attacks)
+    return done.timing(attacks=len(attacks), rate_at_grid_edge=edge)
 
 
 def table(
@@ -302,9 +296,10 @@ def table(
     t = timing_
     paras.append(
         f"Rates chosen at an edge of their grid: {t['rate_at_grid_edge']} of {t['attacks']} "
-        f"attacks. The units took {t['unit_cpu_s']:.0f} CPU-s ({t['unit_wall_s']:.0f} s of wall "
-        f"time in their workers); this invocation {t['wall_s']:.0f} s wall on {t['jobs']} "
-        "worker(s), units kept by --resume included in the CPU figure, not in this wall time."
+        f"attacks. The {t['units_computed']} unit(s) computed now took {t['units_cpu_s']:.0f} "
+        f"CPU-s ({t['units_seconds']:.0f} s of wall time in their workers), "
+        f"{t['compute_wall_s']:.0f} s wall on {t['jobs']} worker(s); {t['units_resumed']} "
+        "unit(s) kept by --resume."
     )
     return "\n\n".join(paras + _tables(summary, s))
 

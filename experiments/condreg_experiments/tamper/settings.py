@@ -7,10 +7,11 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from condreg.attacks import OPTIMIZERS
 from condreg_experiments import UsageError
 from condreg_experiments.deepnet import settings as deep
 
-__all__ = ["ATTACKERS", "DOMAINS", "LR_GRIDS", "OPTIMIZERS", "QUICK", "Settings", "resolve"]
+__all__ = ["ATTACKERS", "ATTACK_LR_GRIDS", "DOMAINS", "OPTIMIZERS", "QUICK", "Settings", "resolve"]
 
 #: The study's attackers: :data:`condreg.attacks.FINETUNE_ATTACKERS`, LoRA at ranks 8 and 32.
 ATTACKERS: tuple[str, ...] = (
@@ -25,12 +26,12 @@ ATTACKERS: tuple[str, ...] = (
 #: handwritten digits 5–9 brought to MNIST's format ("cross").
 DOMAINS: tuple[str, ...] = ("same", "cross")
 
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-
-#: Each attacker's learning-rate grid per optimizer (keys ``attacker/optimizer``, LoRA at every
-#: rank): half-decade steps around the rates that attacker is used with — larger for a head or
-#: adapters alone, smaller for the whole network — the same for every method.
-LR_GRIDS: dict[str, tuple[float, ...]] = {
+#: The study's learning-rate grid per attacker and optimizer (keys ``attacker/optimizer``, LoRA
+#: at every rank; the optimizers are :data:`condreg.attacks.OPTIMIZERS`): half-decade steps
+#: around the rates that attacker is used with — larger for a head or adapters alone, smaller
+#: for the whole network — the same for every method. (:data:`condreg.attacks.LR_GRIDS`, one
+#: grid per optimizer for every attacker, is ``finetune``'s default; the study passes these.)
+ATTACK_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "linear_probe/sgd": (0.01, 0.03, 0.1, 0.3),
     "linear_probe/adamw": (3e-3, 1e-2, 3e-2),
     "lora/sgd": (0.01, 0.03, 0.1, 0.3),
@@ -55,7 +56,7 @@ class Settings:
     attack_batch: int = 32
     eval_every: int = 20
     lr_grids: Mapping[str, tuple[float, ...]] = dataclasses.field(
-        default_factory=lambda: dict(LR_GRIDS)
+        default_factory=lambda: dict(ATTACK_LR_GRIDS)
     )  # SGD with momentum 0.9, AdamW with weight decay 0.01
     lr_grid_sgd: tuple[float, ...] | None = None  # if given: every attacker's SGD grid
     lr_grid_adamw: tuple[float, ...] | None = None  # if given: every attacker's AdamW grid
@@ -79,7 +80,7 @@ class Settings:
 
 #: ``--quick``: one seed, one domain, a short budget (about two minutes on 2 cores).
 QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=10)
-QUICK["lr_grids"] = {k: v[1:3] for k, v in LR_GRIDS.items()}  # the middle rates
+QUICK["lr_grids"] = {k: v[1:3] for k, v in ATTACK_LR_GRIDS.items()}  # the middle rates
 #: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
 QUICK_BASE: dict[str, Any] = dict(n_per_digit=150, pretrain_epochs=4, immunize_steps=30)
 QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
@@ -118,8 +119,8 @@ def _check(s: Settings) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"{key} must be a positive integer, got {v!r}")
     grids = {k: getattr(s, k) for k in ("lr_grid_sgd", "lr_grid_adamw")} | dict(s.lr_grids)
-    if set(s.lr_grids) != set(LR_GRIDS):
-        raise UsageError(f"lr_grids needs exactly the keys {', '.join(LR_GRIDS)}")
+    if set(s.lr_grids) != set(ATTACK_LR_GRIDS):
+        raise UsageError(f"lr_grids needs exactly the keys {', '.join(ATTACK_LR_GRIDS)}")
     for key, grid in grids.items():
         if grid is not None and (not grid or min(grid) <= 0):
             raise UsageError(f"{key} must be positive learning rates, got {grid}")

@@ -24,7 +24,7 @@ from condreg_experiments.deepnet.settings import SMALL_ARCHS
 from condreg_experiments.tamper.settings import Settings
 
 __all__ = ["FORMAT", "cross_digits", "harmful_task", "load_extractor", "load_images"]
-__all__ += ["run_chain", "run_seed"]
+__all__ += ["SeedRunner", "run_seed"]
 
 #: The format tag of a saved extractor file (:func:`load_extractor`).
 FORMAT = "condreg.tamper.extractor/1"
@@ -263,17 +263,19 @@ def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progr
     )
 
 
-def run_chain(arch: str, domain: str, s: Settings, seeds, store, out_dir, progress) -> dict:
-    """Every seed of one (arch, domain), in order: the first seed's sweep chooses each method's
-    immunization step for all (as in the deep-net study). Each seed is saved in ``store`` as soon
-    as it is done and reused from there (``--resume``); returns ``{key: record}``."""
-    images, steps, out = load_images(s.base, domain), None, {}
-    for seed in seeds:
-        key = unit_key(arch, domain, seed)
-        rec = store.load(key)
-        if rec is None:
-            rec = run_seed(arch, domain, s, images, seed, steps, out_dir, progress)
-            store.save(key, rec)
-        steps = rec["steps"] if steps is None else steps
-        out[key] = rec
-    return out
+class SeedRunner:
+    """``runner((arch, domain, seed), first)``: :func:`run_seed` for the runner's chains (one per
+    (arch, domain)); a chain's first seed sweeps, the others take its steps. Each copy (one per
+    worker chain) reads the images of a domain once."""
+
+    def __init__(self, s: Settings, out_dir: str, progress: bool) -> None:
+        self.s, self.out_dir, self.progress = s, out_dir, progress
+        self.images: dict[str, Any] = {}
+
+    def __call__(self, key: tuple[str, str, int], first: dict | None) -> dict[str, Any]:
+        arch, domain, seed = key
+        if domain not in self.images:
+            self.images[domain] = load_images(self.s.base, domain)
+        steps = None if first is None else first["steps"]
+        images = self.images[domain]
+        return run_seed(arch, domain, self.s, images, seed, steps, self.out_dir, self.progress)
