@@ -43,15 +43,37 @@ class UsageError(ValueError):
 
 
 def studies() -> dict[str, Any]:
-    """The installed studies: name -> entry point of the group ``condreg.studies``."""
+    """The installed studies, found through the entry-point group ``condreg.studies``.
+
+    Returns
+    -------
+    dict
+        Study name (``condreg reproduce NAME``) -> its :class:`importlib.metadata.EntryPoint`
+        (``load()`` imports the study's module); empty when no study is installed.
+    """
     return {ep.name: ep for ep in entry_points(group="condreg.studies")}
 
 
 def check_out_dir(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """``out_dir`` as a Path, checked but not created (a failed run leaves nothing behind): not a
-    file, and writable (``out_dir`` and its ``units/`` if they exist, else the nearest existing
-    parent), tried by creating and removing a file, so a read-only file system or folder is a
-    :class:`UsageError` before any work."""
+    """Check a study's output folder before any work, without creating it (a failed run leaves
+    nothing behind): not a file, and writable (``out_dir`` and its ``units/`` if they exist, else
+    the nearest existing parent), tried by creating and removing a file.
+
+    Parameters
+    ----------
+    out_dir : str or pathlib.Path
+        The output folder (``--out``).
+
+    Returns
+    -------
+    pathlib.Path
+        ``out_dir`` as a Path.
+
+    Raises
+    ------
+    UsageError
+        ``out_dir`` is a file, or no file can be created there (e.g. a read-only file system).
+    """
     path = pathlib.Path(out_dir)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {str(path)!r} exists and is not a directory")

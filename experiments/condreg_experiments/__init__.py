@@ -9,6 +9,4 @@ from __future__ import annotations
 
 from condreg.cli import UsageError
 
-__version__ = "0.1.0"
-
-__all__ = ["UsageError", "__version__"]
+__all__ = ["UsageError"]

@@ -25,7 +25,17 @@ __all__ = ["UnitStore", "Units", "default_jobs", "init_worker", "run_units"]
 
 class UnitStore:
     """Completed units of a long run, one JSON file each in ``out_dir/units/`` (with the settings
-    they were computed with: ``--resume`` reuses a unit only under the same settings)."""
+    they were computed with: ``--resume`` reuses a unit only under the same settings).
+
+    Parameters
+    ----------
+    out_dir : str or pathlib.Path
+        The study's output folder.
+    settings : mapping
+        What the units depend on (JSON-able); a saved unit with other settings is an error.
+    resume : bool
+        Reuse the units saved in ``out_dir/units/`` (else compute every unit again).
+    """
 
     def __init__(
         self, out_dir: str | pathlib.Path, *, settings: Mapping[str, Any], resume: bool
@@ -64,22 +74,42 @@ class UnitStore:
         tmp.replace(path)
 
     def note(self, what: str) -> list[str]:
-        """The ``--resume`` note of table.md and results.json: which ``what`` were reused."""
+        """The ``--resume`` note of table.md and results.json: how many ``what`` were reused
+        (``[]`` when none was)."""
         if not self.loaded:
             return []
         return [f"--resume: {len(self.loaded)} {what} taken from {self.dir}"]
 
 
 def default_jobs(n_units: int) -> int:
-    """Worker processes for ``n_units`` units (every study's ``--jobs`` default):
-    ``min(os.cpu_count(), 8, n_units // 2)``, at least 1 (a pool pays off from two units each)."""
+    """Every study's ``--jobs`` default: ``min(os.cpu_count(), 8, n_units // 2)``, at least 1
+    (a pool pays off from two pieces of work per worker).
+
+    Parameters
+    ----------
+    n_units : int
+        The pieces of work to run (units, or chains of units).
+
+    Returns
+    -------
+    int
+        The number of worker processes.
+    """
     return max(1, min(os.cpu_count() or 1, 8, n_units // 2))
 
 
 def init_worker(threads: int, torch_threads: bool) -> None:
     """The initializer of every worker process: ``threads`` BLAS threads (and torch threads with
     ``torch_threads``), and Ctrl-C left to the parent, which stops the pool and reports what was
-    kept (a worker that took SIGINT too would print a traceback)."""
+    kept (a worker that took SIGINT too would print a traceback).
+
+    Parameters
+    ----------
+    threads : int
+        Threads of the worker.
+    torch_threads : bool
+        Set torch's intra-op threads too (imports torch).
+    """
     from threadpoolctl import threadpool_limits
 
     from condreg_experiments._report import load_blas_libraries
@@ -95,7 +125,9 @@ def init_worker(threads: int, torch_threads: bool) -> None:
 
 @dataclasses.dataclass
 class Units:
-    """What :func:`run_units` returns: every unit by key, and how they were obtained."""
+    """What :func:`run_units` returns: every unit by key (``units``), the keys computed now
+    (``computed``, the others were resumed), the workers (``jobs``), the wall time of the
+    computation (``wall_s``), and each computed unit's CPU and wall seconds."""
 
     units: dict[Hashable, Any]
     computed: list[Hashable]
@@ -105,8 +137,21 @@ class Units:
     seconds: dict[Hashable, float]
 
     def timing(self, *more: Units, **extra: Any) -> dict[str, Any]:
-        """``results.timing`` of results.json, the same keys in every study: this run's units
-        and those of ``more`` runs (later phases) together, then ``extra``."""
+        """``results.timing`` of results.json, the same keys in every study.
+
+        Parameters
+        ----------
+        *more : Units
+            Later phases of the same study, counted together with this one.
+        **extra : Any
+            The study's own timing entries, after the common ones.
+
+        Returns
+        -------
+        dict
+            ``jobs``, ``units``, ``units_computed``, ``units_resumed``, ``compute_wall_s``,
+            ``units_seconds``, ``units_cpu_s``, then ``extra``.
+        """
         runs = (self, *more)
         return {
             "jobs": self.jobs,
@@ -151,18 +196,60 @@ def run_units(
     cost: Callable[[Any], float] | None = None,
     payload: Callable[[Any], Any] | None = None,
 ) -> Units:
-    """Every unit of ``keys`` (unit key -> file name in ``units/``): loaded from ``store``
-    (``--resume``), else computed here (``jobs`` 1, or one piece of work) or in ``jobs`` spawned
-    workers of ``threads`` threads each (default :func:`default_jobs`), costliest first by
-    ``cost(key)``; each unit is saved as soon as it is done.
+    """Every unit of a study: loaded from ``store`` (``--resume``) or computed, each saved as
+    soon as it is done.
 
-    ``keys`` is one mapping of independent units, each computed as ``compute(key)``, or
-    ``compute(key, payload(key))`` with ``payload`` (the unit's own data, shipped to its worker
-    alone); or a list of chains: a chain's units run in order in one process, each computed as
-    ``compute(key, first)``, ``first`` being the chain's first unit (its sweep chose what the
-    others use; None while the first itself runs). With workers, ``compute`` must pickle (a
-    module-level function or a partial of one). Progress: a bar on a terminal, else one line per
-    finished unit."""
+    Units run here (``jobs`` 1, or one piece of work) or in ``jobs`` spawned workers of
+    ``threads`` threads each (:func:`init_worker`), costliest first. Progress: a bar on a
+    terminal, else one line per finished unit. Ctrl-C stops the workers; what was saved stays.
+
+    Parameters
+    ----------
+    store : UnitStore
+        Where the units are saved and, with ``--resume``, found.
+    keys : mapping or sequence of mappings
+        Unit key -> file name in ``units/``: one mapping of independent units, each computed as
+        ``compute(key)`` (``compute(key, payload(key))`` with ``payload``); or a list of chains,
+        whose units run in order in one process, each as ``compute(key, first)``, ``first``
+        being the chain's first unit (its sweep chose what the others use; None while the
+        first itself runs).
+    compute : callable
+        Computes one unit. With workers it must pickle (a module-level function, a partial of
+        one, or an instance of a module-level class).
+    jobs : int, optional
+        Worker processes; default :func:`default_jobs` of the pieces of work.
+    progress : bool
+        Show progress on stderr.
+    desc : str
+        The progress label (the study's name).
+    threads : int
+        BLAS threads per worker (and torch threads with ``torch_threads``).
+    torch_threads : bool
+        Set torch's threads in each worker too.
+    cost : callable, optional
+        ``cost(key)``, a unit's relative cost: the workers take the costliest first.
+    payload : callable, optional
+        ``payload(key)``: the data of that unit alone, shipped to its worker with it.
+
+    Returns
+    -------
+    Units
+        Every unit by key, in the order of ``keys``, and how they were obtained.
+
+    Raises
+    ------
+    UsageError
+        A saved unit was computed with other settings (``--resume``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from condreg_experiments._runner import UnitStore, run_units
+    >>> store = UnitStore(tempfile.mkdtemp(), settings={"n": 2}, resume=False)
+    >>> done = run_units(store, {1: "one", 2: "two"}, lambda k: k * k, jobs=1, progress=False)
+    >>> done.units, done.timing()["units_computed"]
+    ({1: 1, 2: 4}, 2)
+    """
     chained = not isinstance(keys, Mapping)
     chains = [dict(chain) for chain in keys] if chained else [{k: n} for k, n in keys.items()]
     units: dict[Hashable, Any] = {}
