@@ -446,3 +446,17 @@ def test_convergence_quick(tmp_path):
                 c = np.asarray(c[0])
                 assert c.shape == (21,) and c[0] == pytest.approx(1.0)
                 assert np.all(np.isfinite(c)) and np.all(c >= 0) and c[-1] < 1
+
+
+def test_without_studies_reproduce_says_how_to_install_them(monkeypatch, capfd):
+    """The library alone (no ``condreg.studies`` entry point): one line, the install command,
+    exit 2, no traceback; ``condreg --version`` still works."""
+    monkeypatch.setattr(cli, "studies", dict)
+    for argv in (["reproduce"], ["reproduce", "house-prices", "--quick"]):
+        assert cli.main(argv) == 2
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "pip install ./experiments" in err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="a smoke test: 1 seed, the same-domain task, "
-        f"{QUICK['attack_steps']}-step budgets, 2-rate sweeps (about 1 minute on 2 cores; the "
+        f"{QUICK['attack_steps']}-step budgets, 2-rate sweeps (about 1 minute with --jobs 2; the "
         "full run: about 52 CPU-minutes, 37 minutes on 2 cores)",
     )
 
