@@ -189,7 +189,7 @@ def run_units(
     compute: Callable[[Any, Any], Any],
     *,
     jobs: int | None = None,
-    progress: bool = True,
+    progress: bool | str = True,
     desc: str = "units",
     threads: int = 1,
     torch_threads: bool = False,
@@ -218,8 +218,9 @@ def run_units(
         one, or an instance of a module-level class).
     jobs : int, optional
         Worker processes; default :func:`default_jobs` of the pieces of work.
-    progress : bool
-        Show progress on stderr.
+    progress : bool or "lines"
+        Show progress on stderr: a bar on a terminal, else one line per unit (always lines
+        with ``"lines"``).
     desc : str
         The progress label (the study's name).
     threads : int
@@ -265,10 +266,13 @@ def run_units(
         if todo:
             work.append((compute, store, todo, first, chained))
     n_jobs = int(jobs) if jobs is not None else default_jobs(len(work))
-    total = sum(len(w[2]) for w in work)
     done = Units(units, [], n_jobs, 0.0, {}, {})
     start = time.perf_counter()
-    bar = _progress(progress, desc, total, len(units))
+    bar = _progress(progress, desc, sum(len(chain) for chain in chains))
+    for chain in chains:
+        for key, name in chain.items():
+            if key in units:
+                bar(name)
     if n_jobs == 1 or len(work) <= 1:
         parts: Any = (_chain(*w) for w in work)
         pool = None
@@ -290,29 +294,30 @@ def run_units(
             pool.terminate()
             pool.join()
     done.wall_s = time.perf_counter() - start
-    bar(None, 0.0)
+    bar(None)
     order = [k for chain in chains for k in chain]
     done.units = {k: units[k] for k in order}
     return done
 
 
-def _progress(enabled: bool, desc: str, total: int, resumed: int) -> Callable[[Any, float], None]:
-    """``tick(name, seconds)`` after each unit (``tick(None, 0)`` at the end): a tqdm bar on a
-    terminal, else one line per unit on stderr; nothing unless ``enabled``."""
+def _progress(enabled: bool | str, desc: str, total: int) -> Callable[..., None]:
+    """``tick(name, seconds)`` after each unit (``tick(name, None)`` for a resumed one,
+    ``tick(None)`` at the end): a tqdm bar on a terminal, else (or with ``enabled="lines"``) one
+    line per unit on stderr; nothing if not ``enabled``."""
     if not enabled or total == 0:
-        return lambda key, seconds: None
-    if sys.stderr.isatty():
+        return lambda name, seconds=None: None
+    if enabled != "lines" and sys.stderr.isatty():
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
-        return lambda key, seconds: bar.close() if key is None else bar.update()
+        return lambda name, seconds=None: bar.close() if name is None else bar.update()
     count = [0]
 
-    def line(key: Any, seconds: float) -> None:
-        if key is None:
+    def line(name: Any, seconds: float | None = None) -> None:
+        if name is None:
             return
         count[0] += 1
-        text = f"{desc}: {key} done in {seconds:.0f} s ({count[0]}/{total}"
-        print(text + (f"; {resumed} resumed)" if resumed else ")"), file=sys.stderr, flush=True)
+        how = "reused" if seconds is None else f"done in {seconds:.0f} s"
+        print(f"{desc}: {name} {how} ({count[0]}/{total})", file=sys.stderr, flush=True)
 
     return line

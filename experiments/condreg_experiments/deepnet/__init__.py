@@ -88,7 +88,8 @@ def _units(s: Settings, store: UnitStore, seeds: list[int], progress: bool):
         return {"record": rec, "sweep": sw}
 
     chains = [{(a, x): f"{a.replace(':', '_')}-seed{x}" for x in order} for a in s.arch]
-    done = run_units(store, chains, compute, jobs=1, progress=progress, desc="deepnet")
+    lines = True if bars else "lines"  # a log: one line per unit, even with --no-progress
+    done = run_units(store, chains, compute, jobs=1, progress=lines, desc="deepnet")
     per_arch = {a: [done.units[(a, x)]["record"] for x in seeds] for a in s.arch}
     sweeps = {a: done.units[(a, s.sweep_seed)]["sweep"] for a in s.arch}
     return per_arch, sweeps, done.timing()
