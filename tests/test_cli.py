@@ -27,6 +27,9 @@ def _load(out: pathlib.Path) -> dict:
 
     assert payload["condreg_version"] == condreg.__version__
     assert payload["seeds"] and "settings" in payload
+    # the runner's timing schema, the same keys in every study
+    common = {"jobs", "units", "units_computed", "units_resumed", "compute_wall_s", "units_cpu_s"}
+    assert common <= set(payload["results"]["timing"]), payload["results"].get("timing")
     return payload
 
 

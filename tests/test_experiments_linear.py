@@ -599,3 +599,46 @@ def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypat
     # ... and --resume with every seed saved decomposes nothing
     hpm.run(tmp_path / "hp", seeds=2, resume=True, **kw)
     assert len(calls) == 1
+
+
+def test_the_runner_chains_resumes_and_times_every_study_alike(tmp_path):
+    """The one runner: a chain's units get its first unit; --resume keeps the saved units and
+    computes only the rest; the timing has the same keys for every study."""
+    from condreg_experiments._runner import run_units
+
+    seen = []
+
+    def compute(key, first):
+        seen.append((key, first))
+        return {"key": list(key), "first": None if first is None else first["key"]}
+
+    chains = [{(a, s): f"{a}-seed{s}" for s in (2, 0, 1)} for a in ("x", "y")]
+    store = UnitStore(tmp_path, settings={"k": 1}, resume=False)
+    done = run_units(store, chains, compute, jobs=1, progress=False)
+    assert [k for k, _ in seen] == [("x", 2), ("x", 0), ("x", 1), ("y", 2), ("y", 0), ("y", 1)]
+    assert [f for _, f in seen] == [None, {"key": ["x", 2], "first": None}] + [seen[1][1]] + [
+        None,
+        {"key": ["y", 2], "first": None},
+        seen[4][1],
+    ]
+    timing = done.timing(extra=1)
+    assert list(timing) == [
+        "jobs",
+        "units",
+        "units_computed",
+        "units_resumed",
+        "compute_wall_s",
+        "units_seconds",
+        "units_cpu_s",
+        "extra",
+    ]
+    assert timing["units_computed"] == 6 and timing["units_resumed"] == 0
+    (tmp_path / "units" / "x-seed1.json").unlink()  # as if interrupted before that unit
+    seen.clear()
+    again = run_units(
+        UnitStore(tmp_path, settings={"k": 1}, resume=True), chains, compute, progress=False
+    )
+    assert [k for k, _ in seen] == [("x", 1)] and seen[0][1]["key"] == ["x", 2]
+    assert again.units == done.units and again.timing()["units_resumed"] == 5
+    with pytest.raises(UsageError, match="other settings"):
+        run_units(UnitStore(tmp_path, settings={"k": 2}, resume=True), chains, compute)
