@@ -2,8 +2,8 @@
 
 condreg's docstrings use Sphinx roles (``:func:`condreg.r_ill```); mkdocstrings renders them as
 ``:func:<code>condreg.r_ill</code>``. This hook drops the role and, for a fully qualified
-``condreg.`` or ``condreg_experiments.`` name, links it to its API entry (an optional cross-reference: no warning when the
-object has no page of its own).
+``condreg.`` or ``condreg_experiments.`` name, links it to its API entry (an optional
+cross-reference: no warning when the object has no page of its own).
 """
 
 from __future__ import annotations
