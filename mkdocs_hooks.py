@@ -2,8 +2,8 @@
 
 condreg's docstrings use Sphinx roles (``:func:`condreg.r_ill```); mkdocstrings renders them as
 ``:func:<code>condreg.r_ill</code>``. This hook drops the role and, for a fully qualified
-``condreg.`` name, links it to its API entry (an optional cross-reference: no warning when the
-object has no page of its own).
+``condreg.`` or ``condreg_experiments.`` name, links it to its API entry (an optional
+cross-reference: no warning when the object has no page of its own).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj|py:\w+):<code>~?(
 
 def _replace(match: re.Match) -> str:
     name = match[1].strip()
-    if name.startswith("condreg.") or name == "condreg":
+    if name.split(".")[0] in ("condreg", "condreg_experiments"):
         return f'<autoref identifier="{name}" optional><code>{name}</code></autoref>'
     return f"<code>{name}</code>"
 

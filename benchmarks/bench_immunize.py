@@ -5,7 +5,7 @@ size), timed next to the epochs so that the ratio does not depend on the machine
 One epoch of :func:`condreg.immunize`'s loop (the factored iterate: θ's basis parts kept apart,
 the features ``Aθ`` moved by each step) and one of the public, dense
 :func:`condreg.algorithm.step` are timed per method on a raw-pixel MNIST pair
-(condreg.experiments.data's digit tasks: 500 images of the digit + 100 others, the authors'
+(condreg_experiments.data's digit tasks: 500 images of the digit + 100 others, the authors'
 normalisation ``(x/255 − 0.1307)/0.3081``), after :func:`condreg.algorithm.prepare` has
 decomposed the data once. Optionally (``--reference``) the same is done for the reference
 code's approach: form the ``D×D`` Hessians ``θᵀKθ`` and ``eigh`` both every epoch.
@@ -35,7 +35,7 @@ from condreg import algorithm
 
 
 def _task(X: np.ndarray, y: np.ndarray, digit: int) -> tuple[np.ndarray, np.ndarray]:
-    from condreg.experiments.data import mnist_digit_task
+    from condreg_experiments.data import mnist_digit_task
 
     t = mnist_digit_task(X, y, digit)
     return (t.X - 0.1307) / 0.3081, t.y
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="time shared vs own data setups")
     parser.add_argument("--epochs", type=int, default=30, help="epochs per run (--setup)")
     args = parser.parse_args()
-    from condreg.experiments.data import load_mnist
+    from condreg_experiments.data import load_mnist
 
     X, y = load_mnist()
     X_p, y_p = _task(X, y, args.pair[0])
@@ -159,7 +159,7 @@ def main() -> None:
     if args.threads is not None:
         from threadpoolctl import threadpool_limits
 
-        from condreg.experiments._report import load_blas_libraries
+        from condreg_experiments._report import load_blas_libraries
 
         load_blas_libraries()  # SciPy's own OpenBLAS too
 

@@ -12,12 +12,12 @@ import shutil
 import numpy as np
 import pytest
 
-from condreg.experiments import UsageError, ablation
-from condreg.experiments.ablation import emulator as em
-from condreg.experiments.ablation import factors as fc
-from condreg.experiments.ablation import released as rel
-from condreg.experiments.ablation import units
-from condreg.experiments.data import DataError, house_price_dir, load_house_prices
+from condreg_experiments import UsageError, ablation
+from condreg_experiments.ablation import emulator as em
+from condreg_experiments.ablation import factors as fc
+from condreg_experiments.ablation import released as rel
+from condreg_experiments.ablation import units
+from condreg_experiments.data import DataError, house_price_dir, load_house_prices
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +194,7 @@ def test_released_mnist_tasks_are_single_digits_with_constant_labels():
 
 
 def test_scoring_at_three_tolerances_and_two_kappas():
-    from condreg.experiments._linear import spectrum_numbers
+    from condreg_experiments._linear import spectrum_numbers
 
     hp = load_house_prices()
     theta = np.eye(78) + 0.05 * np.random.default_rng(0).standard_normal((78, 78))
@@ -245,7 +245,7 @@ def test_emulator_without_switches_reproduces_condreg_immunize(method):
     import warnings
 
     import condreg
-    from condreg.experiments._linear import default_rtol, spectrum_numbers
+    from condreg_experiments._linear import default_rtol, spectrum_numbers
 
     hp = load_house_prices()
     with warnings.catch_warnings():

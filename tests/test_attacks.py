@@ -242,7 +242,7 @@ def test_integer_input_and_column_y():
 def test_experiment_smoke(tmp_path):
     from threadpoolctl import threadpool_limits
 
-    from condreg.experiments import attacks
+    from condreg_experiments import attacks
 
     out = tmp_path / "attacks"
     # one BLAS thread, as the CLI runs it (two threads on a busy 2-core machine are much slower)
@@ -291,8 +291,8 @@ def test_experiment_smoke(tmp_path):
     ],
 )
 def test_experiment_rejects_bad_options_before_work(tmp_path, bad):
-    from condreg.experiments import UsageError, attacks
-    from condreg.experiments.data import DataError
+    from condreg_experiments import UsageError, attacks
+    from condreg_experiments.data import DataError
 
     out = tmp_path / "never"
     with pytest.raises((UsageError, DataError, FileNotFoundError)):
@@ -314,7 +314,7 @@ def test_import_attacks_imports_no_framework():
     import sys
 
     code = (
-        "import sys, condreg.attacks, condreg.experiments.attacks; "
+        "import sys, condreg.attacks, condreg_experiments.attacks; "
         "print(sorted(m for m in ('torch', 'jax', 'matplotlib') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from condreg import cli
-from condreg.experiments import _report
-from condreg.experiments.data import house_price_dir
+from condreg_experiments import _report
+from condreg_experiments.data import house_price_dir
+from condreg_experiments.options import parse_pairs
 
 HOUSE_DIR = house_price_dir()  # shipped inside the package
 
@@ -26,6 +27,9 @@ def _load(out: pathlib.Path) -> dict:
 
     assert payload["condreg_version"] == condreg.__version__
     assert payload["seeds"] and "settings" in payload
+    # the runner's timing schema, the same keys in every study
+    common = {"jobs", "units", "units_computed", "units_resumed", "compute_wall_s", "units_cpu_s"}
+    assert common <= set(payload["results"]["timing"]), payload["results"].get("timing")
     return payload
 
 
@@ -53,11 +57,11 @@ def _finite_numbers(obj) -> list[float]:
 
 
 def test_parse_pairs():
-    assert cli.parse_pairs("0-1,3-8") == [(0, 1), (3, 8)]
-    assert cli.parse_pairs(" 9-0 ") == [(9, 0)]
+    assert parse_pairs("0-1,3-8") == [(0, 1), (3, 8)]
+    assert parse_pairs(" 9-0 ") == [(9, 0)]
     for bad in ("0-0", "1-10", "a-b", "1", ""):
         with pytest.raises(Exception, match="pair|empty"):
-            cli.parse_pairs(bad)
+            parse_pairs(bad)
 
 
 @pytest.mark.parametrize(
@@ -162,15 +166,13 @@ def test_rank_deficient_data_is_a_data_error(tmp_path, capfd):
 def test_deepnet_usage_error_is_one_line(tmp_path, monkeypatch, capfd):
     """An experiment module that raises UsageError on import (deepnet without torch) gives one
     line and exit 2; the CLI itself imports no framework before it."""
-    from condreg.experiments import UsageError
+    from condreg_experiments import UsageError
 
-    def fake_import(name, *args, **kwargs):
-        if name == "condreg.experiments.deepnet":
-            raise UsageError("deepnet needs PyTorch: pip install torch==2.13.0")
-        return real_import(name, *args, **kwargs)
+    def fake_load():
+        raise UsageError("deepnet needs PyTorch: pip install torch==2.13.0")
 
-    real_import = cli.importlib.import_module
-    monkeypatch.setattr(cli.importlib, "import_module", fake_import)
+    found = cli.studies() | {"deepnet": types.SimpleNamespace(load=fake_load)}
+    monkeypatch.setattr(cli, "studies", lambda: found)
     out = tmp_path / "dn"
     assert cli.main(["reproduce", "deepnet", "--quick", "--out", str(out)]) == 2
     err = capfd.readouterr().err.strip().splitlines()
@@ -183,7 +185,7 @@ def test_deepnet_usage_error_is_one_line(tmp_path, monkeypatch, capfd):
 def test_cli_imports_no_framework():
     code = (
         "import sys; from condreg import cli; cli.build_parser(); "
-        "import condreg.experiments.mnist_pairs, condreg.experiments.house_prices; "
+        "import condreg_experiments.mnist_pairs, condreg_experiments.house_prices; "
         "bad = [m for m in ('torch', 'jax', 'tensorflow') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -221,9 +223,9 @@ def test_bad_data_path_and_malformed_csv(tmp_path, capsys):
 
 
 def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
-    """``reproduce deepnet`` calls condreg.experiments.deepnet.run(out, quick=, seeds=, ...)
+    """``reproduce deepnet`` calls condreg_experiments.deepnet.run(out, quick=, seeds=, ...)
     with the options its own ``add_arguments`` declares."""
-    from condreg.experiments import deepnet
+    from condreg_experiments import deepnet
 
     calls = {}
 
@@ -235,7 +237,7 @@ def test_deepnet_dispatch_contract(tmp_path, monkeypatch):
     fake = types.SimpleNamespace(
         run=fake_run, HELP=deepnet.HELP, add_arguments=deepnet.add_arguments
     )
-    monkeypatch.setitem(sys.modules, "condreg.experiments.deepnet", fake)
+    monkeypatch.setitem(sys.modules, "condreg_experiments.deepnet", fake)
     argv = ["reproduce", "deepnet", "--quick", "--seeds", "2", "--out", str(tmp_path)]
     assert cli.main([*argv, "--no-progress"]) == 0
     assert calls == {"out_dir": tmp_path, "quick": True, "seeds": 2, "progress": False}
@@ -297,7 +299,7 @@ def test_help_works_without_torch_and_deepnet_says_one_line(tmp_path):
 def test_every_quick_help_says_what_it_does(capsys):
     """Each experiment declares its own --quick help (no shared text)."""
     helps = {}
-    for name in cli.EXPERIMENTS:
+    for name in cli.studies():
         with pytest.raises(SystemExit) as exc:
             cli.main(["reproduce", name, "--help"])
         assert exc.value.code == 0
@@ -310,9 +312,11 @@ def test_every_quick_help_says_what_it_does(capsys):
 
 
 def test_an_experiment_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capfd):
-    from condreg import experiments
+    from importlib.metadata import EntryPoint
 
-    monkeypatch.setitem(experiments.EXPERIMENTS, "missing", "no_such_module")
+    missing = EntryPoint("missing", "no_such_module", "condreg.studies")
+    found = cli.studies() | {"missing": missing}
+    monkeypatch.setattr(cli, "studies", lambda: found)
     code = cli.main(["reproduce", "missing", "--quick", "--out", str(tmp_path / "m")])
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "no_such_module" in err[0]
@@ -324,7 +328,7 @@ def test_an_experiment_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch
 
 
 def test_digits_closed_separates_ratios_near_one():
-    from condreg.experiments.convergence import digits_closed
+    from condreg_experiments.convergence import digits_closed
 
     d = digits_closed([1.0, 1 - 1e-9, 1e-3, 0.0, float("nan")])
     assert d[0] == 1e-16 and d[1] == pytest.approx(1e-9 / math.log(10), rel=1e-6)
@@ -445,3 +449,17 @@ def test_convergence_quick(tmp_path):
                 c = np.asarray(c[0])
                 assert c.shape == (21,) and c[0] == pytest.approx(1.0)
                 assert np.all(np.isfinite(c)) and np.all(c >= 0) and c[-1] < 1
+
+
+def test_without_studies_reproduce_says_how_to_install_them(monkeypatch, capfd):
+    """The library alone (no ``condreg.studies`` entry point): one line, the install command,
+    exit 2, no traceback; ``condreg --version`` still works."""
+    monkeypatch.setattr(cli, "studies", dict)
+    for argv in (["reproduce"], ["reproduce", "house-prices", "--quick"]):
+        assert cli.main(argv) == 2
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "pip install ./experiments" in err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from condreg.experiments import data
+from condreg_experiments import data
 
 HOUSE_DIR = data.house_price_dir()  # shipped inside the package
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -22,21 +22,24 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_house_price_data_ships_with_the_package():
-    """The four files and their provenance README are package data, declared in pyproject."""
+    """The four files and their provenance README are package data of the studies' distribution,
+    declared in experiments/pyproject.toml (the library's pyproject declares none)."""
     names = {p.name for p in HOUSE_DIR.iterdir()}
     assert {"train.csv", "test.csv", "D1.csv", "D2.csv", "README.md"} <= names
     readme = (HOUSE_DIR / "README.md").read_text(encoding="utf-8")
     assert "De Cock" in readme and "Kaggle" in readme
     # the package-data globs (tomllib is 3.11+; the table is one line)
-    toml = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    toml = (REPO / "experiments" / "pyproject.toml").read_text(encoding="utf-8")
     section = toml.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    line = next(x for x in section.splitlines() if x.startswith("condreg ="))
+    line = next(x for x in section.splitlines() if x.startswith("condreg_experiments ="))
     declared = re.findall(r'"([^"]+)"', line)
-    pkg = REPO / "condreg"
+    pkg = REPO / "experiments" / "condreg_experiments"
     matched = {p.relative_to(pkg) for pattern in declared for p in pkg.glob(pattern)}
     # (HOUSE_DIR is the imported package's: the checkout's, or an installed wheel's)
     here = {(HOUSE_DIR / n).relative_to(HOUSE_DIR.parents[1]) for n in names if n[0] != "."}
     assert here <= matched
+    library = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert "datasets" not in library.split("[tool.setuptools.package-data]", 1)[1]
     # rows as documented in the README: 1460 / 1459 / 309 / 1151
     for name, rows in (("train", 1460), ("test", 1459), ("D1", 309), ("D2", 1151)):
         assert len(data.read_csv_table(HOUSE_DIR / f"{name}.csv")[1]) == rows

@@ -316,6 +316,9 @@ def test_readme_commands_are_the_ci_commands():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     extras = re.compile(r'pip install (?:--quiet )?-e "\.\[([^\]]+)\]"')
     assert extras.findall(tests) == extras.findall(ci) != []
+    # the studies are their own distribution, installed beside the library in both (and in
+    # command 1, the demo: still one line)
+    assert "-e ./experiments" in tests and "-e ./experiments" in ci and "-e ./experiments" in demo
     assert "pip install torch==2.13.0" in tests and '"torch==2.13.0"' in ci
     ci_lines = [ln for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
     assert tests.split("&&")[-1].strip() == ci_lines[-1].strip()
@@ -330,9 +333,19 @@ def test_distribution_name_is_condreg_ml():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["name"] == "condreg-ml"
     assert project["optional-dependencies"]["all"] == [
-        "condreg-ml[torch,jax,experiments,optax,lightning,hf,finetune]"
+        "condreg-ml[torch,jax,optax,lightning,hf,finetune]"
     ]
     assert project["scripts"] == {"condreg": "condreg.cli:main"}
+
+
+def _griffe_object(identifier: str, **options):
+    """The griffe object of ``identifier`` on an API page: the library's (``condreg…``) or the
+    studies' (``condreg_experiments…``, experiments/)."""
+    griffe = pytest.importorskip("griffe")
+    top, _, rest = identifier.partition(".")
+    paths = [str(ROOT), str(ROOT / "experiments")]
+    pkg = griffe.load(top, search_paths=paths, resolve_aliases=True, **options)
+    return pkg[rest] if rest else pkg
 
 
 def _reference_objects():
@@ -359,14 +372,6 @@ def _undocumented_parameters() -> tuple[dict[str, list[str]], list[str]]:
     """The public functions, methods and constructors the API pages render: those whose numpydoc
     ``Parameters`` section leaves out parameters of the signature (with them), and those that
     have parameters but no such section."""
-    griffe = pytest.importorskip("griffe")
-    pkg = griffe.load(
-        "condreg",
-        search_paths=[str(ROOT)],
-        docstring_parser="numpy",
-        docstring_options={"warnings": False},
-        resolve_aliases=True,
-    )
 
     def documented(obj) -> set[str]:
         if obj.docstring is None:
@@ -406,7 +411,9 @@ def _undocumented_parameters() -> tuple[dict[str, list[str]], list[str]]:
     gaps: dict[str, list[str]] = {}
     without: list[str] = []
     for identifier, members in _reference_objects():
-        obj = pkg[identifier[len("condreg.") :]] if identifier != "condreg" else pkg
+        obj = _griffe_object(
+            identifier, docstring_parser="numpy", docstring_options={"warnings": False}
+        )
         visit(identifier, obj, gaps, members)
     return gaps, sorted(without)
 
@@ -416,14 +423,6 @@ def _misrendered_defaults() -> list[str]:
     entry naming several parameters (``a, b : float``) gives all of them the first one's default,
     and ``{"x", "y"}`` as a type makes ``"x"`` the default; both show users a wrong value. A
     signature default ``None`` documented as its effective value (``default 0.005``) is fine."""
-    griffe = pytest.importorskip("griffe")
-    pkg = griffe.load(
-        "condreg",
-        search_paths=[str(ROOT)],
-        docstring_parser="numpy",
-        docstring_options={"warnings": False},
-        resolve_aliases=True,
-    )
 
     def norm(value) -> str | None:
         return None if value is None else str(value).replace('"', "'")
@@ -465,8 +464,9 @@ def _misrendered_defaults() -> list[str]:
                     continue
                 visit(f"{path}.{name}", member)
 
+    options = dict(docstring_parser="numpy", docstring_options={"warnings": False})
     for identifier, _ in _reference_objects():
-        visit(identifier, pkg[identifier[len("condreg.") :]] if identifier != "condreg" else pkg)
+        visit(identifier, _griffe_object(identifier, **options))
     return bad
 
 

@@ -8,11 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from condreg.experiments import UsageError
-from condreg.experiments import _linear as lin
-from condreg.experiments import _mnist_units as units_mod
-from condreg.experiments import _report as rp
-from condreg.experiments import mnist_pairs as mp
+from condreg_experiments import UsageError
+from condreg_experiments import _linear as lin
+from condreg_experiments import _mnist_units as units_mod
+from condreg_experiments import _report as rp
+from condreg_experiments import mnist_pairs as mp
+from condreg_experiments._runner import UnitStore
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +43,9 @@ def test_mnist_resume_computes_only_the_missing_pairs(tmp_path, monkeypatch):
     calls = []
     real = units_mod.run_unit
 
-    def counting(seed, pair, *args):
-        calls.append(pair)
-        return real(seed, pair, *args)
+    def counting(key, data):
+        calls.append(key[1])
+        return real(key, data)
 
     monkeypatch.setattr(units_mod, "run_unit", counting)
     second = _run(out, [(0, 1), (2, 3), (4, 5)], resume=True)
@@ -72,7 +73,7 @@ def test_resume_refuses_units_of_other_settings(tmp_path):
 
 
 def test_house_prices_resume_by_seed(tmp_path):
-    from condreg.experiments import house_prices as hp
+    from condreg_experiments import house_prices as hp
 
     out = tmp_path / "hp"
     kw = {"epochs": 2, "methods": ["condreg"], "progress": False}
@@ -143,7 +144,7 @@ def test_check_methods_and_positive():
 
 
 def test_unit_store_roundtrip_keeps_non_finite_numbers(tmp_path):
-    store = rp.UnitStore(tmp_path, settings={"a": 1}, resume=True)
+    store = UnitStore(tmp_path, settings={"a": 1}, resume=True)
     assert store.load("k") is None and not (tmp_path / "units").exists()
     store.save("k", {"x": float("nan"), "y": [float("inf"), 1.5]})
     back = store.load("k")
@@ -155,8 +156,8 @@ def test_unit_store_roundtrip_keeps_non_finite_numbers(tmp_path):
 
 def test_every_experiment_reads_the_methods_and_labels_from_condreg_algorithm():
     from condreg import algorithm
-    from condreg.experiments import ablation
-    from condreg.experiments.deepnet import settings
+    from condreg_experiments import ablation
+    from condreg_experiments.deepnet import settings
 
     assert set(algorithm.METHODS) == set(algorithm.REGISTRY)
     assert algorithm.METHODS[-1] == "condreg"  # the paper's table order: Ours last
@@ -196,9 +197,7 @@ def test_worker_processes_give_the_same_numbers(tmp_path):
     serial = _run(tmp_path / "a", pairs)
     parallel = _run(tmp_path / "b", pairs, jobs=2)
     assert parallel["results"]["timing"]["jobs"] == 2
-    assert serial["results"]["timing"]["workers_used"] == 1
-    # tiny units: one spawned worker may finish both before the other has started
-    assert parallel["results"]["timing"]["workers_used"] in (1, 2)
+    assert serial["results"]["timing"]["jobs"] == 1
     timing = serial["results"]["timing"]
     assert 0 < timing["mean_scoring_s_per_pair"] < timing["mean_seconds_per_pair_all_methods"]
     for key in ("0-1", "2-3"):
@@ -333,8 +332,8 @@ def test_mnist_pairs_reports_whether_it_was_cross_checked(tmp_path, cross_check)
 
 
 def test_units_run_largest_first():
-    """The pool gets the costliest (seed, pair) units first: cost Σ r²(r + D) over the two
-    tasks, r the rank of the task's inputs; equal costs keep their order."""
+    """The pool gets the costliest (seed, pair) units first (the runner sorts by this cost,
+    stably): cost Σ r²(r + D) over the two tasks, r the rank of the task's inputs."""
     from types import SimpleNamespace
 
     rng = np.random.default_rng(0)
@@ -344,7 +343,7 @@ def test_units_run_largest_first():
 
     tasks = {0: {0: task(2), 1: task(8), 2: task(5), 3: task(5)}}
     todo = [(0, (0, 2)), (0, (1, 0)), (0, (0, 3)), (0, (2, 3)), (0, (3, 2))]
-    assert mp.largest_first(todo, tasks) == [
+    assert sorted(todo, key=lambda key: -units_mod.unit_cost(key, tasks)) == [
         (0, (1, 0)),  # 8 and 2
         (0, (2, 3)),  # 5 and 5
         (0, (3, 2)),
@@ -359,7 +358,7 @@ def test_units_run_largest_first():
 
 
 def _house():
-    from condreg.experiments.data import load_house_prices
+    from condreg_experiments.data import load_house_prices
 
     hp = load_house_prices()
     return hp, lin.default_rtol(hp.X_p, hp.X_h)
@@ -410,7 +409,7 @@ def test_best_loss_of_the_logistic_probe():
 
 
 def test_house_prices_reports_definition_3_1_c(tmp_path):
-    from condreg.experiments import house_prices as hpm
+    from condreg_experiments import house_prices as hpm
 
     payload = hpm.run(tmp_path / "hp", epochs=2, methods=["condreg", "opt_kappa"], progress=False)
     res = payload["results"]
@@ -452,7 +451,7 @@ def _titles(fig) -> list[str]:
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_mnist_heatmap_titles(tmp_path, quick):
-    from condreg.experiments import _mnist_units as report
+    from condreg_experiments import _mnist_units as report
 
     payload = _run(tmp_path / "mn", [(0, 1), (1, 0)])
     fig = report.heatmap(
@@ -472,8 +471,8 @@ def test_mnist_heatmap_titles(tmp_path, quick):
 
 
 def test_quick_house_prices_says_quick_in_every_title(tmp_path):
-    from condreg.experiments import house_prices as hpm
-    from condreg.experiments import house_prices as report
+    from condreg_experiments import house_prices as hpm
+    from condreg_experiments import house_prices as report
 
     payload = hpm.run(tmp_path, quick=True, epochs=2, methods=["condreg"], progress=False)
     assert "(quick)" in (tmp_path / "table.md").read_text().splitlines()[0]
@@ -515,7 +514,7 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
     import importlib
     import inspect
 
-    module = importlib.import_module(f"condreg.experiments.{name}")
+    module = importlib.import_module(f"condreg_experiments.{name}")
     assert isinstance(module.HELP, str) and "\n" not in module.HELP
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
@@ -528,8 +527,8 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
 
 
 def test_resolve_data_dir():
-    from condreg.experiments import house_prices as hpm
-    from condreg.experiments.data import house_price_dir
+    from condreg_experiments import house_prices as hpm
+    from condreg_experiments.data import house_price_dir
 
     assert hpm.resolve_data_dir(None) == house_price_dir()
     assert hpm.resolve_data_dir("x/y") == __import__("pathlib").Path("x/y")
@@ -558,7 +557,7 @@ def test_best_loss_at_full_rank_takes_the_same_column_space_from_qr():
 
 def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypatch):
     import condreg
-    from condreg.experiments.data import load_mnist, mnist_digit_task
+    from condreg_experiments.data import load_mnist, mnist_digit_task
 
     X, y = load_mnist()
     X, _ = mp.prepare_inputs(X, 2, 0.05)
@@ -571,7 +570,7 @@ def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypat
         return real_immunize(*args, **kwargs)
 
     monkeypatch.setattr(condreg, "immunize", recording)
-    unit = units_mod.run_unit(0, (3, 8), tp, th, shared)
+    unit = units_mod.run_unit((0, (3, 8)), (tp, th, shared))
     assert len(setups) == 4 and setups[0] is not None
     assert all(s is setups[0] for s in setups)  # one setup, built in the unit, for all four
     assert setups[0].X_p is tp.X and setups[0].X_h is th.X
@@ -587,7 +586,7 @@ def test_one_setup_per_unit_serves_every_method_with_identical_results(monkeypat
 
 def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypatch):
     import condreg.algorithm
-    from condreg.experiments import house_prices as hpm
+    from condreg_experiments import house_prices as hpm
 
     calls, real = [], condreg.algorithm.setup_data
     monkeypatch.setattr(
@@ -600,3 +599,46 @@ def test_house_prices_decomposes_the_data_once_for_every_run(tmp_path, monkeypat
     # ... and --resume with every seed saved decomposes nothing
     hpm.run(tmp_path / "hp", seeds=2, resume=True, **kw)
     assert len(calls) == 1
+
+
+def test_the_runner_chains_resumes_and_times_every_study_alike(tmp_path):
+    """The one runner: a chain's units get its first unit; --resume keeps the saved units and
+    computes only the rest; the timing has the same keys for every study."""
+    from condreg_experiments._runner import run_units
+
+    seen = []
+
+    def compute(key, first):
+        seen.append((key, first))
+        return {"key": list(key), "first": None if first is None else first["key"]}
+
+    chains = [{(a, s): f"{a}-seed{s}" for s in (2, 0, 1)} for a in ("x", "y")]
+    store = UnitStore(tmp_path, settings={"k": 1}, resume=False)
+    done = run_units(store, chains, compute, jobs=1, progress=False)
+    assert [k for k, _ in seen] == [("x", 2), ("x", 0), ("x", 1), ("y", 2), ("y", 0), ("y", 1)]
+    assert [f for _, f in seen] == [None, {"key": ["x", 2], "first": None}] + [seen[1][1]] + [
+        None,
+        {"key": ["y", 2], "first": None},
+        seen[4][1],
+    ]
+    timing = done.timing(extra=1)
+    assert list(timing) == [
+        "jobs",
+        "units",
+        "units_computed",
+        "units_resumed",
+        "compute_wall_s",
+        "units_seconds",
+        "units_cpu_s",
+        "extra",
+    ]
+    assert timing["units_computed"] == 6 and timing["units_resumed"] == 0
+    (tmp_path / "units" / "x-seed1.json").unlink()  # as if interrupted before that unit
+    seen.clear()
+    again = run_units(
+        UnitStore(tmp_path, settings={"k": 1}, resume=True), chains, compute, progress=False
+    )
+    assert [k for k, _ in seen] == [("x", 1)] and seen[0][1]["key"] == ["x", 2]
+    assert again.units == done.units and again.timing()["units_resumed"] == 5
+    with pytest.raises(UsageError, match="other settings"):
+        run_units(UnitStore(tmp_path, settings={"k": 2}, resume=True), chains, compute)

@@ -155,7 +155,7 @@ def _spy_clusters(monkeypatch) -> dict[str, list]:
 
 
 def _digit_problem(method: str, *, raw: bool, seed: int = 0):
-    from condreg.experiments.data import load_mnist, mnist_digit_task
+    from condreg_experiments.data import load_mnist, mnist_digit_task
 
     X, y = load_mnist(None)
     if raw:

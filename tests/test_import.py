@@ -24,6 +24,17 @@ def test_import_condreg_imports_no_framework():
     assert loaded == [], f"import condreg imported {loaded}"
 
 
+def test_import_condreg_imports_no_study_dependency():
+    """The studies are their own distribution (condreg-experiments): ``import condreg`` and the
+    command's parser load none of their dependencies, nor the studies themselves."""
+    study_deps = ("matplotlib", "mlxtend", "sklearn", "tqdm", "condreg_experiments")
+    for code in ("import condreg", "import condreg, condreg.cli"):
+        modules = _modules_after(code)
+        loaded = sorted(m for m in modules if m.split(".")[0] in study_deps)
+        assert loaded == [], f"{code} imported {loaded}"
+    assert "condreg_experiments" in _modules_after("import condreg_experiments")  # the control
+
+
 def test_numpy_calls_and_testing_import_no_framework():
     """Using the functions on NumPy arrays, and condreg.testing, load no framework either."""
     code = (

@@ -30,6 +30,24 @@ def test_the_version_has_one_home():
     assert re.fullmatch(r"\d+\.\d+\.\d+", condreg.__version__)
 
 
+def test_the_studies_have_the_library_version():
+    """experiments/pyproject.toml (the studies' distribution) names the library's version, and
+    pins the library at it, everywhere it names it (the release bumps them with __version__)."""
+    tomllib = pytest.importorskip("tomllib")
+    text = (ROOT / "experiments" / "pyproject.toml").read_text(encoding="utf-8")
+    project = tomllib.loads(text)["project"]
+    assert project["name"] == "condreg-experiments"
+    assert project["version"] == condreg.__version__
+    pins = re.findall(r'"condreg-ml(?:\[\w+\])?==([^"]+)"', text)
+    assert pins and set(pins) == {condreg.__version__}, pins
+    assert len(pins) == text.count('"condreg-ml')  # no other spelling of the requirement
+    try:
+        installed = importlib.metadata.version("condreg-experiments")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("condreg-experiments is not installed (pip install -e ./experiments)")
+    assert installed == condreg.__version__
+
+
 def test_the_installed_metadata_is_that_version():
     try:
         installed = importlib.metadata.version("condreg-ml")

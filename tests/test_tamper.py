@@ -17,8 +17,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
 from condreg.attacks import finetune  # noqa: E402
-from condreg.experiments import UsageError, tamper  # noqa: E402
-from condreg.experiments.tamper import settings, study  # noqa: E402
+from condreg_experiments import UsageError, tamper  # noqa: E402
+from condreg_experiments.tamper import settings, study  # noqa: E402
 
 # pre-training and immunization as small as the deep-net study's tiny run; 4-step attacks
 TINY = dict(
@@ -211,13 +211,18 @@ def test_a_missing_library_is_one_line_before_any_work(tmp_path, module, argv, m
 def test_quick_settings_hold_every_cell_and_the_grids_depend_on_the_attacker():
     s = settings.resolve(True, {})
     assert (
-        s.grid("lora_r32", "sgd") == s.grid("lora_r8", "sgd") == settings.LR_GRIDS["lora/sgd"][1:3]
+        s.grid("lora_r32", "sgd")
+        == s.grid("lora_r8", "sgd")
+        == settings.ATTACK_LR_GRIDS["lora/sgd"][1:3]
     )
     full = settings.resolve(False, {})
     assert full.grid("finetune_all", "adamw") == (3e-4, 1e-3, 3e-3)
     assert full.grid("linear_probe", "adamw") == (3e-3, 1e-2, 3e-2)
     assert settings.resolve(False, {"lr_grid_adamw": "0.1"}).grid("finetune_all", "adamw") == (0.1,)
     assert s.attackers == settings.ATTACKERS and s.optimizers == settings.OPTIMIZERS
+    import condreg.attacks
+
+    assert settings.OPTIMIZERS is condreg.attacks.OPTIMIZERS  # defined once, in the library
     assert s.base.methods == ("identity", "r_ill_only", "imma", "opt_kappa", "condreg")
     assert s.domains == ("same",) and tamper.SEEDS[True] == 1
 
@@ -228,7 +233,7 @@ def test_large_model_path_on_a_fake_resnet(tmp_path, monkeypatch):
 
     from test_deepnet import _FakeResNet, _write_folder
 
-    from condreg.experiments.deepnet import models
+    from condreg_experiments.deepnet import models
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
