@@ -99,68 +99,8 @@ def tangent_condition(
     >>> round(tangent_condition(torch.nn.Identity(), F, head=head), 6)  # κ(FᵀF) = 1 / 0.01
     100.0
     """
-    try:
-        import torch
-        from torch import nn
-        from torch.func import functional_call, jacrev, vmap
-    except ImportError as exc:  # pragma: no cover - exercised only without torch
-        raise ImportError("tangent_condition needs PyTorch: pip install torch") from exc
-    import numpy as np
-
-    import condreg
-
-    where = "tangent_condition"
-    if not isinstance(extractor, nn.Module):
-        raise TypeError(f"{where}: extractor must be a torch.nn.Module, got {type(extractor)}")
-    if head is not None and not isinstance(head, nn.Module):
-        raise TypeError(f"{where}: head must be a torch.nn.Module, got {type(head)}")
-    if not isinstance(X, (torch.Tensor, np.ndarray)):
-        raise TypeError(f"{where}: X must be a torch.Tensor or numpy.ndarray, got {type(X)}")
     if rtol is not None and not (isinstance(rtol, numbers.Real) and not isinstance(rtol, bool)):
-        raise TypeError(f"{where}: rtol must be a real number, got {type(rtol)}")
-    net = nn.Sequential(extractor) if head is None else nn.Sequential(extractor, head)
-    if block is None:
-        chosen = {f"0.{n}": p for n, p in extractor.named_parameters()}
-    else:
-        mods = dict(extractor.named_modules())
-        if not isinstance(block, str) or block == "" or block not in mods:
-            known = ", ".join(n for n in mods if n and "." not in n) or "none"
-            raise ValueError(f"{where}: extractor has no submodule {block!r} (top level: {known})")
-        chosen = {f"0.{block}.{n}": p for n, p in mods[block].named_parameters()}
-    if head is not None:
-        chosen |= {f"1.{n}": p for n, p in head.named_parameters()}
-    if not chosen:
-        raise ValueError(f"{where}: no parameters to train (an empty block and no head)")
-    first = next(iter(chosen.values()))
-    X = torch.as_tensor(X)
-    if X.ndim < 1 or X.shape[0] == 0:
-        raise ValueError(f"{where}: X must be a batch (n, …) with n >= 1, got {tuple(X.shape)}")
-    if X.is_complex():
-        raise ValueError(f"{where}: X must be real, got {X.dtype}")
-    if X.is_floating_point():
-        X = X.to(first.dtype)
-        if not bool(torch.isfinite(X).all()):
-            raise ValueError(f"{where}: X contains NaN or Inf")
-    X = X.to(first.device)
-    params = {k: p.detach() for k, p in chosen.items()}
-    rest = {k: v.detach() for k, v in (*net.named_parameters(), *net.named_buffers())}
-    rest = {k: v for k, v in rest.items() if k not in params}
+        raise TypeError(f"tangent_condition: rtol must be a real number, got {type(rtol)}")
+    from condreg.torch import _tangent
 
-    def one(p: dict, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(net, (p, rest), (x.unsqueeze(0),)).squeeze(0)
-
-    flags = [m.training for m in net.modules()]
-    net.eval()
-    try:
-        out = one(params, X[0])
-        if out.ndim != 1:
-            raise ValueError(
-                f"{where}: the network must return (n, K) outputs, got (n, {tuple(out.shape)})"
-            )
-        jac = vmap(jacrev(one), in_dims=(None, 0))(params, X)
-    finally:
-        for m, w in zip(net.modules(), flags, strict=True):
-            m.train(w)
-    n, k = X.shape[0], out.shape[0]
-    J = torch.cat([j.reshape(n * k, -1) for j in jac.values()], dim=1)
-    return float(condreg.condition_number(J.detach(), gram=True, rtol=rtol))
+    return _tangent.tangent_condition(extractor, X, block=block, head=head, rtol=rtol)
