@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from condreg import _core, _spectrum, _validation
+from condreg import _backend, _core, _spectrum, _validation
 
 Array = Any
 
@@ -30,7 +30,7 @@ def _adapter(S: Any) -> Any:
     """The differentiable wrapper of ``S``'s library (:mod:`condreg.torch`, :mod:`condreg.jax`),
     or ``None`` (NumPy and other Array API libraries: the engine directly). This public
     delegation layer is the one place that picks it; the engine never looks one up."""
-    lib = _spectrum.library(S)
+    lib = _backend.library(S)
     if lib == "torch":
         from condreg import torch as adapter
     elif lib == "jax":
@@ -133,9 +133,10 @@ def condition_number(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -189,7 +190,7 @@ def r_well(
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
         float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -250,9 +251,10 @@ def r_ill(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -314,9 +316,10 @@ def condition_number_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -379,9 +382,10 @@ def r_well_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -444,9 +448,10 @@ def r_ill_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError

@@ -15,11 +15,12 @@ read (then the check cannot be made).
 
 from __future__ import annotations
 
-import contextlib
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
+from condreg._backend import quiet
 from condreg._errors import PoleError, TiedExtremeError
 
 Array = Any
@@ -37,16 +38,6 @@ DEGREE = {q: d - 1 for q, d in VALUE_DEGREE.items()}
 def never(x: Array) -> None:
     """``read`` callback that reads nothing (checks skipped)."""
     return None
-
-
-def quiet(x: Array) -> Any:
-    """NumPy's floating-point warnings off for arithmetic on ``x`` (a no-op for other arrays):
-    non-finite results here are documented values or reported by the caller."""
-    if type(x).__module__.partition(".")[0] in ("numpy", "array_api_strict"):  # NumPy's ufuncs
-        import numpy as np
-
-        return np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore")
-    return contextlib.nullcontext()
 
 
 def check_name(value: str, allowed: tuple[str, ...], name: str) -> str:
@@ -229,15 +220,42 @@ def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
         )
 
 
-def check_rtol(rtol: Any, name: str = "rtol") -> float:
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
-    return float(rtol)
+def _real(value: Any, name: str, where: str) -> float:
+    """``value`` as a float: ``TypeError`` unless a real number (``bool`` is not), ``ValueError``
+    for NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{where}{name} must be a real number, got {type(value).__name__} {value!r}"
+        )
+    out = float(value)
+    if math.isnan(out):
+        raise ValueError(f"{where}{name} must not be NaN")
+    return out
 
 
-def check_tie_rtol(tie_rtol: float | None) -> float | None:
-    """``tie_rtol`` checked (``None`` stays ``None``: the spectrum's default)."""
-    return None if tie_rtol is None else check_rtol(tie_rtol, "tie_rtol")
+def check_rtol(rtol: Any, name: str = "rtol", where: str = "") -> float | None:
+    """The one check of a relative tolerance (``rtol``, ``tie_rtol``): ``None`` (the default)
+    or a real number in ``[0, 1)`` relative to ``s_1``; ``TypeError`` for another type,
+    ``ValueError`` for a value outside. ``where`` prefixes the message (``"probe: "``)."""
+    if rtol is None:
+        return None
+    value = _real(rtol, name, where)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{where}{name} must be in [0, 1), got {rtol!r}")
+    return value
+
+
+def check_ridge(ridge: Any, name: str = "ridge", where: str = "", *, zero: bool = True) -> Any:
+    """The one check of a ridge: ``None`` or a finite real number ``>= 0`` (``> 0`` without
+    ``zero``); ``TypeError`` for another type, ``ValueError`` for a value outside."""
+    if ridge is None:
+        return None
+    value = _real(ridge, name, where)
+    if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
+        raise ValueError(
+            f"{where}{name} must be finite and {'>=' if zero else '>'} 0, got {ridge!r}"
+        )
+    return value
 
 
 # --------------------------------------------------------------------------------------------

@@ -363,7 +363,7 @@ def no_work(monkeypatch):
         (lambda d: d.update(epochs=2.5), ValueError, "epochs"),
         (lambda d: d.update(max_step=0.5), ValueError, "max_step"),
         (lambda d: d.update(lam_p=-1.0), ValueError, "lam_p"),
-        (lambda d: d.update(ridge=0.0), ValueError, "ridge"),
+        (lambda d: d.update(ridge=-1.0), ValueError, "ridge"),
         (lambda d: d.update(X_h=np.zeros((10, 8))), ValueError, "zeros"),
         (lambda d: d.update(X_p=d["X_p"].astype(complex)), TypeError, "real"),
     ],

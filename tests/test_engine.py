@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import condreg
-from condreg import _linalg, _spectrum
+from condreg import _backend, _linalg, _spectrum
 from condreg.testing import matrix_with_spectrum
 
 
@@ -77,7 +77,7 @@ def test_guard_takes_the_gram_path_only_when_resolved():
     well = _batch(16, 40, 10.0, seed=5)
     ill = _batch(16, 40, 1e6, seed=5)
     rt = 40 * np.finfo(float).eps
-    kw = {"how": "auto", "vectors": False, "rtol": rt, "read": _spectrum.eager}
+    kw = {"how": "auto", "vectors": False, "rtol": rt, "read": _backend.eager}
     err_w = _spectrum.small_side(well, np, **kw).mu_err
     err_i = _spectrum.small_side(ill, np, **kw).mu_err
     assert float(np.max(err_w)) > 0  # the Gram path (its error bound is carried)
@@ -88,7 +88,7 @@ def test_gram_path_error_bound_holds():
     rng = np.random.default_rng(6)
     for N, D in [(8, 30), (30, 8)]:
         F = rng.standard_normal((N, D))
-        sm = _spectrum.small_side(F, np, how="gram", vectors=False, rtol=0.0, read=_spectrum.eager)
+        sm = _spectrum.small_side(F, np, how="gram", vectors=False, rtol=0.0, read=_backend.eager)
         s, err = sm.s, sm.mu_err
         s_ref = np.linalg.svd(F, compute_uv=False)
         assert np.all(np.abs(s**2 - s_ref**2) <= float(err[0]) * s_ref[0] ** 2)
@@ -164,7 +164,7 @@ def test_host_and_device_decisions_agree_under_jax_jit():
     ``lax.cond``): both take the Gram on a resolved spectrum and the exact route on κ(F) = 1e6,
     with the same values and gradients."""
     jax = pytest.importorskip("jax")
-    from conftest import enable_x64
+    from conftest import conditioned_rtol, enable_x64
 
     with enable_x64(jax):
         for kappa in (10.0, 1e6):

@@ -2,7 +2,7 @@
 
 PyTorch: every aten op the call dispatches, counted with a ``TorchDispatchMode`` (on a GPU each
 is one kernel launch), and every host read: the engine's one transfer of the spectrum to the host
-(:func:`condreg._spectrum.to_host`, counted at its call) and any ``_local_scalar_dense``
+(:func:`condreg._backend.to_host`, counted at its call) and any ``_local_scalar_dense``
 (``.item()``, ``bool()``). Each read is one device synchronisation on a GPU. The budget (issue
 "A light engine"): forward + backward of ``r_ill``/``r_well``/``condition_number`` within 40 ops
 and one read (the accept decision, which also carries the input checks) at 64×784 with
@@ -27,7 +27,7 @@ from conftest import enable_x64  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import condreg  # noqa: E402
-from condreg import _spectrum  # noqa: E402
+from condreg import _backend  # noqa: E402
 
 NAMES = ["r_ill", "r_well", "condition_number"]
 DTYPES = [pytest.param(torch.float64, id="float64"), pytest.param(torch.float32, id="float32")]
@@ -53,14 +53,14 @@ class _Ops(TorchDispatchMode):
 def transfers(monkeypatch):
     """The engine's host reads (calls of ``to_host``, also from ``condreg._extreme``)."""
     calls: list = []
-    real = _spectrum.to_host
+    real = _backend.to_host
 
     def counting(x):
         if not isinstance(x, np.ndarray):  # already on the host: no transfer
             calls.append(tuple(x.shape))
         return real(x)
 
-    monkeypatch.setattr(_spectrum, "to_host", counting)
+    monkeypatch.setattr(_backend, "to_host", counting)
     return calls
 
 

@@ -69,7 +69,7 @@ def preconditioned_gradient(
         The extractor and the task's data.
     quantity : {"r_well", "r_ill", "condition_number"}
         The regularizer ``f``.
-    ridge : float > 0, optional
+    ridge : float >= 0, optional
         ``None``: the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
     rtol : float, optional
         Rank tolerance on the singular values of ``Xθ`` and ``X``; default ``max(N, D)·eps``.

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_numpy_array, is_torch_array
 
-from condreg import _core, _extreme, _linalg, _spectrum, _validation
+from condreg import _backend, _core, _extreme, _linalg, _spectrum, _validation
 from condreg.algorithm._factored import Delta, Tracked, advance_parts
 from condreg.algorithm._problem import Problem, State, TaskData
 
@@ -50,13 +50,13 @@ def _eager(F: Array) -> bool:
     """Values only, vectors on demand: NumPy, and CPU PyTorch outside ``torch.compile``."""
     if is_numpy_array(F):
         return True
-    return is_torch_array(F) and F.device.type == "cpu" and not _spectrum.traced(F)
+    return is_torch_array(F) and F.device.type == "cpu" and not _backend.traced(F)
 
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
     sm = _spectrum.small_side(
-        F, xp, how=path, vectors=False, rtol=rtol, read=_spectrum.eager, keep=True
+        F, xp, how=path, vectors=False, rtol=rtol, read=_backend.eager, keep=True
     )
     mask, k = _spectrum.rank(sm.s, rtol, xp)
     mu = sm.s * sm.s
