@@ -43,6 +43,13 @@ def device(x: Array) -> Any:
     return getattr(x, "device", None)
 
 
+def cpu(x: Array) -> bool:
+    """Whether ``x`` is a NumPy array or a PyTorch CPU tensor: where the engine's host-driven
+    extreme-cluster route pays (measured: benchmarks/RESULTS.md)."""
+    lib = library(x)
+    return lib == "numpy" or (lib == "torch" and x.device.type == "cpu")
+
+
 def traced(x: Array) -> bool:
     """Whether ``x`` has no values to read: a PyTorch tensor while ``torch.compile`` traces, a
     fake or meta tensor, a JAX tracer."""

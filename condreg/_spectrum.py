@@ -10,7 +10,8 @@ A call is ``scale → decompose → parts → assemble`` (:func:`evaluate`, :fun
    accepted by :func:`resolves` — every eigenvalue resolved to ``GRAM_ACCURACY·√eps`` against its
    error bound ``eps_g·(n·mu_1 + √m·Σmu)``, or certainly outside the rank — else ``"exact"``);
    ``"extreme"`` (``"auto"`` with ``eigvalsh`` only and the eigenvectors of the extreme tie sets,
-   :mod:`condreg._extreme`; a single eager matrix with ``min(N, D) >= EXTREME_MIN``).
+   :mod:`condreg._extreme`; a single eager NumPy or PyTorch CPU matrix with
+   ``min(N, D) >= EXTREME_MIN``, on every public route that reads the values).
 3. :func:`condreg._core.parts` on the values — on a host copy (``_backend.to_host``: one read
    that carries the values, ``E`` and so the input checks and the accept decision) where values
    can be read, else on the device arrays (then ``"auto"`` is a ``lax.cond`` under JAX, ``"exact"``
@@ -261,7 +262,6 @@ def evaluate(
     check: bool = True,
     host: bool | None = None,
     method: str = "auto",
-    extreme: bool = False,
     where: str | None = None,
 ) -> Evaluation:
     """The value of ``quantity`` for a validated ``S`` and, with ``vectors``, its gradient factor.
@@ -269,12 +269,13 @@ def evaluate(
     ``check``: raise ``ValueError`` (NaN/Inf), :class:`RankError` (a zero matrix) and the
     ``policy="raise"`` errors, from the one read; unchecked invalid input gives NaN. ``host``:
     where :func:`condreg._core.parts` runs (default :func:`use_host`; ``False`` keeps everything
-    on the device and differentiable). ``extreme``: the ``"extreme"`` route may be taken.
+    on the device and differentiable). The ``"extreme"`` route is taken where the values are
+    read on the host of a NumPy array or a PyTorch CPU tensor (:func:`condreg._backend.cpu`).
     ``where``: the name in error messages (default ``quantity``)."""
     _core.check_name(quantity, _core.QUANTITIES, "quantity")
     _core.check_name(policy, _core.SUBGRADIENTS, "subgradient")
     host = use_host(S, check) if host is None else host
-    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=extreme and host)
+    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=host and _backend.cpu(S))
     if how == "auto" and not host and _backend.library(S) != "jax":
         how = "exact"  # no read and no lax.cond: the route that needs no decision
     A, E = scaled(S, xp)
@@ -504,7 +505,6 @@ def decompose(
     rtol: float | None,
     concrete: Concrete,
     method: str = "auto",
-    extreme: bool = False,
 ) -> Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
     feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with

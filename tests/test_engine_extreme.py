@@ -71,6 +71,18 @@ def test_extreme_path_is_taken_and_matches_svd_path(paths, quantity, N, D):
 
 
 @pytest.mark.parametrize("quantity", QUANTITIES)
+def test_numpy_grad_takes_the_same_route(paths, quantity):
+    """One gradient, one way: NumPy's ``*_grad`` takes the extreme route where the PyTorch CPU
+    adapter does (the same shape rule), with the same result."""
+    N, D = SHAPES[0].values
+    X = np.random.default_rng(N + D).standard_normal((N, D))
+    got = getattr(condreg, quantity + "_grad")(X, gram=True)
+    assert paths == {"ext": 1, "fallback": 0}
+    assert _rel(got, _grad(torch.tensor(X), quantity)) < 1e-12
+    assert _rel(got, _svd_reference(X, quantity)) < 1e-12
+
+
+@pytest.mark.parametrize("quantity", QUANTITIES)
 @pytest.mark.parametrize(("N", "D"), SHAPES)
 def test_exact_ties_at_both_ends(paths, quantity, N, D):
     """Three tied largest and four tied smallest singular values: the tie sets' subspaces (not
