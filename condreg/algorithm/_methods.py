@@ -4,8 +4,7 @@ and the gradients they follow as public functions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -13,40 +12,10 @@ from array_api_compat import array_namespace
 
 from condreg import _core, _linalg, _precondition, _spectrum
 from condreg.algorithm._factored import Delta, basis_step, clip_factor, rel_size
-from condreg.algorithm._problem import Problem
+from condreg.algorithm._problem import Method, Problem
 from condreg.algorithm._step import loss_parts
 
 Array = Any
-Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]
-Update = Callable[[Problem, Any, Any, Any], "Array | Delta"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """One entry of :data:`REGISTRY` (adding a method is adding an entry).
-
-    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``unit_sizes(problem,
-    θ_0, hs_P, hs_H)``: its update per unit weight (``λ = max_step / size``); ``update(problem,
-    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}`` (``θ`` None unless
-    ``uses_theta``); ``default_inner_lr(problem, θ_0, hs_H)``: the default ``imma_lr``, if any;
-    ``label``: its name in tables and plots."""
-
-    name: str
-    uses: tuple[str, ...]
-    needs_vectors: tuple[bool, bool]
-    unit_sizes: Sizes
-    update: Update
-    summary: str
-    label: str = ""
-    needs_y_h: bool = False
-    min_rank_h: int = 1
-    default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
-    uses_theta: bool = True
-
-    def vectors(self, problem: Problem) -> tuple[bool, bool]:
-        """Whether an epoch of ``problem`` needs eigenvectors of ``(H_P, H_H)`` (not for λ = 0)."""
-        vec_p, vec_h = self.needs_vectors
-        return vec_p and problem.lam_p > 0, vec_h and problem.lam_h > 0
 
 
 def preconditioned_gradient(

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_numpy_array, is_torch_array
 
 from condreg import _backend, _core, _extreme, _linalg, _spectrum, _validation
 from condreg.algorithm._factored import Delta, Tracked, advance_parts
@@ -39,18 +38,12 @@ def spectrum(
             if p == path and hs.sp.F is F and hs.rtol == rtol:
                 return hs if vectors else hs._replace(ext=None)
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
-    sp = _spectrum.decompose(
-        F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
-    )
-    V = None if sp.Vh is None else sp.Vh.T
-    return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
+    return _linalg.hessian_spectrum(F, xp, vectors=vectors, rtol=rtol, method=path)
 
 
 def _eager(F: Array) -> bool:
     """Values only, vectors on demand: NumPy, and CPU PyTorch outside ``torch.compile``."""
-    if is_numpy_array(F):
-        return True
-    return is_torch_array(F) and F.device.type == "cpu" and not _backend.traced(F)
+    return _backend.cpu(F) and not _backend.traced(F)
 
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
