@@ -20,6 +20,8 @@ import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
+
 from condreg._backend import quiet
 from condreg._errors import PoleError, TiedExtremeError
 
@@ -193,18 +195,12 @@ def pow2(x: Array, n: Array, xp: Any) -> Array:
     over- or underflows only where it truly does (never NaN; NaN for a NaN ``n``)."""
     lim = float(math.floor(math.log2(float(xp.finfo(x.dtype).max)))) - 4.0
     with quiet(x):
-        if type(n).__module__ == "numpy" and np_all_small(n, lim):  # host: one factor does
+        if type(n).__module__ == "numpy" and np.all(np.abs(n) <= lim):  # host: one factor does
             return x * 2.0**n
         n = xp.clip(n, -3.0 * lim, 3.0 * lim)
         c = xp.floor(n / 3.0)
         f = 2.0**c
         return x * f * f * 2.0 ** (n - 2.0 * c)
-
-
-def np_all_small(n: Any, lim: float) -> bool:
-    import numpy as np
-
-    return bool(np.all(np.abs(n) <= lim))
 
 
 def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
@@ -291,44 +287,6 @@ def value_from_spectrum(quantity: str, sp: Any, xp: Any, *, tie_rtol: float | No
     value = spectrum_parts(quantity, unit, xp, tie_rtol).value
     degree = VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
     return value if degree == 0 else pow2(value, degree * E[..., 0], xp)
-
-
-def dmu(
-    quantity: str,
-    sp: Any,
-    tie_rtol: float | None,
-    policy: str,
-    xp: Any,
-    read: Concrete = never,
-    pole: str = "raise",
-) -> Array:
-    """``d value / d mu`` on the spectrum as it is (:func:`parts`)."""
-    return spectrum_parts(quantity, sp, xp, tie_rtol, policy, read, pole).dmu(sp.mu)
-
-
-def top_ties(sp: Any, tie_rtol: float | None, xp: Any) -> Array:
-    """0/1 indicator (floating) of the values tied with the largest one."""
-    return xp.astype(spectrum_parts("condition_number", sp, xp, tie_rtol).wt > 0, sp.s.dtype)
-
-
-def bottom_ties(sp: Any, tie_rtol: float | None, xp: Any) -> Array:
-    """0/1 indicator (floating) of the values inside the rank tied with the smallest one."""
-    return xp.astype(spectrum_parts("condition_number", sp, xp, tie_rtol).wb > 0, sp.s.dtype)
-
-
-def normalized(sp: Any, xp: Any) -> tuple[Any, Array]:
-    """``(unit, s_1)``: the spectrum of ``S / s_1`` and ``s_1`` (``(..., 1)``)."""
-    s1 = sp.s[..., :1]
-    s = sp.s / s1
-    return sp._replace(s=s, mu=s * s if sp.gram else s), s1
-
-
-def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
-    """``x · scale**power`` one factor at a time (no spurious over- or underflow)."""
-    with quiet(x):
-        for _ in range(abs(power)):
-            x = x * scale if power > 0 else x / scale
-    return x
 
 
 def gradient_from_spectrum(

@@ -79,11 +79,13 @@ def preconditioned_gradient(
         F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
     )
     tie = _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
-    # scale-free, as the core's gradients: an over- or underflowing result is ±inf or 0, not NaN
-    unit, s1 = _core.normalized(sp, xp)
-    d = _core.dmu(quantity, unit, tie, "min_norm", xp, _core.never)
+    # on the exactly rescaled spectrum, as every gradient of the engine: an over- or underflowing
+    # result is ±inf or 0, not NaN
+    E = _core.unit_exponent(sp.s, xp)
+    s = _core.pow2(sp.s, -E, xp)
+    d = _core.spectrum_parts(quantity, sp._replace(s=s), xp, tie).dmu(s * s)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
-    step = _core.rescale(step, s1, 2 * _core.DEGREE[quantity], xp)
+    step = _core.pow2(step, 2 * _core.DEGREE[quantity] * E, xp)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)
 
 

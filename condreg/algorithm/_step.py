@@ -96,10 +96,11 @@ class Extremes:
     def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
         """Index range ``[lo, hi)`` of the top or bottom tie set."""
         xp, sp = self.xp, self.sp
+        p = _core.spectrum_parts("condition_number", sp, xp, tie_rtol)
         if side == "top":
-            return 0, int(xp.sum(_core.top_ties(sp, tie_rtol, xp)))
+            return 0, int(xp.sum(xp.astype(p.wt > 0, sp.s.dtype)))
         k = int(sp.k)
-        return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
+        return k - int(xp.sum(xp.astype(p.wb > 0, sp.s.dtype))), k
 
     def cluster(self, lo: int, hi: int) -> Array:
         """The columns ``lo:hi`` of ``W`` (kept): certified if possible, else from :meth:`full`."""
