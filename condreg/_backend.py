@@ -89,7 +89,7 @@ def to_host(x: Array) -> np.ndarray:
 def to_device(x: Any, like: Array, xp: Any, dtype: Any = None) -> Array:
     """A host array (or scalar) ``x`` as an array of ``xp`` on ``like``'s device, in ``dtype``
     (a NumPy dtype; default ``x``'s)."""
-    return xp.asarray(np.asarray(x, dtype=dtype, order="C"), device=device(like))
+    return xp.asarray(np.asarray(x, dtype=dtype, order="C"), device=getattr(like, "device", None))
 
 
 def eager(x: Array) -> bool:

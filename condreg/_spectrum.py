@@ -15,7 +15,7 @@ A call is ``scale → decompose → parts → assemble`` (:func:`evaluate`, :fun
 3. :func:`condreg._core.parts` on the values — on a host copy (``_backend.to_host``: one read
    that carries the values, ``E`` and so the input checks and the accept decision) where values
    can be read, else on the device arrays (then ``"auto"`` is a ``lax.cond`` under JAX, ``"exact"``
-   elsewhere). :func:`use_host` is the one place that chooses.
+   elsewhere). :func:`evaluate` is the one place that chooses.
 4. The gradient factor ``K`` (``U diag(g) Vᵀ``; with ``gram``, ``2 Q diag(g) Qᵀ`` on the small
    side), with ``E``'s power of two folded in; :func:`assemble` is one GEMM with ``A``.
 """
@@ -57,7 +57,7 @@ def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
 
 
 def eps(xp: Any, dtype: Any) -> float:
-    return finfo(xp, dtype)[0]
+    return float(xp.finfo(dtype).eps)
 
 
 def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -80,14 +80,6 @@ def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any
     """``rtol`` checked (:func:`condreg._core.check_rtol`), or :func:`default_rtol` for ``None``."""
     rtol = _core.check_rtol(rtol)
     return default_rtol(shape, dtype, xp) if rtol is None else rtol
-
-
-def use_host(S: Array, check: bool) -> bool:
-    """The one place that chooses where the k-vector arithmetic runs: on a host copy of the
-    spectrum for NumPy input and, with checks on, for arrays whose values can be read (one read
-    that the checks and the Gram accept decision need anyway); on the device arrays otherwise
-    (``check_finite=False``, ``torch.compile``, ``jax.jit``: no read at all)."""
-    return _backend.library(S) == "numpy" or (check and not _backend.traced(S))
 
 
 def left_side(shape: tuple[int, ...]) -> bool:
@@ -124,7 +116,7 @@ def finite(x: Array, xp: Any) -> Array:
 
 
 def exponent_limits(dtype: Any, xp: Any) -> tuple[float, float]:
-    emax = math.floor(math.log2(finfo(xp, dtype)[2]))
+    emax = math.floor(math.log2(float(xp.finfo(dtype).max)))
     return -(emax - 1.0), emax - 2.0
 
 
@@ -223,14 +215,6 @@ def rank_error() -> RankError:
     )
 
 
-def check_input(E: Array, where: str) -> None:
-    """The input checks from the host copy of ``E`` (:func:`scaled`)."""
-    if not np.all(np.isfinite(E)):
-        if np.any(np.isnan(E) | (E == math.inf)):
-            raise nonfinite_error(where)
-        raise rank_error()
-
-
 # --------------------------------------------------------------------------------------------
 # One call: evaluate → assemble
 # --------------------------------------------------------------------------------------------
@@ -268,13 +252,17 @@ def evaluate(
 
     ``check``: raise ``ValueError`` (NaN/Inf), :class:`RankError` (a zero matrix) and the
     ``policy="raise"`` errors, from the one read; unchecked invalid input gives NaN. ``host``:
-    where :func:`condreg._core.parts` runs (default :func:`use_host`; ``False`` keeps everything
+    where :func:`condreg._core.parts` runs (default: see its first lines; ``False`` keeps everything
     on the device and differentiable). The ``"extreme"`` route is taken where the values are
     read on the host of a NumPy array or a PyTorch CPU tensor (:func:`condreg._backend.cpu`).
     ``where``: the name in error messages (default ``quantity``)."""
     _core.check_name(quantity, _core.QUANTITIES, "quantity")
     _core.check_name(policy, _core.SUBGRADIENTS, "subgradient")
-    host = use_host(S, check) if host is None else host
+    if host is None:  # the one choice: a host copy of the spectrum for NumPy input and, with
+        # checks on, for arrays whose values can be read (one read that the checks and the Gram
+        # accept decision need anyway); else the device arrays (check_finite=False,
+        # torch.compile, jax.jit: no read at all)
+        host = _backend.library(S) == "numpy" or (check and not _backend.traced(S))
     how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=host and _backend.cpu(S))
     if how == "auto" and not host and _backend.library(S) != "jax":
         how = "exact"  # no read and no lax.cond: the route that needs no decision
@@ -284,8 +272,10 @@ def evaluate(
     if host:
         both = _backend.to_host(xp.concat([values, E], axis=-1))
         values, E = both[..., :-1], both[..., -1:]
-        if check:
-            check_input(E, where or quantity)
+        if check and not np.all(np.isfinite(E)):  # the input checks, from E (:func:`scaled`)
+            if np.any(np.isnan(E) | (E == math.inf)):
+                raise nonfinite_error(where or quantity)
+            raise rank_error()
     tie = _core.check_rtol(
         tie_rtol, "tie_rtol"
     )  # after the input checks: NaN input is reported first
@@ -376,7 +366,8 @@ def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tup
 def _foldable(x: Any, x2: Any) -> bool:
     """Whether ``x2 = x·2**n`` (host arrays) stays clear of over- and underflow: then the power
     of two is folded into ``d value / d mu`` (no product with the gradient factor)."""
-    _, tiny, big = finfo(np, x2.dtype)
+    fi = np.finfo(x2.dtype)
+    tiny, big = float(fi.smallest_normal), float(fi.max)
     a = np.abs(x2)
     return bool(np.all((a <= big * 2.0**-64) & ((a >= tiny * 2.0**64) | (x == 0))))
 

@@ -38,9 +38,10 @@ def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     """The Array API namespace of ``arrays`` (``xp`` overrides it); ``TypeError`` for non-arrays,
     mixed libraries, an ``xp`` of another library, or a namespace without ``linalg``."""
-    inferred = _known.get(_backend.library(arrays[0])) if len(arrays) == 1 else None
+    known = _KNOWN.get(_backend.library(arrays[0])) if len(arrays) == 1 else None
     try:
-        inferred = array_namespace(*arrays) if inferred is None else inferred()
+        inferred = array_namespace(*arrays) if known is None else sys.modules.get(known)
+        inferred = importlib.import_module(known) if inferred is None else inferred
     except TypeError as exc:
         kinds = sorted({_backend.kind(a) for a in arrays})
         raise TypeError(
@@ -53,9 +54,7 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
             f"{where}: the array namespace {getattr(chosen, '__name__', chosen)!r} has no linalg "
             "extension; condreg needs linalg.svd"
         )
-    if _backend.library(inferred) != _backend.library(
-        chosen
-    ):  # never convert (a silent device copy)
+    if _backend.library(inferred) != _backend.library(chosen):  # never convert (a device copy)
         raise TypeError(
             f"{where}: the input is a {_backend.library(inferred)} array but xp is the "
             f"{_backend.library(chosen)} namespace; convert the input first (mixed namespaces are "
@@ -64,17 +63,9 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     return chosen
 
 
-def _compat(name: str) -> Any:
-    return lambda: sys.modules.get(name) or importlib.import_module(name)
-
-
 #: Namespaces of the common libraries, found without array-api-compat's helpers (whose caches
 #: ``torch.compile`` traces and warns about).
-_known = {
-    "numpy": _compat("array_api_compat.numpy"),
-    "torch": _compat("array_api_compat.torch"),
-    "jax": _compat("jax.numpy"),
-}
+_KNOWN = {"numpy": "array_api_compat.numpy", "torch": "array_api_compat.torch", "jax": "jax.numpy"}
 
 
 def default_float(xp: Any, S: Array) -> Any:
@@ -130,7 +121,7 @@ def as_array(S: Any, where: str) -> Any:
         )
     from array_api_compat import is_array_api_obj
 
-    if _backend.library(S) in _known or is_array_api_obj(S):
+    if _backend.library(S) in _KNOWN or is_array_api_obj(S):
         return S
     try:
         A = np.asarray(S)
@@ -185,16 +176,12 @@ def matrix(
         S = xp.astype(S, default_float(xp, S))
     elif not xp.isdtype(dtype, "real floating") or str(dtype).split(".")[-1] not in SUPPORTED:
         raise TypeError(f"{where}: unsupported dtype {dtype}; {supported}")
+    if not check_finite:
+        return S, xp, _core.never
     concrete = concrete_for(S, check_finite, concrete)
-    empty = any(d == 0 for d in S.shape)
-    if not empty and concrete is not _core.never and not _finite(S, xp, concrete):
+    if 0 not in tuple(S.shape) and concrete is not _core.never and not _finite(S, xp, concrete):
         raise _spectrum.nonfinite_error(where)
     return S, xp, concrete
-
-
-def _is_half(dtype: Any) -> bool:
-    """float16 or bfloat16 (bfloat16 is not an Array API dtype: known by its name)."""
-    return str(dtype).split(".")[-1] in ("float16", "bfloat16")
 
 
 def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, Any]:
@@ -203,7 +190,7 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
     is given; results come back in the input dtype (a differentiable cast)."""
     out = S.dtype
     if dtype is None:
-        if not _is_half(out):
+        if str(out).split(".")[-1] not in ("float16", "bfloat16"):  # bfloat16: by its name
             return S, out
         dtype = xp.float32
     else:
@@ -222,8 +209,3 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
     if dtype == out:
         return S, out
     return xp.astype(S, dtype), out
-
-
-def as_output(x: Array, dtype: Any, xp: Any) -> Array:
-    """``x`` in the output ``dtype`` (a no-op when it already is)."""
-    return x if x.dtype == dtype else xp.astype(x, dtype)

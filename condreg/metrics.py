@@ -183,7 +183,7 @@ class RIRSpectra:
         xp = self._xp
         sp = part.sp if rtol == self.rtol else _recut(part.sp, rtol, xp)
         value = _core.value_from_spectrum("condition_number", sp, xp, tie_rtol=None)
-        return float(_validation.as_output(xp.asarray(value), part.dtype, xp))
+        return float(xp.astype(xp.asarray(value), part.dtype))
 
     def __repr__(self) -> str:
         r = self.rir()
