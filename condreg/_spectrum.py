@@ -313,9 +313,13 @@ def evaluate(
     with _backend.quiet(s):
         g = p.dmu(s * s if gram else s) * twice
         if host:  # the power of two into g (and a, h) where that stays exact
-            scaled_ = [(x, _core.pow2(x, n, np)) for x in ((g, a, h) if how == "extreme" else (g,))]
-            if all(_foldable(x, x2) for x, x2 in scaled_):
-                (g, a, h), n = ([x2 for _, x2 in scaled_] + [a, h])[:3], None
+            g2, a2, h2 = _core.pow2(g, n, np), a, h
+            ok = _foldable(g, g2)
+            if how == "extreme":
+                a2, h2 = _core.pow2(a, n, np), _core.pow2(h, n, np)
+                ok = ok and _foldable(a, a2) and _foldable(h, h2)
+            if ok:
+                g, a, h, n = g2, a2, h2, None
     if how == "extreme":
         K = _extreme_factor(Y, values, a, h, g, xp)
     else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors

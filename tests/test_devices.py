@@ -68,6 +68,10 @@ def test_metrics_on_a_second_device(on):
     spectra = condreg.metrics.rir_spectra(on(THETA), on(X_P), on(X_H))
     np.testing.assert_allclose(np.asarray(spectra.rir()), np.asarray(expected), rtol=1e-10)
     _same(spectra.s_kp, condreg.metrics.rir_spectra(THETA, X_P, X_H).s_kp, on.device)
+    th = on(THETA)
+    theta0 = condreg.metrics.rir_theta0(lambda X: X @ th, lambda X: X, on(X_P), on(X_H), 2, 6)
+    want = condreg.metrics.rir_theta0(lambda X: X @ THETA, lambda X: X, X_P, X_H, 2, 6)
+    np.testing.assert_allclose(theta0.ratios, want.ratios, rtol=1e-10)
     steps = condreg.metrics.probe_convergence(on(X_P), on(Y_P), 4)
     _same(steps, condreg.metrics.probe_convergence(X_P, Y_P, 4), on.device, rtol=1e-10)
 

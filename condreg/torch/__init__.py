@@ -94,8 +94,11 @@ def _forward(S, config):
     with _no_autocast(S):
         kw = {"rtol": rtol, "tie_rtol": tie_rtol, "check": check}
         ev = _spectrum.evaluate(quantity, S, xpt, gram=gram, vectors=vectors, **kw)
-    kept = tuple(S.new_empty(0) if x is None else x for x in (ev.K, ev.A, ev.n))
-    return ev.value, *kept, ev.pole
+    K, A, n = ev.K, ev.A, ev.n  # fresh empty tensors where absent
+    K = S.new_empty(0) if K is None else K
+    A = S.new_empty(0) if A is None else A
+    n = S.new_empty(0) if n is None else n
+    return ev.value, K, A, n, ev.pole
 
 
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
@@ -212,4 +215,5 @@ def value(
     tensor(0., dtype=torch.float64, grad_fn=<_SpectralValueWithJvpBackward>)
     """
     vectors = torch.is_grad_enabled() and S.requires_grad
-    return _function().apply(S, (quantity, rtol, tie_rtol, gram, check, vectors))[0]
+    fn = _SpectralValue if torch.compiler.is_compiling() else _SpectralValueWithJvp
+    return fn.apply(S, (quantity, rtol, tie_rtol, gram, check, vectors))[0]
