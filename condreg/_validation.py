@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace
 
 from condreg import _backend, _core, _spectrum
 
@@ -91,7 +91,7 @@ def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None
         return _core.never
     if concrete is not None:
         return concrete
-    return _backend.eager if is_numpy_array(S) else _backend.readable
+    return _backend.eager if _backend.library(S) == "numpy" else _backend.readable
 
 
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_array_api_obj
 
-from condreg import _core, _linalg, _precondition, _validation
+from condreg import _backend, _core, _linalg, _precondition, _validation
 from condreg.algorithm._factored import initial_features
 from condreg.algorithm._methods import METHODS
 from condreg.algorithm._problem import ImmunizationWarning, TaskData
@@ -95,7 +95,7 @@ def checked(
         try:
             a = np.asarray(a, dtype=np.float64)
         except (TypeError, ValueError):
-            kind = f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+            kind = _backend.kind(a)
             raise TypeError(f"immunize: {name} must be an array of numbers, got {kind}") from None
         a = xp.asarray(a, device=dev)
     if not _is_real(a.dtype, xp):

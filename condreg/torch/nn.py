@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F_
 from torch import nn
 
-from condreg import _core, _precondition, _spectrum
+from condreg import _backend, _core, _precondition, _spectrum
 from condreg.torch import _data_parallel as dp
 
 __all__ = ["ConditionRegularizer", "Precondition", "precondition", "rows"]
@@ -46,7 +46,7 @@ def rows(F: torch.Tensor, name: str = "features") -> torch.Tensor:
     """
     if not isinstance(F, torch.Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor, got {type(F).__module__}.{type(F).__name__} "
+            f"{name} must be a torch.Tensor, got {_backend.kind(F)} "
             "(convert it with torch.as_tensor)"
         )
     if F.ndim == 2:
