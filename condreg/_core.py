@@ -268,7 +268,7 @@ def spectrum_parts(
     read: Concrete = never,
     pole: str = "raise",
 ) -> Parts:
-    """:func:`parts` of a :class:`condreg._spectrum.Spectrum` as it is (no rescaling)."""
+    """:func:`parts` of a :class:`Spectrum` as it is (no rescaling)."""
     tie = sp.tie if tie_rtol is None else tie_rtol
     kw = {"gram": sp.gram, "p": sp.p, "mask": sp.mask, "k": sp.k, "tie": tie}
     return parts(quantity, sp.s, xp, mu_err=sp.mu_err, policy=policy, read=read, pole=pole, **kw)

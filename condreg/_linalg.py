@@ -17,7 +17,7 @@ Array = Any
 
 class HessianSpectrum(NamedTuple):
     """``mu`` (descending), ``V`` (``D×r`` eigenvectors of ``H`` as columns, or ``None``), and a
-    :class:`condreg._spectrum.Spectrum` view (``gram=True``, ``p = D``) for the core's value and
+    :class:`condreg._core.Spectrum` view (``gram=True``, ``p = D``) for the core's value and
     derivative formulas. ``tie_rtol``: ``None`` for the spectrum's own default. ``rtol`` is the
     rank tolerance that was applied (on ``σ = √μ``)."""
 

@@ -43,12 +43,6 @@ GRAM_ACCURACY = 0.1
 #: Smallest ``min(N, D)`` from which the ``"extreme"`` route pays for its inverse iteration.
 EXTREME_MIN = 128
 
-never = _core.never
-rank = _core.rank
-
-
-Spectrum = _core.Spectrum
-
 
 def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
     """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats."""
@@ -296,8 +290,8 @@ def evaluate(
             how, mu_err = "exact", 0.0
             s, X, Y = exact(A, xp, vectors)
             s = _backend.to_host(s)
-    mask, k = rank(s, rtol, at)
-    read = _backend.eager if host and check else never
+    mask, k = _core.rank(s, rtol, at)
+    read = _backend.eager if host and check else _core.never
     kw = {"gram": gram, "p": S.shape[-1] if gram else min(S.shape[-2:]), "mask": mask, "k": k}
     p = _core.parts(quantity, s, at, tie=tie, mu_err=mu_err, policy=policy, read=read, **kw)
     value, n = _finish(quantity, gram, p, E, at)
@@ -473,7 +467,7 @@ def accept_gram(
     vectors: bool,
     dtype: Any,
     rtol: float,
-    read: Concrete = never,
+    read: Concrete = _core.never,
 ) -> tuple[Array, Any, Array, Array]:
     """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
     parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
@@ -500,7 +494,7 @@ def decompose(
     rtol: float | None,
     concrete: Concrete,
     method: str = "auto",
-) -> Spectrum:
+) -> _core.Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
     feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with
     ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical rank
@@ -520,10 +514,10 @@ def decompose(
         s, mu_err = sm.s, sm.mu_err
         if vectors:
             U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
-    mask, k = rank(s, rtol, xp)
+    mask, k = _core.rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
         raise rank_error()
     mu = s * s if gram else s
     tie = default_tie_rtol(S.shape, S.dtype, xp)
     p = S.shape[-1] if gram else min(S.shape[-2:])
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)
+    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)

@@ -51,7 +51,7 @@ def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str)
     sm = _spectrum.small_side(
         F, xp, how=path, vectors=False, rtol=rtol, read=_backend.eager, keep=True
     )
-    mask, k = _spectrum.rank(sm.s, rtol, xp)
+    mask, k = _core.rank(sm.s, rtol, xp)
     mu = sm.s * sm.s
     sp = _core.Spectrum(None, sm.s, None, mu, mask, k, F.shape[1], True, sm.mu_err, F, sm.tie)
     gdtype = _spectrum.gram_dtype(F, xp)

@@ -100,7 +100,7 @@ class _GramValue(torch.autograd.Function):
         xp = array_namespace(F)
         N, D = n_total, F.shape[-1]
         tol = _spectrum.resolve_rtol(rtol, (N, D), F.dtype, xp)
-        mask, k = _spectrum.rank(s, tol, xp)
+        mask, k = _core.rank(s, tol, xp)
         tie = _spectrum.default_tie_rtol((N, D), F.dtype, xp)  # s is rounded to F's dtype
         sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
         ctx.sp, ctx.quantity, ctx.world = sp, quantity, world
