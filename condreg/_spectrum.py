@@ -283,7 +283,13 @@ def evaluate(
         if not host:
             X = None if X is None else xp.astype(xp.flip(X, axis=-1), S.dtype)
             if how == "auto":
-                s, X, mu_err = _cond(ok, (s, X, mu_err), A, xp, vectors)
+                gram_route = (s, X, mu_err)
+
+                def refused() -> tuple:
+                    s, Q, _ = exact(A, xp, vectors)
+                    return s, Q, 0.0 * gram_route[2]
+
+                s, X, mu_err = choose(ok, lambda: gram_route, refused, _core.never)
         elif ok or how == "gram":
             order = -1  # the Gram's vectors are ascending
         else:
@@ -337,16 +343,6 @@ def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, 
     G = gram_matrix(A, xp)
     mu, W = gram_eigh(G, xp, vectors and how != "extreme")
     return mu, W, G
-
-
-def _cond(ok: Array, gram: tuple, A: Array, xp: Any, vectors: bool) -> tuple:
-    """``lax.cond`` between the Gram route's ``(s, Q, mu_err)`` and the exact route's."""
-
-    def refused() -> tuple:
-        s, Q, _ = exact(A, xp, vectors)
-        return s, Q, 0.0 * gram[2]
-
-    return sys.modules["jax"].lax.cond(ok, lambda: gram, refused)
 
 
 def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tuple[Array, Array]:
