@@ -237,6 +237,19 @@ def _entry_points():
         ("rtol", lambda v: condreg.attacks.probe(theta, X_p, y, rtol=v)),
     ]
     try:
+        import jax.numpy as jnp
+
+        import condreg.jax.optax
+        import condreg.jax.train
+    except ImportError:  # pragma: no cover - the jax/optax extras
+        pass
+    else:
+        ones = jnp.ones((4, 3))
+        out += [
+            ("ridge", lambda v: condreg.jax.optax.condition_regularizer(ridge=v)),
+            ("ridge", lambda v: condreg.jax.train.precondition(ones, ones, ridge=v)),
+        ]
+    try:
         import torch
 
         from condreg.torch import nn as cnn
