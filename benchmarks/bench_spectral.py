@@ -367,7 +367,7 @@ def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from condreg import _spectrum
+    from condreg import _backend
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -378,8 +378,8 @@ def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None
             self.ops[func.overloadpacket.__name__] += 1
             return func(*args, **(kwargs or {}))
 
-    reads, real = [], _spectrum.to_host
-    _spectrum.to_host = lambda x: (reads.append(not isinstance(x, np.ndarray)), real(x))[1]
+    reads, real = [], _backend.to_host
+    _backend.to_host = lambda x: (reads.append(not isinstance(x, np.ndarray)), real(x))[1]
     cuda = device.startswith("cuda")
     print("function | dtype | shape | check_finite | aten ops | host reads | CUDA syncs")
     for dtype, shape in ((d, s) for d in dtypes for s in shapes):
@@ -405,7 +405,7 @@ def count(shapes: list[tuple[int, ...]], dtypes: list[str], device: str) -> None
                     call()  # raises on any synchronisation
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-    _spectrum.to_host = real
+    _backend.to_host = real
 
 
 def main(argv: list[str] | None = None) -> None:

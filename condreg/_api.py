@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from condreg import _core, _spectrum, _validation
+from condreg import _backend, _core, _spectrum, _validation
 
 Array = Any
 
@@ -24,20 +24,6 @@ __all__ = [
     "r_well_grad",
     "r_ill_grad",
 ]
-
-
-def _adapter(S: Any) -> Any:
-    """The differentiable wrapper of ``S``'s library (:mod:`condreg.torch`, :mod:`condreg.jax`),
-    or ``None`` (NumPy and other Array API libraries: the engine directly). This public
-    delegation layer is the one place that picks it; the engine never looks one up."""
-    lib = _spectrum.library(S)
-    if lib == "torch":
-        from condreg import torch as adapter
-    elif lib == "jax":
-        from condreg import jax as adapter
-    else:
-        return None
-    return adapter
 
 
 def _prepared(S: Any, where: str, gram: Any, check: Any, xp: Any, dtype: Any) -> tuple:
@@ -61,15 +47,20 @@ def _value(
     compute_dtype: Any,
 ) -> Array:
     """validate → evaluate: the one route of every value function (through the array's
-    adapter, whose forward is the same call, for PyTorch and JAX)."""
+    differentiable adapter, :mod:`condreg.torch` or :mod:`condreg.jax`, whose forward is the same
+    call; this delegation is the one place that picks it, the engine never looks one up)."""
     S, xp, out_dtype, gram, check = _prepared(S, quantity, gram, check_finite, xp, compute_dtype)
-    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram}
-    adapter = _adapter(S)
-    if adapter is None:
-        out = _spectrum.evaluate(quantity, S, xp, vectors=False, check=check, **kw).value
+    kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "check": check}
+    lib = _backend.library(S)
+    if lib == "torch":
+        from condreg.torch import value as adapted
+    elif lib == "jax":
+        from condreg.jax import value as adapted
     else:
-        out = adapter.value(quantity, S, check=check, **kw)
-    return _validation.as_output(out, out_dtype, xp)
+        out = _spectrum.evaluate(quantity, S, xp, vectors=False, **kw).value
+        return out if out.dtype == out_dtype else xp.astype(out, out_dtype)
+    out = adapted(quantity, S, **kw)
+    return out if out.dtype == out_dtype else xp.astype(out, out_dtype)
 
 
 def _grad(
@@ -89,7 +80,8 @@ def _grad(
     kw = {"rtol": rtol, "tie_rtol": tie_rtol, "gram": gram, "policy": subgradient}
     ev = _spectrum.evaluate(quantity, S, xp, vectors=True, check=check, where=where, **kw)
     _core.check_pole(ev.pole)  # read where checks are on
-    return _validation.as_output(_spectrum.assemble(ev, xp), out_dtype, xp)
+    out = _spectrum.assemble(ev, xp)
+    return out if out.dtype == out_dtype else xp.astype(out, out_dtype)
 
 
 def condition_number(
@@ -133,9 +125,10 @@ def condition_number(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -189,7 +182,7 @@ def r_well(
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
         float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -250,9 +243,10 @@ def r_ill(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
 
@@ -314,9 +308,10 @@ def condition_number_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -379,9 +374,10 @@ def r_well_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError
@@ -444,9 +440,10 @@ def r_ill_grad(
     ------
     TypeError
         Not a numeric array(-like), a masked array, a non-bool flag, a dtype other than
-        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``.
+        float16/bfloat16/float32/float64 (integers are promoted), a foreign ``compute_dtype``,
+        a non-real ``rtol``/``tie_rtol``.
     ValueError
-        ``ndim < 2``, an empty matrix, NaN/Inf entries, an invalid ``rtol``/``tie_rtol``.
+        ``ndim < 2``, an empty matrix, NaN/Inf entries, ``rtol``/``tie_rtol`` outside ``[0, 1)``.
     RankError
         A zero matrix (numerical rank 0).
     TiedExtremeError

@@ -15,11 +15,14 @@ read (then the check cannot be made).
 
 from __future__ import annotations
 
-import contextlib
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
+
+from condreg._backend import quiet
 from condreg._errors import PoleError, TiedExtremeError
 
 Array = Any
@@ -37,16 +40,6 @@ DEGREE = {q: d - 1 for q, d in VALUE_DEGREE.items()}
 def never(x: Array) -> None:
     """``read`` callback that reads nothing (checks skipped)."""
     return None
-
-
-def quiet(x: Array) -> Any:
-    """NumPy's floating-point warnings off for arithmetic on ``x`` (a no-op for other arrays):
-    non-finite results here are documented values or reported by the caller."""
-    if type(x).__module__.partition(".")[0] in ("numpy", "array_api_strict"):  # NumPy's ufuncs
-        import numpy as np
-
-        return np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore")
-    return contextlib.nullcontext()
 
 
 def check_name(value: str, allowed: tuple[str, ...], name: str) -> str:
@@ -202,18 +195,12 @@ def pow2(x: Array, n: Array, xp: Any) -> Array:
     over- or underflows only where it truly does (never NaN; NaN for a NaN ``n``)."""
     lim = float(math.floor(math.log2(float(xp.finfo(x.dtype).max)))) - 4.0
     with quiet(x):
-        if type(n).__module__ == "numpy" and np_all_small(n, lim):  # host: one factor does
+        if isinstance(n, np.ndarray) and np.all(np.abs(n) <= lim):  # host: one factor does
             return x * 2.0**n
         n = xp.clip(n, -3.0 * lim, 3.0 * lim)
         c = xp.floor(n / 3.0)
         f = 2.0**c
         return x * f * f * 2.0 ** (n - 2.0 * c)
-
-
-def np_all_small(n: Any, lim: float) -> bool:
-    import numpy as np
-
-    return bool(np.all(np.abs(n) <= lim))
 
 
 def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
@@ -229,15 +216,42 @@ def check_pole(any_pole: Array | bool | None, read: Concrete = never) -> None:
         )
 
 
-def check_rtol(rtol: Any, name: str = "rtol") -> float:
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0.0 <= rtol < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {rtol!r}")
-    return float(rtol)
+def _real(value: Any, name: str, where: str) -> float:
+    """``value`` as a float: ``TypeError`` unless a real number (``bool`` is not), ``ValueError``
+    for NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{where}{name} must be a real number, got {type(value).__name__} {value!r}"
+        )
+    out = float(value)
+    if math.isnan(out):
+        raise ValueError(f"{where}{name} must not be NaN")
+    return out
 
 
-def check_tie_rtol(tie_rtol: float | None) -> float | None:
-    """``tie_rtol`` checked (``None`` stays ``None``: the spectrum's default)."""
-    return None if tie_rtol is None else check_rtol(tie_rtol, "tie_rtol")
+def check_rtol(rtol: Any, name: str = "rtol", where: str = "") -> float | None:
+    """The one check of a relative tolerance (``rtol``, ``tie_rtol``): ``None`` (the default)
+    or a real number in ``[0, 1)`` relative to ``s_1``; ``TypeError`` for another type,
+    ``ValueError`` for a value outside. ``where`` prefixes the message (``"probe: "``)."""
+    if rtol is None:
+        return None
+    value = _real(rtol, name, where)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{where}{name} must be in [0, 1), got {rtol!r}")
+    return value
+
+
+def check_ridge(ridge: Any, name: str = "ridge", where: str = "", *, zero: bool = True) -> Any:
+    """The one check of a ridge: ``None`` or a finite real number ``>= 0`` (``> 0`` without
+    ``zero``); ``TypeError`` for another type, ``ValueError`` for a value outside."""
+    if ridge is None:
+        return None
+    value = _real(ridge, name, where)
+    if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
+        raise ValueError(
+            f"{where}{name} must be finite and {'>=' if zero else '>'} 0, got {ridge!r}"
+        )
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def spectrum_parts(
     read: Concrete = never,
     pole: str = "raise",
 ) -> Parts:
-    """:func:`parts` of a :class:`condreg._spectrum.Spectrum` as it is (no rescaling)."""
+    """:func:`parts` of a :class:`Spectrum` as it is (no rescaling)."""
     tie = sp.tie if tie_rtol is None else tie_rtol
     kw = {"gram": sp.gram, "p": sp.p, "mask": sp.mask, "k": sp.k, "tie": tie}
     return parts(quantity, sp.s, xp, mu_err=sp.mu_err, policy=policy, read=read, pole=pole, **kw)
@@ -273,44 +287,6 @@ def value_from_spectrum(quantity: str, sp: Any, xp: Any, *, tie_rtol: float | No
     value = spectrum_parts(quantity, unit, xp, tie_rtol).value
     degree = VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
     return value if degree == 0 else pow2(value, degree * E[..., 0], xp)
-
-
-def dmu(
-    quantity: str,
-    sp: Any,
-    tie_rtol: float | None,
-    policy: str,
-    xp: Any,
-    read: Concrete = never,
-    pole: str = "raise",
-) -> Array:
-    """``d value / d mu`` on the spectrum as it is (:func:`parts`)."""
-    return spectrum_parts(quantity, sp, xp, tie_rtol, policy, read, pole).dmu(sp.mu)
-
-
-def top_ties(sp: Any, tie_rtol: float | None, xp: Any) -> Array:
-    """0/1 indicator (floating) of the values tied with the largest one."""
-    return xp.astype(spectrum_parts("condition_number", sp, xp, tie_rtol).wt > 0, sp.s.dtype)
-
-
-def bottom_ties(sp: Any, tie_rtol: float | None, xp: Any) -> Array:
-    """0/1 indicator (floating) of the values inside the rank tied with the smallest one."""
-    return xp.astype(spectrum_parts("condition_number", sp, xp, tie_rtol).wb > 0, sp.s.dtype)
-
-
-def normalized(sp: Any, xp: Any) -> tuple[Any, Array]:
-    """``(unit, s_1)``: the spectrum of ``S / s_1`` and ``s_1`` (``(..., 1)``)."""
-    s1 = sp.s[..., :1]
-    s = sp.s / s1
-    return sp._replace(s=s, mu=s * s if sp.gram else s), s1
-
-
-def rescale(x: Array, scale: Array, power: int, xp: Any) -> Array:
-    """``x · scale**power`` one factor at a time (no spurious over- or underflow)."""
-    with quiet(x):
-        for _ in range(abs(power)):
-            x = x * scale if power > 0 else x / scale
-    return x
 
 
 def gradient_from_spectrum(

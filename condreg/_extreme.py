@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from condreg import _backend
+
 Array = Any
 
 #: Accepted residual, in units of ``n·eps·(largest value)``.
@@ -51,7 +53,7 @@ def _orthonormal(X: Array, xp: Any) -> Array:
 
 def _shifted(G: Array, sigma: float, xp: Any) -> Array:
     """``G − σI`` (PyTorch: a copy with its diagonal shifted in place, three ops)."""
-    if type(G).__module__.startswith("torch"):
+    if _backend.library(G) == "torch":
         M = G.clone()
         M.diagonal().sub_(sigma)
         return M
@@ -89,10 +91,8 @@ def _triangular_solvers(R: Array, xp: Any):
 
 
 def _host(x: Array) -> list[float]:
-    """The values of a 1-d array as Python floats (one read, :func:`condreg._spectrum.to_host`)."""
-    from condreg._spectrum import to_host
-
-    return np.asarray(to_host(x), dtype=np.float64).reshape(-1).tolist()
+    """The values of a 1-d array as Python floats (one read, :func:`condreg._backend.to_host`)."""
+    return np.asarray(_backend.to_host(x), dtype=np.float64).reshape(-1).tolist()
 
 
 def _iterations(ratio: float) -> int:

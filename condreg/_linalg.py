@@ -17,7 +17,7 @@ Array = Any
 
 class HessianSpectrum(NamedTuple):
     """``mu`` (descending), ``V`` (``D×r`` eigenvectors of ``H`` as columns, or ``None``), and a
-    :class:`condreg._spectrum.Spectrum` view (``gram=True``, ``p = D``) for the core's value and
+    :class:`condreg._core.Spectrum` view (``gram=True``, ``p = D``) for the core's value and
     derivative formulas. ``tie_rtol``: ``None`` for the spectrum's own default. ``rtol`` is the
     rank tolerance that was applied (on ``σ = √μ``)."""
 
@@ -33,16 +33,15 @@ class HessianSpectrum(NamedTuple):
 
 
 def hessian_spectrum(
-    theta: Array, A: Array, mode: str, xp: Any, *, vectors: bool = True, rtol: float | None = None
+    F: Array, xp: Any, *, vectors: bool = True, rtol: float | None = None, method: str = "auto"
 ) -> HessianSpectrum:
-    """Spectrum of ``H = θᵀAᵀAθ`` from the factor ``A`` (``mode="sample"``, any number of
-    rows): the engine's :func:`condreg._spectrum.decompose` of ``F = Aθ`` (``gram=True``), rank
-    ``#{σ_i(F) > rtol·σ₁(F)}``. ``vectors=False``: eigenvalues only. Pure Array API code."""
-    if mode != "sample":
-        raise ValueError(f"mode must be 'sample', got {mode!r}")
-    F = A @ theta
+    """Spectrum of ``H = FᵀF`` for ``F = Aθ``: the engine's :func:`condreg._spectrum.decompose`
+    of ``F`` (``gram=True``, route ``method``), rank ``#{σ_i(F) > rtol·σ₁(F)}``.
+    ``vectors=False``: eigenvalues only. Pure Array API code (what traced steps use)."""
     tol = _spectrum.resolve_rtol(rtol, F.shape, F.dtype, xp)
-    sp = _spectrum.decompose(F, xp, gram=True, vectors=vectors, rtol=tol, concrete=_core.never)
+    sp = _spectrum.decompose(
+        F, xp, gram=True, vectors=vectors, rtol=tol, concrete=_core.never, method=method
+    )
     V = None if sp.Vh is None else sp.Vh.T
     return HessianSpectrum(sp.mu, V, sp, None, sp.U, tol)
 

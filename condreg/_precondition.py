@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from condreg import _spectrum
+from condreg import _core, _spectrum
 
 Array = Any
 
@@ -23,21 +23,7 @@ __all__ = [
     "sample_preconditioner",
     "left_filter",
     "rank_mask",
-    "resolve_rtol",
 ]
-
-
-def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """The rank tolerance on singular values: ``rtol``, or ``max(N, D)·eps(dtype)`` when None.
-
-    Raises ``ValueError`` unless ``rtol`` is a real number in ``[0, 1)``."""
-    if rtol is None:
-        return _spectrum.default_rtol(shape, dtype, xp)
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)):
-        raise TypeError(f"rtol must be a float in [0, 1), got {rtol!r}")
-    if not 0.0 <= float(rtol) < 1.0:
-        raise ValueError(f"rtol must be a float in [0, 1), got {rtol!r}")
-    return float(rtol)
 
 
 def rank_mask(s: Array, rtol: float) -> Array:
@@ -79,17 +65,17 @@ def left_preconditioner(
     ``(K + ε·λ_max(K)·I)⁻¹K``. ``rtol`` is the rank rule on the singular values of ``X``
     (default ``max(N, D)·eps``). One thin SVD of ``X``; jit-able.
 
-    Raises ``ValueError`` for a ``ridge`` that is not ``> 0`` or an ``rtol`` outside ``[0, 1)``.
+    ``TypeError`` for a ``ridge`` or ``rtol`` that is not a real number, ``ValueError`` for a
+    ``ridge`` below 0 (0: the pseudo-inverse, as ``None``) or an ``rtol`` outside ``[0, 1)``.
     """
     if xp is None:
         from array_api_compat import array_namespace
 
         xp = array_namespace(X)
-    if ridge is not None and not float(ridge) > 0:
-        raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge!r}")
-    tol = resolve_rtol(rtol, X.shape, X.dtype, xp)
+    ridge = _core.check_ridge(ridge)
+    tol = _spectrum.resolve_rtol(rtol, X.shape, X.dtype, xp)
     _, s, Vh = xp.linalg.svd(X, full_matrices=False)
-    f = left_filter(s, rank_mask(s, tol), None if ridge is None else float(ridge), xp)
+    f = left_filter(s, rank_mask(s, tol), ridge or None, xp)
     return LeftPreconditioner(Vh.T, s, f)
 
 
@@ -101,17 +87,17 @@ def sample_preconditioner(
     the module's rank rule (``s_i > rtol·s₁``, default ``max(N, D)·eps``). ``apply(ḡ)`` computes
     ``U diag(f) Uᵀ ḡ`` with ``f_i = 1/(s_i² + ε)`` on the rank, 0 beyond it. Pure; jit-able.
 
-    Raises ``ValueError`` for ``ridge < 0`` or an ``rtol`` outside ``[0, 1)``."""
+    ``TypeError`` for a ``ridge`` or ``rtol`` that is not a real number, ``ValueError`` for
+    ``ridge < 0`` or an ``rtol`` outside ``[0, 1)``."""
     if xp is None:
         from array_api_compat import array_namespace
 
         xp = array_namespace(x)
-    if not float(ridge) >= 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge!r}")
-    tol = resolve_rtol(rtol, x.shape, x.dtype, xp)
+    ridge = _core.check_ridge(ridge) or 0.0
+    tol = _spectrum.resolve_rtol(rtol, x.shape, x.dtype, xp)
     U, s, _ = xp.linalg.svd(x, full_matrices=False)
     mask = rank_mask(s, tol)
     s2 = s * s
-    den = xp.where(mask, s2 + float(ridge) * s2[..., :1], xp.ones_like(s2))
+    den = xp.where(mask, s2 + ridge * s2[..., :1], xp.ones_like(s2))
     f = xp.where(mask, 1.0 / den, xp.zeros_like(s2))
     return LeftPreconditioner(U, s, f)

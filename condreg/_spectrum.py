@@ -10,11 +10,12 @@ A call is ``scale → decompose → parts → assemble`` (:func:`evaluate`, :fun
    accepted by :func:`resolves` — every eigenvalue resolved to ``GRAM_ACCURACY·√eps`` against its
    error bound ``eps_g·(n·mu_1 + √m·Σmu)``, or certainly outside the rank — else ``"exact"``);
    ``"extreme"`` (``"auto"`` with ``eigvalsh`` only and the eigenvectors of the extreme tie sets,
-   :mod:`condreg._extreme`; a single eager matrix with ``min(N, D) >= EXTREME_MIN``).
-3. :func:`condreg._core.parts` on the values — on a host copy (:func:`to_host`: one read that
-   carries the values, ``E`` and so the input checks and the accept decision) where values can be
-   read, else on the device arrays (then ``"auto"`` is a ``lax.cond`` under JAX, ``"exact"``
-   elsewhere). :func:`use_host` is the one place that chooses.
+   :mod:`condreg._extreme`; a single eager NumPy or PyTorch CPU matrix with
+   ``min(N, D) >= EXTREME_MIN``, on every public route that reads the values).
+3. :func:`condreg._core.parts` on the values — on a host copy (``_backend.to_host``: one read
+   that carries the values, ``E`` and so the input checks and the accept decision) where values
+   can be read, else on the device arrays (then ``"auto"`` is a ``lax.cond`` under JAX, ``"exact"``
+   elsewhere). :func:`evaluate` is the one place that chooses.
 4. The gradient factor ``K`` (``U diag(g) Vᵀ``; with ``gram``, ``2 Q diag(g) Qᵀ`` on the small
    side), with ``E``'s power of two folded in; :func:`assemble` is one GEMM with ``A``.
 """
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from condreg import _core, _extreme
+from condreg import _backend, _core, _extreme
 from condreg._errors import RankError
 
 Array = Any
@@ -42,12 +43,6 @@ GRAM_ACCURACY = 0.1
 #: Smallest ``min(N, D)`` from which the ``"extreme"`` route pays for its inverse iteration.
 EXTREME_MIN = 128
 
-never = _core.never
-rank = _core.rank
-
-
-Spectrum = _core.Spectrum
-
 
 def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
     """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats."""
@@ -56,7 +51,7 @@ def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
 
 
 def eps(xp: Any, dtype: Any) -> float:
-    return finfo(xp, dtype)[0]
+    return float(xp.finfo(dtype).eps)
 
 
 def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
@@ -64,68 +59,21 @@ def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     return max(shape[-2], shape[-1]) * eps(xp, dtype)
 
 
+def gram_rtol(d: int, dtype: Any, xp: Any) -> float:
+    """``√(d·eps(dtype))``: the default rank tolerance on ``√λ_i`` of a Gram matrix formed by the
+    caller (``d×d``), whose eigenvalues are resolved only to ``d·eps·λ_1``."""
+    return math.sqrt(d * eps(xp, dtype))
+
+
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: a backward-stable SVD's rounding."""
     return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
 
 
-check_rtol = _core.check_rtol
-
-
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    return default_rtol(shape, dtype, xp) if rtol is None else check_rtol(rtol)
-
-
-def eager(x: Array) -> bool:
-    """``read`` callback for eager arrays: the value."""
-    return bool(x)
-
-
-def readable(x: Array) -> bool | None:
-    """The value, or ``None`` where the library refuses to read it (a tracer, ``vmap``)."""
-    try:
-        return bool(x)
-    except (TypeError, RuntimeError):
-        return None
-
-
-def library(x: Any) -> str:
-    """The library of an array from its type's module (``numpy``, ``torch``, ``jax`` ...): no
-    array-api-compat helper, whose caches ``torch.compile`` would trace and warn about."""
-    name = type(x).__module__.partition(".")[0]
-    return "jax" if name == "jaxlib" else name
-
-
-def device(x: Array) -> Any:
-    """``x``'s device, ``None`` for a JAX tracer (which has none)."""
-    return getattr(x, "device", None)
-
-
-def traced(x: Array) -> bool:
-    """Whether ``x`` has no values to read: a PyTorch tensor while ``torch.compile`` traces, a
-    fake or meta tensor, a JAX tracer."""
-    lib = library(x)
-    if lib == "jax":
-        return isinstance(x, sys.modules["jax"].core.Tracer)
-    if lib != "torch":
-        return False
-    torch = sys.modules["torch"]
-    return torch.compiler.is_compiling() or x.device.type == "meta" or "Fake" in type(x).__name__
-
-
-def use_host(S: Array, check: bool) -> bool:
-    """The one place that chooses where the k-vector arithmetic runs: on a host copy of the
-    spectrum for NumPy input and, with checks on, for arrays whose values can be read (one read
-    that the checks and the Gram accept decision need anyway); on the device arrays otherwise
-    (``check_finite=False``, ``torch.compile``, ``jax.jit``: no read at all)."""
-    return library(S) == "numpy" or (check and not traced(S))
-
-
-def to_host(x: Array) -> np.ndarray:
-    """The engine's one device-to-host read: ``x`` as a NumPy array (NumPy arrays as they are)."""
-    if library(x) == "torch":
-        return x.numpy(force=True)  # detached, copied to the host where it is not there
-    return x if isinstance(x, np.ndarray) else np.asarray(x)
+    """``rtol`` checked (:func:`condreg._core.check_rtol`), or :func:`default_rtol` for ``None``."""
+    rtol = _core.check_rtol(rtol)
+    return default_rtol(shape, dtype, xp) if rtol is None else rtol
 
 
 def left_side(shape: tuple[int, ...]) -> bool:
@@ -149,7 +97,7 @@ def gram_dtype(x: Array, xp: Any) -> Any:
     """The Gram matrix's dtype: float64 for float32 input where the library has it."""
     if x.dtype != xp.float32:
         return x.dtype
-    return xp.float64 if library(x) in ("numpy", "torch") or has_float64(xp) else x.dtype
+    return xp.float64 if _backend.library(x) in ("numpy", "torch") or has_float64(xp) else x.dtype
 
 
 def finite(x: Array, xp: Any) -> Array:
@@ -162,7 +110,7 @@ def finite(x: Array, xp: Any) -> Array:
 
 
 def exponent_limits(dtype: Any, xp: Any) -> tuple[float, float]:
-    emax = math.floor(math.log2(finfo(xp, dtype)[2]))
+    emax = math.floor(math.log2(float(xp.finfo(dtype).max)))
     return -(emax - 1.0), emax - 2.0
 
 
@@ -172,14 +120,14 @@ def scaled(S: Array, xp: Any) -> tuple[Array, Array]:
     power of two representable, :func:`exponent_limits`)."""
     axes = {"axis": (-2, -1), "keepdims": True}  # no S-sized temporary (page faults)
     norm = xp.maximum(xp.max(S, **axes), -xp.min(S, **axes))
-    with _core.quiet(norm):
+    with _backend.quiet(norm):
         E = xp.floor(xp.log2(norm))
     return S * 0.5 ** xp.clip(E, *exponent_limits(S.dtype, xp)), E
 
 
 def qr_r(xp: Any, A: Array) -> Array:
     """``R`` of a reduced QR factorisation of ``A`` (``Q`` not formed where the library can)."""
-    if library(A) == "numpy":
+    if _backend.library(A) == "numpy":
         return np.linalg.qr(A, mode="r")
     try:
         out = xp.linalg.qr(A, mode="r")  # PyTorch and JAX
@@ -204,7 +152,7 @@ def gram_matrix(A: Array, xp: Any) -> Array:
     :func:`gram_dtype`."""
     gdtype = gram_dtype(A, xp)
     A = A if A.dtype == gdtype else xp.astype(A, gdtype)
-    with _core.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
+    with _backend.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
         return A @ A.mT if left_side(A.shape) else A.mT @ A
 
 
@@ -225,7 +173,7 @@ def resolves(
     ``mu > rtol²·mu_1`` (false for a zero or NaN ``mu_1``)."""
     n, m = min(shape[-2:]), max(shape[-2:])
     e = eps(xp, mu.dtype)
-    with _core.quiet(mu):
+    with _backend.quiet(mu):
         mu = xp.maximum(xp.flip(mu, axis=-1), 0.0)  # NaN stays NaN
         top = mu[..., :1]
         err = ((e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)) / top
@@ -261,14 +209,6 @@ def rank_error() -> RankError:
     )
 
 
-def check_input(E: Array, where: str) -> None:
-    """The input checks from the host copy of ``E`` (:func:`scaled`)."""
-    if not np.all(np.isfinite(E)):
-        if np.any(np.isnan(E) | (E == math.inf)):
-            raise nonfinite_error(where)
-        raise rank_error()
-
-
 # --------------------------------------------------------------------------------------------
 # One call: evaluate → assemble
 # --------------------------------------------------------------------------------------------
@@ -300,31 +240,39 @@ def evaluate(
     check: bool = True,
     host: bool | None = None,
     method: str = "auto",
-    extreme: bool = False,
     where: str | None = None,
 ) -> Evaluation:
     """The value of ``quantity`` for a validated ``S`` and, with ``vectors``, its gradient factor.
 
     ``check``: raise ``ValueError`` (NaN/Inf), :class:`RankError` (a zero matrix) and the
     ``policy="raise"`` errors, from the one read; unchecked invalid input gives NaN. ``host``:
-    where :func:`condreg._core.parts` runs (default :func:`use_host`; ``False`` keeps everything
-    on the device and differentiable). ``extreme``: the ``"extreme"`` route may be taken.
+    where :func:`condreg._core.parts` runs (default: see its first lines; ``False`` keeps everything
+    on the device and differentiable). The ``"extreme"`` route is taken where the values are
+    read on the host of a NumPy array or a PyTorch CPU tensor (:func:`condreg._backend.cpu`).
     ``where``: the name in error messages (default ``quantity``)."""
     _core.check_name(quantity, _core.QUANTITIES, "quantity")
     _core.check_name(policy, _core.SUBGRADIENTS, "subgradient")
-    host = use_host(S, check) if host is None else host
-    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=extreme and host)
-    if how == "auto" and not host and library(S) != "jax":
+    if host is None:  # the one choice: a host copy of the spectrum for NumPy input and, with
+        # checks on, for arrays whose values can be read (one read that the checks and the Gram
+        # accept decision need anyway); else the device arrays (check_finite=False,
+        # torch.compile, jax.jit: no read at all)
+        host = _backend.library(S) == "numpy" or (check and not _backend.traced(S))
+    how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=host and _backend.cpu(S))
+    if how == "auto" and not host and _backend.library(S) != "jax":
         how = "exact"  # no read and no lax.cond: the route that needs no decision
     A, E = scaled(S, xp)
     values, X, Y = _decompose(A, xp, how, vectors)
     E, at = xp.reshape(E, E.shape[:-1]), np if host else xp  # ``at``: where the parts run
     if host:
-        both = to_host(xp.concat([values, E], axis=-1))
+        both = _backend.to_host(xp.concat([values, E], axis=-1))
         values, E = both[..., :-1], both[..., -1:]
-        if check:
-            check_input(E, where or quantity)
-    tie = _core.check_tie_rtol(tie_rtol)  # after the input checks: NaN input is reported first
+        if check and not np.all(np.isfinite(E)):  # the input checks, from E (:func:`scaled`)
+            if np.any(np.isnan(E) | (E == math.inf)):
+                raise nonfinite_error(where or quantity)
+            raise rank_error()
+    tie = _core.check_rtol(
+        tie_rtol, "tie_rtol"
+    )  # after the input checks: NaN input is reported first
     tie = default_tie_rtol(S.shape, S.dtype, xp) if tie is None else tie
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
     dtype = np.dtype(str(S.dtype).rpartition(".")[2]) if host else S.dtype
@@ -335,37 +283,47 @@ def evaluate(
         if not host:
             X = None if X is None else xp.astype(xp.flip(X, axis=-1), S.dtype)
             if how == "auto":
-                s, X, mu_err = _cond(ok, (s, X, mu_err), A, xp, vectors)
+                gram_route = (s, X, mu_err)
+
+                def refused() -> tuple:
+                    s, Q, _ = exact(A, xp, vectors)
+                    return s, Q, 0.0 * gram_route[2]
+
+                s, X, mu_err = choose(ok, lambda: gram_route, refused, _core.never)
         elif ok or how == "gram":
             order = -1  # the Gram's vectors are ascending
         else:
             how, mu_err = "exact", 0.0
             s, X, Y = exact(A, xp, vectors)
-            s = to_host(s)
-    mask, k = rank(s, rtol, at)
-    read = eager if host and check else never
+            s = _backend.to_host(s)
+    mask, k = _core.rank(s, rtol, at)
+    read = _backend.eager if host and check else _core.never
     kw = {"gram": gram, "p": S.shape[-1] if gram else min(S.shape[-2:]), "mask": mask, "k": k}
     p = _core.parts(quantity, s, at, tie=tie, mu_err=mu_err, policy=policy, read=read, **kw)
     value, n = _finish(quantity, gram, p, E, at)
 
     def put(x: Array) -> Array:  # a host array to S's device, in S's dtype
-        return xp.asarray(np.asarray(x, dtype=dtype, order="C"), device=device(A)) if host else x
+        return _backend.to_device(x, A, xp, dtype) if host else x
 
-    pole = bool(np.any(p.pole)) if read is eager and p.pole is not None else None
+    pole = bool(np.any(p.pole)) if read is _backend.eager and p.pole is not None else None
     if not vectors:
         return Evaluation(put(value), pole=pole)
     twice = 1.0 if not gram else 2.0 * s if how == "svd" else 2.0  # 2 F G_H (Theorem 4.2)
     a, h = np.asarray(p.a, dtype=dtype) if host else p.a, p.h  # NaN: not foldable (a <= big)
-    with _core.quiet(s):
+    with _backend.quiet(s):
         g = p.dmu(s * s if gram else s) * twice
         if host:  # the power of two into g (and a, h) where that stays exact
-            scaled_ = [(x, _core.pow2(x, n, np)) for x in ((g, a, h) if how == "extreme" else (g,))]
-            if all(_foldable(x, x2) for x, x2 in scaled_):
-                (g, a, h), n = ([x2 for _, x2 in scaled_] + [a, h])[:3], None
+            g2, a2, h2 = _core.pow2(g, n, np), a, h
+            ok = _foldable(g, g2)
+            if how == "extreme":
+                a2, h2 = _core.pow2(a, n, np), _core.pow2(h, n, np)
+                ok = ok and _foldable(a, a2) and _foldable(h, h2)
+            if ok:
+                g, a, h, n = g2, a2, h2, None
     if how == "extreme":
         K = _extreme_factor(Y, values, a, h, g, xp)
     else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors
-        with _core.quiet(X):
+        with _backend.quiet(X):
             K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else X.mT)
     K = K if K.dtype == S.dtype else xp.astype(K, S.dtype)
     n = None if n is None else put(n[..., None])
@@ -387,23 +345,13 @@ def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, 
     return mu, W, G
 
 
-def _cond(ok: Array, gram: tuple, A: Array, xp: Any, vectors: bool) -> tuple:
-    """``lax.cond`` between the Gram route's ``(s, Q, mu_err)`` and the exact route's."""
-
-    def refused() -> tuple:
-        s, Q, _ = exact(A, xp, vectors)
-        return s, Q, 0.0 * gram[2]
-
-    return sys.modules["jax"].lax.cond(ok, lambda: gram, refused)
-
-
 def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tuple[Array, Array]:
     """``(value, n)``: the value rescaled by ``E``'s power of two and the power ``n`` the
     gradient takes (``(..., 1)``); NaN for invalid input (``E`` not finite: a zero or non-finite
     matrix)."""
     Ec = xp.clip(E, *exponent_limits(p.value.dtype, xp))
     degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
-    with _core.quiet(E):
+    with _backend.quiet(E):
         poison = 0.0 * E  # 0, or NaN for an invalid matrix
         value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], xp)
         return value + poison[..., 0], (degree - 1) * Ec + poison
@@ -412,7 +360,8 @@ def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tup
 def _foldable(x: Any, x2: Any) -> bool:
     """Whether ``x2 = x·2**n`` (host arrays) stays clear of over- and underflow: then the power
     of two is folded into ``d value / d mu`` (no product with the gradient factor)."""
-    _, tiny, big = finfo(np, x2.dtype)
+    fi = np.finfo(x2.dtype)
+    tiny, big = float(fi.smallest_normal), float(fi.max)
     a = np.abs(x2)
     return bool(np.all((a <= big * 2.0**-64) & ((a >= tiny * 2.0**64) | (x == 0))))
 
@@ -428,14 +377,14 @@ def _extreme_factor(
     K = _extreme.gram_product(G, mu, float(np.reshape(a, -1)[0]), np.reshape(h, -1), xp)
     if K is None:
         W = gram_eigh(G, xp, True)[1]
-        K = (W * xp.asarray(np.asarray(g[::-1], order="C"), device=device(G))) @ W.mT
+        K = (W * _backend.to_device(g[::-1], G, xp)) @ W.mT
     return K
 
 
 def assemble(ev: Evaluation, xp: Any, weight: Array | None = None) -> Array:
     """The gradient from an :class:`Evaluation` with vectors, times ``weight`` (``S.shape[:-2]``):
     ``K`` itself (``gram=False``), else ``K @ A`` or ``A @ K`` (Theorem 4.2: ``2 F G_H``)."""
-    with _core.quiet(ev.K):
+    with _backend.quiet(ev.K):
         K = ev.K if weight is None else ev.K * xp.reshape(weight, weight.shape + (1, 1))
         if ev.A is not None:
             K = K @ ev.A if left_side(ev.A.shape) else ev.A @ K
@@ -455,7 +404,7 @@ def choose(
     value = read(pred)
     if value is not None:
         return if_true() if value else if_false()
-    if library(pred) == "jax":
+    if _backend.library(pred) == "jax":
         return sys.modules["jax"].lax.cond(pred, lambda _: if_true(), lambda _: if_false(), None)
     return if_false()
 
@@ -514,7 +463,7 @@ def accept_gram(
     vectors: bool,
     dtype: Any,
     rtol: float,
-    read: Concrete = never,
+    read: Concrete = _core.never,
 ) -> tuple[Array, Any, Array, Array]:
     """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
     parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
@@ -541,8 +490,7 @@ def decompose(
     rtol: float | None,
     concrete: Concrete,
     method: str = "auto",
-    extreme: bool = False,
-) -> Spectrum:
+) -> _core.Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
     feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with
     ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical rank
@@ -557,15 +505,15 @@ def decompose(
         s, U, Vh = _decompose(A, xp, "svd", vectors)
         s = _core.pow2(s, xp.clip(E, *exponent_limits(S.dtype, xp))[..., 0], xp)
     else:
-        read = eager if library(S) == "numpy" else concrete
+        read = _backend.eager if _backend.library(S) == "numpy" else concrete
         sm = small_side(S, xp, how=how, vectors=vectors, rtol=rtol, read=read)
         s, mu_err = sm.s, sm.mu_err
         if vectors:
             U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
-    mask, k = rank(s, rtol, xp)
+    mask, k = _core.rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
         raise rank_error()
     mu = s * s if gram else s
     tie = default_tie_rtol(S.shape, S.dtype, xp)
     p = S.shape[-1] if gram else min(S.shape[-2:])
-    return Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)
+    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)

@@ -7,15 +7,11 @@ import sys
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace
 
-from condreg import _core, _spectrum
+from condreg import _backend, _core, _spectrum
 
 Array = Any
-
-
-def _kind(a: Any) -> str:
-    return type(a).__module__.split(".")[0] + "." + type(a).__name__
 
 
 def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any:
@@ -28,12 +24,12 @@ def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any
         if not is_array_api_obj(a):
             raise TypeError(
                 f"{where}: {name} must be an array (NumPy, PyTorch, JAX or another Array API "
-                f"library), got {_kind(a)}"
+                f"library), got {_backend.kind(a)}"
             )
     try:
         return array_namespace(*arrays.values())
     except TypeError:
-        kinds = ", ".join(f"{k}: {_kind(a)}" for k, a in arrays.items())
+        kinds = ", ".join(f"{k}: {_backend.kind(a)}" for k, a in arrays.items())
         raise TypeError(
             f"{where}: all arrays must come from one Array API library ({kinds}){hint}"
         ) from None
@@ -42,11 +38,12 @@ def named_namespace(where: str, arrays: dict[str, Array], hint: str = "") -> Any
 def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
     """The Array API namespace of ``arrays`` (``xp`` overrides it); ``TypeError`` for non-arrays,
     mixed libraries, an ``xp`` of another library, or a namespace without ``linalg``."""
-    inferred = _known.get(_spectrum.library(arrays[0])) if len(arrays) == 1 else None
+    known = _KNOWN.get(_backend.library(arrays[0])) if len(arrays) == 1 else None
     try:
-        inferred = array_namespace(*arrays) if inferred is None else inferred()
+        inferred = array_namespace(*arrays) if known is None else sys.modules.get(known)
+        inferred = importlib.import_module(known) if inferred is None else inferred
     except TypeError as exc:
-        kinds = sorted({type(a).__module__ + "." + type(a).__name__ for a in arrays})
+        kinds = sorted({_backend.kind(a) for a in arrays})
         raise TypeError(
             f"{where}: expected arrays of one Array API library (NumPy, CuPy, PyTorch, JAX, "
             f"array-api-strict ...), got {', '.join(kinds)} ({exc})"
@@ -57,32 +54,18 @@ def namespace(*arrays: Array, xp: Any = None, where: str = "condreg") -> Any:
             f"{where}: the array namespace {getattr(chosen, '__name__', chosen)!r} has no linalg "
             "extension; condreg needs linalg.svd"
         )
-    if _library(inferred) != _library(chosen):  # never convert (a silent device copy)
+    if _backend.library(inferred) != _backend.library(chosen):  # never convert (a device copy)
         raise TypeError(
-            f"{where}: the input is a {_library(inferred)} array but xp is the "
-            f"{_library(chosen)} namespace; convert the input first (mixed namespaces are not "
-            "supported)"
+            f"{where}: the input is a {_backend.library(inferred)} array but xp is the "
+            f"{_backend.library(chosen)} namespace; convert the input first (mixed namespaces are "
+            "not supported)"
         )
     return chosen
 
 
-def _compat(name: str) -> Any:
-    return lambda: sys.modules.get(name) or importlib.import_module(name)
-
-
 #: Namespaces of the common libraries, found without array-api-compat's helpers (whose caches
 #: ``torch.compile`` traces and warns about).
-_known = {
-    "numpy": _compat("array_api_compat.numpy"),
-    "torch": _compat("array_api_compat.torch"),
-    "jax": _compat("jax.numpy"),
-}
-
-
-def _library(xp: Any) -> str:
-    """The library of a namespace (``numpy`` for ``array_api_compat.numpy`` too)."""
-    name = getattr(xp, "__name__", type(xp).__name__)
-    return name.removeprefix("array_api_compat.").split(".")[0]
+_KNOWN = {"numpy": "array_api_compat.numpy", "torch": "array_api_compat.torch", "jax": "jax.numpy"}
 
 
 def default_float(xp: Any, S: Array) -> Any:
@@ -103,18 +86,18 @@ def all_finite(S: Array, xp: Any) -> Array:
 
 def concrete_for(S: Array, enabled: bool, concrete: _core.Concrete | None = None) -> _core.Concrete:
     """The reader of 0-d booleans for value checks: none (``enabled`` false), the adapter's
-    ``concrete``, or :func:`condreg._spectrum.readable` (NumPy arrays: always read)."""
+    ``concrete``, or :func:`condreg._backend.readable` (NumPy arrays: always read)."""
     if not enabled:
         return _core.never
     if concrete is not None:
         return concrete
-    return _spectrum.eager if is_numpy_array(S) else _spectrum.readable
+    return _backend.eager if _backend.library(S) == "numpy" else _backend.readable
 
 
 def _finite(S: Array, xp: Any, concrete: _core.Concrete) -> bool:
     """False where ``S`` readably holds NaN or Inf: a finite sum (one pass) proves every entry
     finite, else :func:`all_finite` decides (a sum of finite entries may overflow)."""
-    with _core.quiet(S):
+    with _backend.quiet(S):
         total = xp.sum(S)
     return bool(concrete(xp.isfinite(total))) or concrete(all_finite(S, xp)) is not False
 
@@ -138,7 +121,7 @@ def as_array(S: Any, where: str) -> Any:
         )
     from array_api_compat import is_array_api_obj
 
-    if _spectrum.library(S) in _known or is_array_api_obj(S):
+    if _backend.library(S) in _KNOWN or is_array_api_obj(S):
         return S
     try:
         A = np.asarray(S)
@@ -150,7 +133,7 @@ def as_array(S: Any, where: str) -> Any:
         why = f"NumPy reads it as {A.dtype}"
     raise TypeError(
         f"{where}: S must be an array or a numeric array-like (nested lists or tuples), got "
-        f"{_kind(S)} ({why})"
+        f"{_backend.kind(S)} ({why})"
     )
 
 
@@ -193,25 +176,12 @@ def matrix(
         S = xp.astype(S, default_float(xp, S))
     elif not xp.isdtype(dtype, "real floating") or str(dtype).split(".")[-1] not in SUPPORTED:
         raise TypeError(f"{where}: unsupported dtype {dtype}; {supported}")
+    if not check_finite:
+        return S, xp, _core.never
     concrete = concrete_for(S, check_finite, concrete)
-    empty = any(d == 0 for d in S.shape)
-    if not empty and concrete is not _core.never and not _finite(S, xp, concrete):
-        raise nonfinite_error(where)
+    if 0 not in tuple(S.shape) and concrete is not _core.never and not _finite(S, xp, concrete):
+        raise _spectrum.nonfinite_error(where)
     return S, xp, concrete
-
-
-nonfinite_error = _spectrum.nonfinite_error
-
-
-def _is_half(dtype: Any) -> bool:
-    """float16 or bfloat16 (bfloat16 is not an Array API dtype: known by its name)."""
-    return str(dtype).split(".")[-1] in ("float16", "bfloat16")
-
-
-def _dtype_library(dtype: Any) -> str:
-    """The library a dtype object belongs to (``torch``, ``numpy``, ``jax`` ...)."""
-    mod = dtype.__module__ if isinstance(dtype, type) else type(dtype).__module__
-    return mod.split(".")[0]
 
 
 def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, Any]:
@@ -220,7 +190,7 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
     is given; results come back in the input dtype (a differentiable cast)."""
     out = S.dtype
     if dtype is None:
-        if not _is_half(out):
+        if str(out).split(".")[-1] not in ("float16", "bfloat16"):  # bfloat16: by its name
             return S, out
         dtype = xp.float32
     else:
@@ -229,7 +199,7 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
         except Exception:
             ok = False
         if not ok:
-            lib, own = _dtype_library(dtype), _library(xp)
+            lib, own = _backend.library(dtype), _backend.library(xp)
             if lib not in (own, "builtins") and not (own == "jax" and lib == "numpy"):
                 raise TypeError(
                     f"{where}: compute_dtype {dtype!r} is a {lib} dtype but the input is a {own} "
@@ -239,8 +209,3 @@ def compute_dtype(S: Array, xp: Any, dtype: Any, *, where: str) -> tuple[Array, 
     if dtype == out:
         return S, out
     return xp.astype(S, dtype), out
-
-
-def as_output(x: Array, dtype: Any, xp: Any) -> Array:
-    """``x`` in the output ``dtype`` (a no-op when it already is)."""
-    return x if x.dtype == dtype else xp.astype(x, dtype)

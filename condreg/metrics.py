@@ -12,7 +12,7 @@ import numpy as np
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from condreg import _core, _spectrum, _validation
+from condreg import _backend, _core, _spectrum, _validation
 from condreg._api import condition_number
 
 Array = Any
@@ -136,11 +136,7 @@ class RIRSpectra:
     def _checked(self, rtol: float | None, where: str) -> float:
         if rtol is None:
             return self.rtol
-        if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating, np.integer)):
-            raise TypeError(f"{where}: rtol must be a real number, got {type(rtol).__name__}")
-        rtol = float(rtol)
-        if not (0.0 <= rtol < 1.0):
-            raise ValueError(f"{where}: rtol must lie in [0, 1), got {rtol!r}")
+        rtol = _core.check_rtol(rtol, where=f"{where}: ")
         if rtol < self.rtol:
             raise ValueError(
                 f"{where}: these spectra resolve the singular values above {self.rtol:.3g}·σ₁ "
@@ -187,7 +183,7 @@ class RIRSpectra:
         xp = self._xp
         sp = part.sp if rtol == self.rtol else _recut(part.sp, rtol, xp)
         value = _core.value_from_spectrum("condition_number", sp, xp, tie_rtol=None)
-        return float(_validation.as_output(xp.asarray(value), part.dtype, xp))
+        return float(xp.astype(xp.asarray(value), part.dtype))
 
     def __repr__(self) -> str:
         r = self.rir()
@@ -468,7 +464,7 @@ def probe_convergence(A: Array, y: Array, steps: int, *, norm: str = "euclidean"
     if not xp.isdtype(A.dtype, "real floating"):
         A = xp.astype(A, xp.float64 if xp.isdtype(A.dtype, "integral") else A.dtype)
     y = xp.astype(y, A.dtype)
-    if _spectrum.readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
+    if _backend.readable(xp.all(xp.isfinite(A)) & xp.all(xp.isfinite(y))) is False:
         raise ValueError("probe_convergence: A or y contains NaN or Inf")
     # the ratios are invariant under A → aA, y → by: scale both by powers of two (exact)
     A, y = A * _pow2(xp.max(xp.abs(A)), xp), y * _pow2(xp.max(xp.abs(y)), xp)

@@ -154,8 +154,8 @@ def test_default_lambdas_balance_the_regularizer_updates():
     P, H = problem.P, problem.H
     from condreg import _linalg
 
-    hsP = _linalg.hessian_spectrum(np.eye(8), P.A, "sample", np, rtol=res.rtol)
-    hsH = _linalg.hessian_spectrum(np.eye(8), H.A, "sample", np, rtol=res.rtol)
+    hsP = _linalg.hessian_spectrum(P.A, np, rtol=res.rtol)
+    hsH = _linalg.hessian_spectrum(H.A, np, rtol=res.rtol)
     size_p = 2 * 0.01 * res.lam_p * np.max(np.abs(_linalg.d_r_well(hsP, np)))
     size_h = 2 * 0.01 * res.lam_h * np.max(np.abs(_linalg.d_r_ill(hsH, np)))
     np.testing.assert_allclose([size_p, size_h], [0.05, 0.05], rtol=1e-12)
@@ -331,8 +331,8 @@ def no_work(monkeypatch):
     def boom(*a, **k):  # pragma: no cover - reached only if validation is late
         raise AssertionError("a decomposition ran before the input was validated")
 
-    monkeypatch.setattr(algorithm._linalg, "hessian_spectrum", boom)
-    monkeypatch.setattr(algorithm._step._spectrum, "decompose", boom)  # the engine
+    monkeypatch.setattr(algorithm._step._linalg, "hessian_spectrum", boom)  # traced steps
+    monkeypatch.setattr(algorithm._step._spectrum, "small_side", boom)  # eager steps
     monkeypatch.setattr(algorithm._setup, "build_task", boom)  # the SVD of each task's data
 
 
@@ -363,7 +363,7 @@ def no_work(monkeypatch):
         (lambda d: d.update(epochs=2.5), ValueError, "epochs"),
         (lambda d: d.update(max_step=0.5), ValueError, "max_step"),
         (lambda d: d.update(lam_p=-1.0), ValueError, "lam_p"),
-        (lambda d: d.update(ridge=0.0), ValueError, "ridge"),
+        (lambda d: d.update(ridge=-1.0), ValueError, "ridge"),
         (lambda d: d.update(X_h=np.zeros((10, 8))), ValueError, "zeros"),
         (lambda d: d.update(X_p=d["X_p"].astype(complex)), TypeError, "real"),
     ],

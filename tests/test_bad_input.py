@@ -201,13 +201,93 @@ def test_array_api_strict_without_linalg_extension_raises_type_error():
         xps.set_array_api_strict_flags(**saved)
 
 
-def test_invalid_tolerances_raise_value_error():
+def test_invalid_tolerances_raise_typed_errors():
     S = np.diag([2.0, 1.0])
-    for bad in [-1.0, 1.0, math.nan, "0.1"]:
-        with pytest.raises(ValueError, match="rtol"):
+    for bad, error in [(-1.0, ValueError), (1.0, ValueError), (math.nan, ValueError),
+                       ("0.1", TypeError), (True, TypeError)]:  # fmt: skip
+        with pytest.raises(error, match="rtol"):
             condreg.r_ill(S, rtol=bad)
-        with pytest.raises(ValueError, match="tie_rtol"):
+        with pytest.raises(error, match="tie_rtol"):
             condreg.r_well_grad(S, tie_rtol=bad)
+
+
+def _entry_points():
+    """Every public function that takes ``rtol``, ``tie_rtol`` or ``ridge``: (name, call)."""
+    import condreg.algorithm
+    import condreg.attacks
+    import condreg.metrics
+
+    rng = np.random.default_rng(0)
+    X_p, X_h, y = rng.normal(size=(12, 4)), rng.normal(size=(12, 4)), rng.normal(size=12)
+    theta = np.eye(4)
+    out = [
+        ("rtol", lambda v: condreg.condition_number(X_p, rtol=v)),
+        ("rtol", lambda v: condreg.r_ill(X_p, rtol=v, gram=True)),
+        ("rtol", lambda v: condreg.r_ill_grad(X_p, rtol=v)),
+        ("tie_rtol", lambda v: condreg.r_ill(X_p, tie_rtol=v)),
+        ("tie_rtol", lambda v: condreg.condition_number_grad(X_p, tie_rtol=v)),
+        ("tie_rtol", lambda v: condreg.r_well_grad(X_p, tie_rtol=v, gram=True)),
+        ("rtol", lambda v: condreg.metrics.rir(theta, X_p, X_h, rtol=v)),
+        ("rtol", lambda v: condreg.metrics.rir_spectra(theta, X_p, X_h, rtol=v)),
+        ("rtol", lambda v: condreg.metrics.rir_spectra(theta, X_p, X_h).rir(rtol=v)),
+        ("rtol", lambda v: condreg.immunize(X_p, y, X_h, epochs=1, rtol=v)),
+        ("ridge", lambda v: condreg.immunize(X_p, y, X_h, epochs=1, ridge=v)),
+        ("rtol", lambda v: condreg.algorithm.setup_data(X_p, X_h, rtol=v)),
+        ("ridge", lambda v: condreg.algorithm.setup_data(X_p, X_h, ridge=v)),
+        ("rtol", lambda v: condreg.attacks.probe(theta, X_p, y, rtol=v)),
+    ]
+    try:
+        import jax.numpy as jnp
+
+        import condreg.jax.optax
+        import condreg.jax.train
+    except ImportError:  # pragma: no cover - the jax/optax extras
+        pass
+    else:
+        ones = jnp.ones((4, 3))
+        out += [
+            ("ridge", lambda v: condreg.jax.optax.condition_regularizer(ridge=v)),
+            ("ridge", lambda v: condreg.jax.train.precondition(ones, ones, ridge=v)),
+        ]
+    try:
+        import torch
+
+        from condreg.torch import nn as cnn
+    except ImportError:  # pragma: no cover - the torch extra
+        return out
+    F, x = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    layer = torch.nn.Linear(4, 2).double()
+    K = cnn.layer_gram(layer, x)
+    out += [
+        ("rtol", lambda v: condreg.r_ill(F, rtol=v)),
+        ("tie_rtol", lambda v: condreg.r_ill(F, tie_rtol=v, gram=True)),
+        ("rtol", lambda v: cnn.ConditionRegularizer(rtol=v)),
+        ("rtol", lambda v: cnn.precondition(F, x, rtol=v)),
+        ("ridge", lambda v: cnn.precondition(F, x, ridge=v)),
+        ("ridge", lambda v: cnn.Precondition(ridge=v)),
+        ("rtol", lambda v: cnn.Precondition(rtol=v)),
+        ("rtol", lambda v: cnn.left_precondition(layer, torch.ones(2, 4), K, rtol=v)),
+        ("absolute_ridge", lambda v: cnn.left_precondition(layer, torch.ones(2, 4), K, v)),
+    ]
+    return out
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [("0.1", TypeError), (True, TypeError), ([0.1], TypeError), (math.nan, ValueError),
+     (-1.0, ValueError), (math.inf, ValueError)],
+)  # fmt: skip
+def test_tolerances_and_ridges_have_one_convention(bad, error):
+    """One validator each for ``rtol``, ``tie_rtol`` and ``ridge``: a wrong type is a
+    ``TypeError``, a bad value a ``ValueError``, naming the argument, at every entry point."""
+    for name, call in _entry_points():
+        with pytest.raises(error, match=name):
+            call(bad)
+    for name, call in _entry_points():  # the range: [0, 1) for tolerances, >= 0 for ridges
+        if "ridge" in name:
+            continue
+        with pytest.raises(ValueError, match=name):
+            call(1.0)
 
 
 # --------------------------------------------------------------------------------------------

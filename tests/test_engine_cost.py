@@ -2,7 +2,7 @@
 
 PyTorch: every aten op the call dispatches, counted with a ``TorchDispatchMode`` (on a GPU each
 is one kernel launch), and every host read: the engine's one transfer of the spectrum to the host
-(:func:`condreg._spectrum.to_host`, counted at its call) and any ``_local_scalar_dense``
+(:func:`condreg._backend.to_host`, counted at its call) and any ``_local_scalar_dense``
 (``.item()``, ``bool()``). Each read is one device synchronisation on a GPU. The budget (issue
 "A light engine"): forward + backward of ``r_ill``/``r_well``/``condition_number`` within 40 ops
 and one read (the accept decision, which also carries the input checks) at 64×784 with
@@ -27,7 +27,7 @@ from conftest import enable_x64  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import condreg  # noqa: E402
-from condreg import _spectrum  # noqa: E402
+from condreg import _backend  # noqa: E402
 
 NAMES = ["r_ill", "r_well", "condition_number"]
 DTYPES = [pytest.param(torch.float64, id="float64"), pytest.param(torch.float32, id="float32")]
@@ -53,14 +53,14 @@ class _Ops(TorchDispatchMode):
 def transfers(monkeypatch):
     """The engine's host reads (calls of ``to_host``, also from ``condreg._extreme``)."""
     calls: list = []
-    real = _spectrum.to_host
+    real = _backend.to_host
 
     def counting(x):
         if not isinstance(x, np.ndarray):  # already on the host: no transfer
             calls.append(tuple(x.shape))
         return real(x)
 
-    monkeypatch.setattr(_spectrum, "to_host", counting)
+    monkeypatch.setattr(_backend, "to_host", counting)
     return calls
 
 
@@ -175,3 +175,54 @@ def test_jax_gradient_has_fewer_equations_than_before(name, x64):
         X = jax.numpy.asarray(F, dtype="float64" if x64 else "float32")
         jaxpr = jax.make_jaxpr(jax.grad(lambda A: getattr(condreg, name)(A, gram=True)))(X)
     assert _equations(jaxpr.jaxpr) < JAX_BEFORE[name][x64]
+
+
+# --------------------------------------------------------------------------------------------
+# The path: distinct condreg functions one call enters, counted with sys.setprofile
+# --------------------------------------------------------------------------------------------
+
+#: Ceilings on the distinct condreg functions (closures, lambdas and generator expressions
+#: included) entered by one call at 64×784, ``gram=True``: NumPy ``r_ill`` and ``r_ill_grad``,
+#: PyTorch ``r_ill`` forward + backward: 37 / 41 / 49 here (issue 37 measured 47 / 52 / 63 on main
+#: 560bb41; its goal, 15 / — / 25, is not reached yet). A change that lengthens the path fails
+#: here; one that shortens it lowers these.
+PATH_CEILING = {"numpy": 37, "numpy_grad": 41, "torch": 49}
+
+
+def _path(fn) -> collections.Counter:
+    """``{(file, function): calls}`` of the condreg functions ``fn()`` enters."""
+    import sys
+    from pathlib import Path
+
+    root = str(Path(condreg.__file__).parent) + "/"
+    seen: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            seen[(frame.f_code.co_filename[len(root) :], frame.f_code.co_name)] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_the_path_is_counted_and_short():
+    F = np.random.default_rng(0).standard_normal((64, 784))
+    T = torch.asarray(F)
+
+    def torch_call():
+        X = T.clone().requires_grad_()
+        condreg.r_ill(X, gram=True).backward()
+
+    calls = {
+        "numpy": lambda: condreg.r_ill(F, gram=True),
+        "numpy_grad": lambda: condreg.r_ill_grad(F, gram=True),
+        "torch": torch_call,
+    }
+    for key, call in calls.items():
+        call()  # warm: imports and caches are not the path
+        seen = _path(call)
+        assert 5 <= len(seen) <= PATH_CEILING[key], (key, len(seen), sorted(seen))

@@ -216,17 +216,17 @@ def test_check_finite_false_reads_no_value(x64, monkeypatch):
 def test_checks_run_eagerly(x64, monkeypatch):
     """Eagerly one host read in the forward (the engine's ``to_host``: values, checks, pole) and
     the pole, read back in the backward; under ``jit`` nothing is read."""
-    from condreg import _spectrum
+    from condreg import _backend
 
     reads, calls = [], []
-    original, host = condreg_jax.concrete, _spectrum.to_host
+    original, host = condreg_jax.concrete, _backend.to_host
 
     def counting(x):
         calls.append(original(x))
         return calls[-1]
 
     monkeypatch.setattr(condreg_jax, "concrete", counting)
-    monkeypatch.setattr(_spectrum, "to_host", lambda x: (reads.append(x.shape), host(x))[1])
+    monkeypatch.setattr(_backend, "to_host", lambda x: (reads.append(x.shape), host(x))[1])
     jax.grad(condreg.r_ill)(jnp.asarray(generic_np()))
     assert len(reads) == 1 and calls == [False]
     reads.clear(), calls.clear()

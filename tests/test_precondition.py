@@ -43,7 +43,9 @@ def test_one_rank_rule_drops_what_the_tolerance_does_not_count():
     with pytest.raises(ValueError, match="rtol"):
         pc.left_preconditioner(X, rtol=1.5)
     with pytest.raises(ValueError, match="ridge"):
-        pc.left_preconditioner(X, ridge=0.0)
+        pc.left_preconditioner(X, ridge=-1.0)
+    # ridge = 0 is the pseudo-inverse, as everywhere (the filter s²/(s² + 0) is 1 on the rank)
+    np.testing.assert_array_equal(pc.left_preconditioner(X, ridge=0.0).filter, P.filter)
 
 
 @pytest.mark.parametrize("ridge", [0.0, 1e-3])

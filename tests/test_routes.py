@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from conftest import conditioned_rtol
 
 import condreg
 
@@ -273,7 +274,9 @@ def _strict(fn, F, gram):
 # The cases: route -> (runner, tolerance, x64 JAX, shapes)
 # --------------------------------------------------------------------------------------------
 
-TOL = {"float64": 1e-9, "ill": 1e-6, "float32": 2e-4, "half": 2e-2}
+# "ill" (kappa(F) = 1e7) follows the conditioning: conditioned_rtol(1e7) = 2.2e-7, with the
+# margin of the 300x200 shape's longer reductions
+TOL = {"float64": 1e-9, "ill": 5 * conditioned_rtol(1e7), "float32": 2e-4, "half": 2e-2}
 
 SIZES = ["40x9", "9x40", "64x784", "130x140", "140x130", "300x200", "3x20x30"]
 ILL = ["40x9ill", "9x40ill", "300x200ill"]

@@ -244,16 +244,16 @@ def test_check_finite_false_reads_no_tensor_value(name, gram, no_host_reads):
 def test_checks_do_read_values_when_enabled(monkeypatch):
     """The input checks, the accept decision and the pole are one host read (the engine's
     ``to_host``) in the forward; the backward reuses what it read."""
-    from condreg import _spectrum
+    from condreg import _backend
 
     calls = []
-    original = _spectrum.to_host
+    original = _backend.to_host
 
     def counting(x):
         calls.append(x)
         return original(x)
 
-    monkeypatch.setattr(_spectrum, "to_host", counting)
+    monkeypatch.setattr(_backend, "to_host", counting)
     S = generic(4, 3).requires_grad_()
     condreg.r_ill(S).backward()
     assert len(calls) == 1

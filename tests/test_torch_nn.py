@@ -325,7 +325,7 @@ def test_left_precondition_conv_per_group(spec):
         torch.testing.assert_close(pre[k * og : (k + 1) * og].reshape(og, -1), expected)
         # the gradient's rows lie in range(K): multiplying back by K recovers it
         torch.testing.assert_close(pre[k * og : (k + 1) * og].reshape(og, -1) @ K[k], Gk)
-    ridge = left_precondition(layer, G, K, ridge=1e-2)
+    ridge = left_precondition(layer, G, K, absolute_ridge=1e-2)
     eye = torch.eye(K.shape[-1], dtype=torch.float64)
     for k in range(gsz):
         Gk = G[k * og : (k + 1) * og].reshape(og, -1)
@@ -345,7 +345,7 @@ def test_left_precondition_drops_null_directions_and_checks_input():
     torch.testing.assert_close(pre[:, :2], G[:, :2] @ torch.linalg.inv(K[:2, :2]))
     assert left_precondition(layer.float(), G.float(), K.float()).dtype == torch.float32
     with pytest.raises(ValueError, match="ridge"):
-        left_precondition(layer, G, K, ridge=0.0)
+        left_precondition(layer, G, K, absolute_ridge=0.0)
     with pytest.raises(ValueError, match="shape"):
         left_precondition(layer, G[:, :2], K)
     with pytest.raises(ValueError, match="K must be"):

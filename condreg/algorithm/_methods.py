@@ -4,8 +4,7 @@ and the gradients they follow as public functions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -13,40 +12,10 @@ from array_api_compat import array_namespace
 
 from condreg import _core, _linalg, _precondition, _spectrum
 from condreg.algorithm._factored import Delta, basis_step, clip_factor, rel_size
-from condreg.algorithm._problem import Problem
+from condreg.algorithm._problem import Method, Problem
 from condreg.algorithm._step import loss_parts
 
 Array = Any
-Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]
-Update = Callable[[Problem, Any, Any, Any], "Array | Delta"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """One entry of :data:`REGISTRY` (adding a method is adding an entry).
-
-    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``unit_sizes(problem,
-    θ_0, hs_P, hs_H)``: its update per unit weight (``λ = max_step / size``); ``update(problem,
-    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}`` (``θ`` None unless
-    ``uses_theta``); ``default_inner_lr(problem, θ_0, hs_H)``: the default ``imma_lr``, if any;
-    ``label``: its name in tables and plots."""
-
-    name: str
-    uses: tuple[str, ...]
-    needs_vectors: tuple[bool, bool]
-    unit_sizes: Sizes
-    update: Update
-    summary: str
-    label: str = ""
-    needs_y_h: bool = False
-    min_rank_h: int = 1
-    default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
-    uses_theta: bool = True
-
-    def vectors(self, problem: Problem) -> tuple[bool, bool]:
-        """Whether an epoch of ``problem`` needs eigenvectors of ``(H_P, H_H)`` (not for λ = 0)."""
-        vec_p, vec_h = self.needs_vectors
-        return vec_p and problem.lam_p > 0, vec_h and problem.lam_h > 0
 
 
 def preconditioned_gradient(
@@ -69,7 +38,7 @@ def preconditioned_gradient(
         The extractor and the task's data.
     quantity : {"r_well", "r_ill", "condition_number"}
         The regularizer ``f``.
-    ridge : float > 0, optional
+    ridge : float >= 0, optional
         ``None``: the pseudo-inverse; ``ε``: ``(K + ε·λ_max(K)·I)⁻¹``.
     rtol : float, optional
         Rank tolerance on the singular values of ``Xθ`` and ``X``; default ``max(N, D)·eps``.
@@ -110,11 +79,13 @@ def preconditioned_gradient(
         F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
     )
     tie = _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
-    # scale-free, as the core's gradients: an over- or underflowing result is ±inf or 0, not NaN
-    unit, s1 = _core.normalized(sp, xp)
-    d = _core.dmu(quantity, unit, tie, "min_norm", xp, _core.never)
+    # on the exactly rescaled spectrum, as every gradient of the engine: an over- or underflowing
+    # result is ±inf or 0, not NaN
+    E = _core.unit_exponent(sp.s, xp)
+    s = _core.pow2(sp.s, -E, xp)
+    d = _core.spectrum_parts(quantity, sp._replace(s=s), xp, tie).dmu(s * s)
     step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
-    step = _core.rescale(step, s1, 2 * _core.DEGREE[quantity], xp)
+    step = _core.pow2(step, 2 * _core.DEGREE[quantity] * E, xp)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)
 
 

@@ -4,11 +4,9 @@ preconditioners, weights), its iterate, and what :func:`condreg.immunize` return
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:  # pragma: no cover
-    from condreg.algorithm._methods import Method
+from typing import Any, NamedTuple
 
 Array = Any
 
@@ -180,3 +178,35 @@ class ImmunizationResult:
             f"rir={self.rir:.4g}, lam_p={self.lam_p:.4g}, lam_h={self.lam_h:.4g}, "
             f"rtol={self.rtol:.3g}, stopped={self.stopped!r})"
         )
+
+
+Sizes = Callable[[Problem, Array, Any, Any], "tuple[float, float]"]
+Update = Callable[[Problem, Any, Any, Any], Any]  # an array or a _factored.Delta
+
+
+@dataclass(frozen=True)
+class Method:
+    """One entry of :data:`REGISTRY` (adding a method is adding an entry).
+
+    ``uses``: the weights it reads (``"p"``, ``"h"``; the others are 0); ``unit_sizes(problem,
+    θ_0, hs_P, hs_H)``: its update per unit weight (``λ = max_step / size``); ``update(problem,
+    θ, hs_P, hs_H)``: the regularizer part of ``θ_t − θ_{t+1}`` (``θ`` None unless
+    ``uses_theta``); ``default_inner_lr(problem, θ_0, hs_H)``: the default ``imma_lr``, if any;
+    ``label``: its name in tables and plots."""
+
+    name: str
+    uses: tuple[str, ...]
+    needs_vectors: tuple[bool, bool]
+    unit_sizes: Sizes
+    update: Update
+    summary: str
+    label: str = ""
+    needs_y_h: bool = False
+    min_rank_h: int = 1
+    default_inner_lr: Callable[[Problem, Array, Any], float] | None = None
+    uses_theta: bool = True
+
+    def vectors(self, problem: Problem) -> tuple[bool, bool]:
+        """Whether an epoch of ``problem`` needs eigenvectors of ``(H_P, H_H)`` (not for λ = 0)."""
+        vec_p, vec_h = self.needs_vectors
+        return vec_p and problem.lam_p > 0, vec_h and problem.lam_h > 0

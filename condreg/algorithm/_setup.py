@@ -13,7 +13,7 @@ import numpy as np
 from array_api_compat import device as _device
 from array_api_compat import is_array_api_obj
 
-from condreg import _linalg, _precondition, _validation
+from condreg import _backend, _core, _linalg, _precondition, _validation
 from condreg.algorithm._factored import initial_features
 from condreg.algorithm._methods import METHODS
 from condreg.algorithm._problem import ImmunizationWarning, TaskData
@@ -95,7 +95,7 @@ def checked(
         try:
             a = np.asarray(a, dtype=np.float64)
         except (TypeError, ValueError):
-            kind = f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+            kind = _backend.kind(a)
             raise TypeError(f"immunize: {name} must be an array of numbers, got {kind}") from None
         a = xp.asarray(a, device=dev)
     if not _is_real(a.dtype, xp):
@@ -164,12 +164,12 @@ def options(method, task, lr, max_step, lam_p, lam_h, ridge, imma_steps, imma_lr
 
 
 def setup_options(*, rtol: Any, ridge: Any) -> dict[str, Any]:
-    """The checked options of the data's setup: ``rtol`` in (0, 1) and ``ridge > 0`` (or None)."""
-    if rtol is not None:
-        rtol = positive(rtol, "rtol")
-        if not rtol < 1:
-            raise ValueError(f"immunize: rtol must be in (0, 1), got {rtol!r}")
-    return {"rtol": rtol, "ridge": None if ridge is None else positive(ridge, "ridge")}
+    """The checked options of the data's setup: ``rtol`` in [0, 1) and ``ridge >= 0`` (or None)."""
+    where = "immunize: "
+    return {
+        "rtol": _core.check_rtol(rtol, where=where),
+        "ridge": _core.check_ridge(ridge, where=where),
+    }
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,7 +261,7 @@ def build_setup(
     X_p: Array, X_h: Array, Xp: Array, Xh: Array, xp: Any, rtol: float | None, ridge: float | None
 ) -> DataSetup:
     """:func:`setup_data` of validated data: ``X_p``, ``X_h`` as given, ``Xp``, ``Xh`` cast."""
-    rtol = float(rtol or run_rtol(Xp, Xh))  # max(N_P, N_H, D)·eps, as metrics.rir
+    rtol = float(run_rtol(Xp, Xh) if rtol is None else rtol)  # max(N_P, N_H, D)·eps, as rir
     tasks = rir_spectra(None, Xp, Xh, rtol=rtol)  # κ(K_P), κ(K_H) as metrics.rir
     kappas = tasks.rir()
     P, path_p = _at_identity(build_task(Xp, xp, rtol, ridge, kappas.kappa_kp), rtol, xp)

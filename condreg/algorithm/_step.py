@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_numpy_array, is_torch_array
 
-from condreg import _core, _extreme, _linalg, _spectrum, _validation
+from condreg import _backend, _core, _extreme, _linalg, _spectrum, _validation
 from condreg.algorithm._factored import Delta, Tracked, advance_parts
 from condreg.algorithm._problem import Problem, State, TaskData
 
@@ -39,26 +38,20 @@ def spectrum(
             if p == path and hs.sp.F is F and hs.rtol == rtol:
                 return hs if vectors else hs._replace(ext=None)
         return _eager_spectrum(F, rtol, xp, vectors=vectors, path=path)
-    sp = _spectrum.decompose(
-        F, xp, gram=True, vectors=vectors, rtol=rtol, concrete=_core.never, method=path
-    )
-    V = None if sp.Vh is None else sp.Vh.T
-    return _linalg.HessianSpectrum(sp.mu, V, sp, None, sp.U, rtol)
+    return _linalg.hessian_spectrum(F, xp, vectors=vectors, rtol=rtol, method=path)
 
 
 def _eager(F: Array) -> bool:
     """Values only, vectors on demand: NumPy, and CPU PyTorch outside ``torch.compile``."""
-    if is_numpy_array(F):
-        return True
-    return is_torch_array(F) and F.device.type == "cpu" and not _spectrum.traced(F)
+    return _backend.cpu(F) and not _backend.traced(F)
 
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
     sm = _spectrum.small_side(
-        F, xp, how=path, vectors=False, rtol=rtol, read=_spectrum.eager, keep=True
+        F, xp, how=path, vectors=False, rtol=rtol, read=_backend.eager, keep=True
     )
-    mask, k = _spectrum.rank(sm.s, rtol, xp)
+    mask, k = _core.rank(sm.s, rtol, xp)
     mu = sm.s * sm.s
     sp = _core.Spectrum(None, sm.s, None, mu, mask, k, F.shape[1], True, sm.mu_err, F, sm.tie)
     gdtype = _spectrum.gram_dtype(F, xp)
@@ -103,10 +96,11 @@ class Extremes:
     def bounds(self, side: str, tie_rtol: float | None) -> tuple[int, int]:
         """Index range ``[lo, hi)`` of the top or bottom tie set."""
         xp, sp = self.xp, self.sp
+        p = _core.spectrum_parts("condition_number", sp, xp, tie_rtol)
         if side == "top":
-            return 0, int(xp.sum(_core.top_ties(sp, tie_rtol, xp)))
+            return 0, int(xp.sum(xp.astype(p.wt > 0, sp.s.dtype)))
         k = int(sp.k)
-        return k - int(xp.sum(_core.bottom_ties(sp, tie_rtol, xp))), k
+        return k - int(xp.sum(xp.astype(p.wb > 0, sp.s.dtype))), k
 
     def cluster(self, lo: int, hi: int) -> Array:
         """The columns ``lo:hi`` of ``W`` (kept): certified if possible, else from :meth:`full`."""

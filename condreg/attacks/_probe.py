@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from array_api_compat import array_namespace
 from array_api_compat import device as _device
 
-from condreg import _validation
+from condreg import _core, _spectrum, _validation
 from condreg.metrics import check_matrix, exact_descent, safe_div
 
 Array = Any
@@ -345,9 +345,8 @@ def probe(
 
     xp, A, y, w0 = _inputs(theta, X, y, w0)
     eps = float(xp.finfo(A.dtype).eps)
-    rtol = max(A.shape[0], A.shape[1]) * eps if rtol is None else float(rtol)
-    if not (math.isfinite(rtol) and 0 <= rtol < 1):
-        raise ValueError(f"probe: rtol must be in [0, 1), got {rtol!r}")
+    rtol = _core.check_rtol(rtol, where="probe: ")
+    rtol = _spectrum.default_rtol(A.shape, A.dtype, xp) if rtol is None else rtol
     s, rank, w_star = _least_squares(xp, A, y, rtol)
     s1, s_min = float(s[0]), (float(s[rank - 1]) if rank else 0.0)
     kappa = (s1 / s_min) ** 2 if rank else math.nan

@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 import optax
 
+from condreg import _core
+
 __all__ = ["ConditionRegularizerState", "condition_regularizer"]
 
 
@@ -85,7 +87,9 @@ def condition_regularizer(
     Raises
     ------
     ValueError
-        For a negative weight, ``ridge <= 0``, or a missing ``params``/batch or wrong shape.
+        For a negative weight, ``ridge < 0``, or a missing ``params``/batch or wrong shape.
+    TypeError
+        For a ``ridge`` that is not a real number.
 
     Examples
     --------
@@ -99,8 +103,7 @@ def condition_regularizer(
 
     if lam_p < 0 or lam_h < 0:
         raise ValueError(f"lam_p and lam_h must be >= 0, got {lam_p}, {lam_h}")
-    if ridge is not None and not ridge > 0:
-        raise ValueError(f"ridge must be > 0 (None: the pseudo-inverse), got {ridge}")
+    ridge = _core.check_ridge(ridge, where="condition_regularizer: ")
     path = _path(key)
 
     def update(updates, state, params=None, *, x_p=None, x_h=None, **extra):

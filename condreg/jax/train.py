@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import condreg
+from condreg import _core
 from condreg import _precondition as _precondition_home
 from condreg import algorithm as _alg
 from condreg.jax.weights import normalized
@@ -111,15 +112,14 @@ def precondition(features: jax.Array, inputs: jax.Array, ridge: float = 1e-4) ->
     >>> jax.grad(lambda t: condreg.r_well(precondition(x @ t, x), gram=True))(jnp.eye(2)).shape
     (2, 2)
     """
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    ridge = _core.check_ridge(ridge, where="precondition: ") or 0.0
     f, x = _rows(features, "features"), _rows(inputs, "inputs")
     if f.shape[0] != x.shape[0] or features.shape[:-1] != inputs.shape[:-1]:
         raise ValueError(
             "precondition: features and inputs must have the same rows, got shapes "
             f"{tuple(features.shape)} and {tuple(inputs.shape)}"
         )
-    return _precondition(features, inputs, float(ridge))
+    return _precondition(features, inputs, ridge)
 
 
 def _input_rows(x: jax.Array, name: str, theta: jax.Array, axis_name: Any) -> jax.Array:

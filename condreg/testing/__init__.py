@@ -31,23 +31,9 @@ def to_numpy(x: Array) -> np.ndarray:
     >>> to_numpy([[1.0, 2.0]]).shape
     (1, 2)
     """
-    if isinstance(x, np.ndarray):
-        return x.copy()
-    library = type(x).__module__.split(".")[0]
-    if library == "torch":
-        return x.detach().cpu().numpy().copy()
-    if library == "cupy":
-        return x.get()
-    try:
-        return np.array(x, copy=True)
-    except Exception:  # noqa: BLE001 - arrays without __array__: go through DLPack on the CPU
-        from array_api_compat import to_device
+    from condreg import _backend
 
-        try:
-            x = to_device(x, "cpu")
-        except Exception:  # noqa: BLE001 - not every library names its host device "cpu"
-            pass
-        return np.from_dlpack(x).copy()
+    return np.array(_backend.to_host(x) if hasattr(x, "shape") else x, copy=True)
 
 
 def default_tolerance(dtype: Any) -> float:

@@ -8,9 +8,9 @@ eager, aot_eager and inductor backends) — on every device, for a matrix or a b
 in float32/float64 and (computed in float32) float16/bfloat16, also under ``torch.autocast``.
 
 The forward is the engine's one route with ``xp = torch`` (validated input →
-``_spectrum.decompose`` → ``_core.parts`` → value) and, when a gradient may be asked for, keeps
-the vectors and ``d value / d mu`` (``_core.dmu_parts``, computed once with the value); the
-backward is the engine's one gradient assembly, ``grad · U diag(d) Vᵀ``
+``_spectrum.evaluate`` → ``_core.parts`` → value) and, when a gradient may be asked for, keeps
+the gradient factor ``K = U diag(d value / d mu) Vᵀ`` (computed once with the value); the
+backward is the engine's one gradient assembly, ``grad · K``
 (with ``gram=True`` one GEMM with ``F``), the minimum-norm subgradient at tied extremes. Autocast
 is off inside both. Forward mode uses a twin Function (dynamo cannot trace one that defines
 ``jvp``). Higher order (``create_graph=True``, ``torch.func.hessian``) recomputes ``G(S)`` from a
@@ -92,11 +92,13 @@ def _forward(S, config):
     the host, else ``None``)."""
     quantity, rtol, tie_rtol, gram, check, vectors = config
     with _no_autocast(S):
-        extreme = vectors and gram and S.device.type == "cpu"  # where values are read
-        kw = {"rtol": rtol, "tie_rtol": tie_rtol, "check": check, "extreme": extreme}
+        kw = {"rtol": rtol, "tie_rtol": tie_rtol, "check": check}
         ev = _spectrum.evaluate(quantity, S, xpt, gram=gram, vectors=vectors, **kw)
-    kept = tuple(S.new_empty(0) if x is None else x for x in (ev.K, ev.A, ev.n))
-    return ev.value, *kept, ev.pole
+    K, A, n = ev.K, ev.A, ev.n  # fresh empty tensors where absent
+    K = S.new_empty(0) if K is None else K
+    A = S.new_empty(0) if A is None else A
+    n = S.new_empty(0) if n is None else n
+    return ev.value, K, A, n, ev.pole
 
 
 def _backward(ctx, grad_value: torch.Tensor) -> torch.Tensor:
@@ -213,4 +215,5 @@ def value(
     tensor(0., dtype=torch.float64, grad_fn=<_SpectralValueWithJvpBackward>)
     """
     vectors = torch.is_grad_enabled() and S.requires_grad
-    return _function().apply(S, (quantity, rtol, tie_rtol, gram, check, vectors))[0]
+    fn = _SpectralValue if torch.compiler.is_compiling() else _SpectralValueWithJvp
+    return fn.apply(S, (quantity, rtol, tie_rtol, gram, check, vectors))[0]

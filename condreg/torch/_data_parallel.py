@@ -11,7 +11,7 @@ import torch.nn.functional as F_
 from array_api_compat import array_namespace
 
 import condreg
-from condreg import _precondition
+from condreg import _precondition, _spectrum
 from condreg.torch import distributed as cdist
 
 __all__ = ["process_group", "normalized", "global_quantity", "global_sample_precondition"]
@@ -90,10 +90,10 @@ def global_sample_precondition(
     of ``[xᵀx | xᵀḡ]`` when that resolves the spectrum, else an all-gather of ``[x | ḡ]``."""
     if group is None:
         return _precondition.sample_preconditioner(x, ridge=ridge, rtol=rtol).apply(g.to(x.dtype))
-    counts = cdist._row_counts(x.shape[0], x.device, group)
+    counts = cdist.row_counts(x.shape[0], x.device, group)
     n_total, d = sum(counts), x.shape[1]
     if cdist.choose_strategy(n_total, d) == "gram":
-        tol = _precondition.resolve_rtol(rtol, (n_total, d), x.dtype, array_namespace(x))
+        tol = _spectrum.resolve_rtol(rtol, (n_total, d), x.dtype, array_namespace(x))
         out = _gram_route(x.to(torch.float64), g.to(torch.float64), float(ridge), tol, group)
         if out is not None:
             return out.to(x.dtype)

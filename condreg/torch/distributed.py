@@ -11,7 +11,7 @@ import torch.distributed as dist
 from array_api_compat import array_namespace
 
 import condreg
-from condreg import _core, _spectrum, _validation
+from condreg import _backend, _core, _spectrum, _validation
 
 __all__ = ["gather_features", "condition_number", "r_well", "r_ill", "choose_strategy"]
 
@@ -49,10 +49,10 @@ def gather_features(features: torch.Tensor, group: dist.ProcessGroup | None = No
     if not _initialised():
         return features
     group = dist.group.WORLD if group is None else group
-    return _gather_rows(features, group, _row_counts(features.shape[0], features.device, group))
+    return _gather_rows(features, group, row_counts(features.shape[0], features.device, group))
 
 
-def _row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[int]:
+def row_counts(n: int, device: torch.device, group: dist.ProcessGroup) -> list[int]:
     """Every rank's number of rows, in rank order (one all-gather of an integer)."""
     mine = torch.tensor([n], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
@@ -100,11 +100,11 @@ class _GramValue(torch.autograd.Function):
         xp = array_namespace(F)
         N, D = n_total, F.shape[-1]
         tol = _spectrum.resolve_rtol(rtol, (N, D), F.dtype, xp)
-        mask, k = _spectrum.rank(s, tol, xp)
+        mask, k = _core.rank(s, tol, xp)
         tie = _spectrum.default_tie_rtol((N, D), F.dtype, xp)  # s is rounded to F's dtype
         sp = _core.Spectrum(None, s, W.mT, s * s, mask, k, D, True, err_rel, F, tie)
         ctx.sp, ctx.quantity, ctx.world = sp, quantity, world
-        ctx.tie_rtol = _core.check_tie_rtol(tie_rtol)
+        ctx.tie_rtol = _core.check_rtol(tie_rtol, "tie_rtol")
         ctx.save_for_backward(F)
         return _core.value_from_spectrum(quantity, sp, xp, tie_rtol=ctx.tie_rtol)
 
@@ -112,7 +112,7 @@ class _GramValue(torch.autograd.Function):
     def backward(ctx, grad_value):  # type: ignore[override]
         (F,) = ctx.saved_tensors
         sp, xp, w = ctx.sp._replace(F=F), array_namespace(F), grad_value * ctx.world
-        kw = {"subgradient": "min_norm", "concrete": _spectrum.eager, "weight": w}
+        kw = {"subgradient": "min_norm", "concrete": _backend.eager, "weight": w}
         G = _core.gradient_from_spectrum(ctx.quantity, sp, xp, tie_rtol=ctx.tie_rtol, **kw)
         return G, None, None, None, None, None, None, None, None
 
@@ -132,7 +132,7 @@ def _value(
         return fn(features, gram=True, **kw)
     F = features.reshape(features.shape[0], -1)
     group = dist.group.WORLD if group is None else group
-    counts = _row_counts(F.shape[0], F.device, group)
+    counts = row_counts(F.shape[0], F.device, group)
     n_total, D = sum(counts), F.shape[-1]
     chosen = choose_strategy(n_total, D) if strategy == "auto" else strategy
     if chosen == "gram":

@@ -4,14 +4,12 @@ docs/deepnet.md); under ``torch.distributed`` they use the global batch (docs/sc
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F_
 from torch import nn
 
-from condreg import _precondition
+from condreg import _backend, _core, _precondition, _spectrum
 from condreg.torch import _data_parallel as dp
 
 __all__ = ["ConditionRegularizer", "Precondition", "precondition", "rows"]
@@ -48,7 +46,7 @@ def rows(F: torch.Tensor, name: str = "features") -> torch.Tensor:
     """
     if not isinstance(F, torch.Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor, got {type(F).__module__}.{type(F).__name__} "
+            f"{name} must be a torch.Tensor, got {_backend.kind(F)} "
             "(convert it with torch.as_tensor)"
         )
     if F.ndim == 2:
@@ -105,7 +103,8 @@ class ConditionRegularizer(nn.Module):
         if lam_p < 0 or lam_h < 0:
             raise ValueError(f"lam_p and lam_h must be >= 0, got {lam_p}, {lam_h}")
         self.lam_p, self.lam_h, self.normalize = float(lam_p), float(lam_h), bool(normalize)
-        self.rtol, self.local, self.group = rtol, bool(local), group
+        self.rtol, self.local = _core.check_rtol(rtol, where="ConditionRegularizer: "), bool(local)
+        self.group = group
 
     def forward(
         self, features_p: torch.Tensor | None = None, features_h: torch.Tensor | None = None
@@ -200,9 +199,10 @@ def precondition(
     Raises
     ------
     ValueError
-        For ``ridge < 0`` or ``features`` and ``inputs`` with different rows.
+        For ``ridge < 0``, ``rtol`` outside ``[0, 1)`` or ``features`` and ``inputs`` with
+        different rows.
     TypeError
-        If either is not a ``torch.Tensor``.
+        If either is not a ``torch.Tensor``, or ``ridge``/``rtol`` is not a real number.
 
     Examples
     --------
@@ -211,8 +211,8 @@ def precondition(
     >>> x, theta = torch.randn(32, 6), torch.eye(6, requires_grad=True)
     >>> condreg.r_well(precondition(x @ theta, x), gram=True).backward()  # theta.grad: K⁻¹-left
     """
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    ridge = _core.check_ridge(ridge, where="precondition: ") or 0.0
+    rtol = _core.check_rtol(rtol, where="precondition: ")
     f, x = rows(features, "features"), rows(inputs, "inputs")
     if f.shape[0] != x.shape[0] or features.shape[:-1] != inputs.shape[:-1]:
         raise ValueError(
@@ -220,7 +220,7 @@ def precondition(
             f"{tuple(features.shape)} and {tuple(inputs.shape)}"
         )
     group = dp.process_group(local, group)
-    return _Precondition.apply(features, inputs, float(ridge), rtol, group)
+    return _Precondition.apply(features, inputs, ridge, rtol, group)
 
 
 class Precondition(nn.Module):
@@ -240,7 +240,9 @@ class Precondition(nn.Module):
     Raises
     ------
     ValueError
-        For ``ridge < 0``.
+        For ``ridge < 0`` or ``rtol`` outside ``[0, 1)``.
+    TypeError
+        For a ``ridge`` or ``rtol`` that is not a real number.
 
     Examples
     --------
@@ -259,9 +261,9 @@ class Precondition(nn.Module):
         group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
-        if ridge < 0:
-            raise ValueError(f"ridge must be >= 0, got {ridge}")
-        self.ridge, self.rtol, self.local, self.group = float(ridge), rtol, bool(local), group
+        ridge = _core.check_ridge(ridge, where="Precondition: ") or 0.0
+        self.ridge, self.rtol = ridge, _core.check_rtol(rtol, where="Precondition: ")
+        self.local, self.group = bool(local), group
 
     def forward(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """:func:`precondition` of ``features`` with the covariance ``K = xᵀx`` of ``inputs``.
@@ -354,8 +356,8 @@ def layer_gram(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: float | None):
-    """``G K⁺`` (condreg's rank rule on ``√λ_i(K)``) or ``G (K + ridge·I)⁻¹``, in float64;
-    ``K`` ``(d, d)`` or ``(g, d, d)`` with ``G`` ``(g, o, d)``."""
+    """``G K⁺`` (condreg's rank rule on ``√λ_i(K)``) or ``G (K + ridge·I)⁻¹`` (``ridge``
+    absolute), in float64; ``K`` ``(d, d)`` or ``(g, d, d)`` with ``G`` ``(g, o, d)``."""
     Kd, Gd = K.to(torch.float64), G.to(torch.float64)
     d = K.shape[-1]
     if ridge is not None:
@@ -365,7 +367,7 @@ def _inverse_apply(G: torch.Tensor, K: torch.Tensor, ridge: float | None, rtol: 
         return torch.cholesky_solve(Gd.mT, L).mT.to(G.dtype)
     lam, V = torch.linalg.eigh(Kd)
     lam, V = lam.flip(-1), V.flip(-1)  # descending, as the rank rule expects
-    tol = rtol if rtol is not None else math.sqrt(d * torch.finfo(K.dtype).eps)
+    tol = _spectrum.gram_rtol(d, K.dtype, torch) if rtol is None else rtol
     keep = _precondition.rank_mask(lam.clamp(min=0).sqrt(), tol)
     inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), 0.0)
     return (((Gd @ V) * inv[..., None, :]) @ V.mT).to(G.dtype)
@@ -376,7 +378,7 @@ def left_precondition(
     layer: nn.Module,
     grad_weight: torch.Tensor,
     K: torch.Tensor,
-    ridge: float | None = None,
+    absolute_ridge: float | None = None,
     *,
     rtol: float | None = None,
 ) -> torch.Tensor:
@@ -389,10 +391,12 @@ def left_precondition(
         The layer.
     grad_weight, K : torch.Tensor
         A gradient of ``layer.weight`` (the regularizer's only) and :func:`layer_gram` of its input.
-    ridge : float, optional
-        ``None``: the pseudo-inverse; ``> 0``: ``(K + ridge·I)⁻¹`` (absolute ridge).
+    absolute_ridge : float, optional
+        ``None``: the pseudo-inverse; ``> 0``: ``(K + absolute_ridge·I)⁻¹`` (in ``K``'s units,
+        unlike the ``ridge`` elsewhere, which is relative to ``λ_max``).
     rtol : float, optional
-        Rank tolerance of the pseudo-inverse on ``√λ_i`` (default ``√(d·eps(K.dtype))``).
+        Rank tolerance of the pseudo-inverse on ``√λ_i``, in ``[0, 1)`` (default
+        ``√(d·eps(K.dtype))``, the resolution of a formed Gram matrix's eigenvalues).
 
     Returns
     -------
@@ -404,7 +408,7 @@ def left_precondition(
     TypeError
         For another layer type.
     ValueError
-        For mismatched shapes or ``ridge <= 0``.
+        For mismatched shapes, ``absolute_ridge <= 0`` or ``rtol`` outside ``[0, 1)``.
 
     Examples
     --------
@@ -413,8 +417,9 @@ def left_precondition(
     >>> layer, x = torch.nn.Linear(3, 2), torch.randn(10, 3)
     >>> G = left_precondition(layer, torch.ones(2, 3), layer_gram(layer, x))
     """
-    if ridge is not None and not ridge > 0:
-        raise ValueError(f"ridge must be > 0 (or None for the pseudo-inverse), got {ridge}")
+    where = "left_precondition: "
+    ridge = _core.check_ridge(absolute_ridge, "absolute_ridge", where, zero=False)
+    rtol = _core.check_rtol(rtol, where=where)
     if tuple(grad_weight.shape) != tuple(layer.weight.shape):
         raise ValueError(
             f"left_precondition: grad_weight has shape {tuple(grad_weight.shape)}, the "
