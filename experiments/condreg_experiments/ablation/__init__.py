@@ -180,18 +180,15 @@ def run(
     quick: bool = False,
     seeds: int = 1,
     progress: bool = True,
-    switches: list[str] | None = None,
     pairs: list[tuple[int, int]] | None = None,
-    datasets: list[str] | None = None,
-    parts: list[str] | None = None,
     jobs: int | None = None,
-    max_steps: list[float] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run the ablation; write results.json, table.md, ranking.png, factored.png,
     step_rules.png, schedule.png and units/. The released switches run on ``seeds`` seeds, the
-    factored rows, the step rules and the released MNIST rows on max(3, ``seeds``) (quick: 1).
+    factored rows, the step rules and the released MNIST rows on max(3, ``seeds``) (quick: 1);
+    ``options``: the fields of :class:`Settings`.
 
     Returns the results.json payload; UsageError or DataError (unusable house files) before work.
 
@@ -201,6 +198,7 @@ def run(
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
+    given = Settings.take(options)
     if options:
         raise UsageError(
             f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes --switches, "
@@ -208,14 +206,8 @@ def run(
         )
     rp.check_positive("--seeds", seeds, integer=True)
     rp.check_positive("--jobs", jobs, integer=True)
-    given = dict(datasets=datasets, parts=parts, switches=switches, max_steps=max_steps)
     s = Settings.resolve(quick, given)
-    if pairs is not None:
-        keys = [tuple(p) for p in pairs]
-        bad = [p for p in keys if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
-        if bad or not keys or len(set(keys)) != len(keys):
-            raise UsageError(f"--pairs needs distinct (P, H) digit pairs 0-9, got {pairs!r}")
-    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else ABLATION_PAIRS)
     seed_list = rp.seed_list(seeds)
     factor_seeds = seed_list if quick else rp.seed_list(max(seeds, fc.FACTOR_SEEDS))
     plan = Plan(
