@@ -83,7 +83,7 @@ class StudySettings:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        """The settings as plain JSON values (paths as strings, tuples as lists)."""
+        """The settings by field, paths as strings (results.json writes the tuples as lists)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
 
