@@ -511,6 +511,7 @@ def test_quick_house_prices_says_quick_in_every_title(tmp_path):
 )
 def test_each_experiment_declares_its_options(name, argv, quick_words):
     import argparse
+    import dataclasses
     import importlib
     import inspect
 
@@ -522,8 +523,9 @@ def test_each_experiment_declares_its_options(name, argv, quick_words):
     assert quick_words in quick.help and "mnist-pairs:" not in quick.help
     args = vars(parser.parse_args(["--quick", *argv]))
     assert args["quick"] is True
-    parameters = inspect.signature(module.run).parameters
-    assert set(args) <= set(parameters)  # every option is one of run()'s parameters
+    parameters = set(inspect.signature(module.run).parameters)
+    parameters |= {f.name for f in dataclasses.fields(module.Settings)}
+    assert set(args) <= parameters  # every option: one of run()'s parameters or a setting
 
 
 def test_resolve_data_dir():
@@ -642,3 +644,30 @@ def test_the_runner_chains_resumes_and_times_every_study_alike(tmp_path):
     assert again.units == done.units and again.timing()["units_resumed"] == 5
     with pytest.raises(UsageError, match="other settings"):
         run_units(UnitStore(tmp_path, settings={"k": 2}, resume=True), chains, compute)
+
+
+def test_settings_are_resolved_in_one_place():
+    """Defaults, then --quick's overrides, then the options; lists and numbers coerced; every bad
+    value a UsageError naming the option."""
+    from condreg_experiments import attacks, convergence, house_prices
+
+    assert house_prices.Settings.resolve(False, {}).epochs == house_prices.PAPER_SETTINGS["epochs"]
+    quick = house_prices.Settings.resolve(True, {"methods": "imma,condreg", "lr": 1})
+    assert quick.epochs < house_prices.Settings.epochs and quick.methods == ("imma", "condreg")
+    assert isinstance(quick.lr, float) and quick.to_json()["methods"] == ("imma", "condreg")
+    assert mp.Settings.resolve(True, {"epochs": 3}).epochs == 3
+    assert mp.Settings.resolve(False, {"inputs": "raw"}).pool == 1
+    assert convergence.Settings.resolve(True, {}).steps == convergence.QUICK_STEPS
+    for cls, options, match in (
+        (house_prices.Settings, {"epochs": 0}, "--epochs"),
+        (house_prices.Settings, {"epochs": 1.5}, "--epochs"),
+        (house_prices.Settings, {"nope": 1}, "unknown house-prices option"),
+        (house_prices.Settings, {"encoding": "x"}, "--encoding"),
+        (mp.Settings, {"pool": 3}, "--pool"),
+        (attacks.Settings, {"fraction": 1.0}, "--fraction"),
+        (attacks.Settings, {"attackers": "gd,x"}, "attacker"),
+    ):
+        with pytest.raises(UsageError, match=match):
+            cls.resolve(False, options)
+    options = {"epochs": 3, "lam_p": 0.1}
+    assert house_prices.Settings.take(options) == {"epochs": 3} and options == {"lam_p": 0.1}

@@ -14,10 +14,6 @@ import condreg
 from condreg import metrics
 from condreg_experiments.data import DataError
 
-__all__ = ["TOLERANCE_FACTORS", "check_task_ranks", "default_rtol", "kappa_features", "PairSpectra"]
-__all__ += ["score", "spectrum_numbers", "tolerance_robustness", "immunize_method", "stopped_early"]
-__all__ += ["success", "best_loss", "SEPARABLE_LOSS", "data_setup", "RANK_KEPT_TEXT"]
-
 #: The verdict of every run is reported at rtol, 10·rtol and 100·rtol (docs/math.md §10.3).
 TOLERANCE_FACTORS: tuple[int, ...] = (1, 10, 100)
 

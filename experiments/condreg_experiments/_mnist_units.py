@@ -13,9 +13,6 @@ import numpy as np
 from condreg_experiments import _linear as lin
 from condreg_experiments import _report as rp
 
-__all__ = ["unit_cost", "run_unit"]
-__all__ += ["collect", "summarise", "timing", "results", "notes", "table", "heatmap"]
-
 #: What every unit of one run shares: (methods, epochs, lr, immunize options, cross_check).
 Shared = tuple[Sequence[str], int, float, Mapping[str, Any], bool]
 

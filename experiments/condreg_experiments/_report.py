@@ -18,21 +18,7 @@ import numpy as np
 import condreg
 from condreg.algorithm import METHOD_LABELS as _LABELS
 from condreg.algorithm import METHODS
-from condreg.cli import UsageError, check_out_dir
-
-__all__ = ["METHODS", "METHOD_COLORS", "check_methods", "check_out_dir"]
-__all__ += [
-    "check_positive",
-    "from_jsonable",
-    "METHOD_LABELS",
-    "PAPER_DEEPNET",
-    "section",
-]
-__all__ += ["PAPER_HOUSE_PRICES", "PAPER_MNIST", "fmt_mean_std", "fmt_number", "markdown_table"]
-__all__ += ["mean_std", "new_figure", "prepare_out_dir", "progress", "save_figure", "seed_list"]
-__all__ += ["to_jsonable", "write_outputs", "write_results", "write_table", "immunize_options"]
-__all__ += ["geomean", "ratio_summary", "fmt_ratio", "I_THRESHOLDS", "success_by_i"]
-__all__ += ["success_counts"]
+from condreg.cli import UsageError, check_out_dir  # noqa: F401 (the studies use rp.check_out_dir)
 
 #: Display names in tables and plots: condreg.algorithm.METHOD_LABELS (the methods, in
 #: condreg.algorithm.METHODS order) and "identity", θ = I, the un-immunized reference.

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import pathlib
@@ -64,9 +65,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _settings(quick, data, pairs, steps, epochs, methods, attackers, fraction, options):
+@dataclasses.dataclass(frozen=True)
+class Settings(opt.StudySettings):
+    """The knobs of ``condreg reproduce attacks`` besides the data and the pairs."""
+
+    STUDY = "attacks"
+    QUICK = {"steps": QUICK_STEPS}
+    POSITIVE = ("steps",)
+
+    steps: int = FULL_STEPS
+    epochs: int | None = None  # None: house-prices' and mnist-pairs' own
+    methods: tuple[str, ...] | None = None  # None: every method
+    attackers: tuple[str, ...] | None = None  # None: every attacker of condreg.attacks.probe
+    fraction: float = FRACTION
+
+    def checked(self) -> Settings:
+        from condreg.attacks import ATTACKERS
+
+        rp.check_positive("--epochs", self.epochs, integer=True)
+        methods = tuple(rp.check_methods(self.methods))
+        if self.attackers is not None:
+            bad = [a for a in self.attackers if a not in ATTACKERS]
+            if bad or not self.attackers:
+                raise UsageError(
+                    f"attacks: unknown attacker(s) {bad}; choose from {', '.join(ATTACKERS)}"
+                )
+        fraction = self.fraction
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, (int, float)) and 0 < fraction < 1
+        ):
+            raise UsageError(f"attacks: --fraction must be in (0, 1), got {fraction!r}")
+        attackers = tuple(a for a in ATTACKERS if a in (self.attackers or ATTACKERS))
+        return dataclasses.replace(self, methods=methods, attackers=attackers)
+
+
+def _settings(quick, data, pairs, given, options):
     """``(settings, datasets)``: the options checked (UsageError) and resolved, the data loaded."""
-    from condreg.attacks import ATTACKERS
     from condreg_experiments import mnist_pairs as mp
     from condreg_experiments.convergence import linear_datasets
 
@@ -75,36 +109,16 @@ def _settings(quick, data, pairs, steps, epochs, methods, attackers, fraction, o
             f"attacks: unknown option(s) {', '.join(sorted(options))}; this experiment takes "
             "data, pairs, steps, epochs, methods, attackers, fraction"
         )
-    rp.check_positive("--steps", steps, integer=True)
-    rp.check_positive("--epochs", epochs, integer=True)
-    methods = rp.check_methods(methods)
-    if attackers is not None:
-        bad = [a for a in attackers if a not in ATTACKERS]
-        if bad or not attackers:
-            raise UsageError(
-                f"attacks: unknown attacker(s) {bad}; choose from {', '.join(ATTACKERS)}"
-            )
-    if pairs is not None:
-        ok = all(
-            len(p) == 2 and all(isinstance(d, int) and 0 <= d <= 9 for d in p) and p[0] != p[1]
-            for p in pairs
-        )
-        if not ok or not pairs:
-            raise UsageError(f"attacks: pairs must be (P, H) digit pairs with P != H, got {pairs}")
-        twice = sorted({tuple(p) for p in pairs if list(map(tuple, pairs)).count(tuple(p)) > 1})
-        if twice:
-            raise UsageError(f"attacks: --pairs lists {twice} more than once")
-    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
-        raise UsageError(f"attacks: --fraction must be in (0, 1), got {fraction!r}")
-    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else PAPER_PAIRS))]
-    datasets, data_dir = linear_datasets(data, pairs, quick, epochs)  # bad data fail here
-    n_positive = (mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS)["n_positive"]
-    settings = dict(steps=int(steps or (QUICK_STEPS if quick else FULL_STEPS)), fraction=fraction)
-    settings.update(fractions_recorded=sorted({*FRACTIONS, float(fraction)}), methods=methods)
-    settings["attackers"] = [a for a in ATTACKERS if a in (attackers or ATTACKERS)]
+    s = Settings.resolve(quick, given)
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else PAPER_PAIRS)
+    datasets, data_dir = linear_datasets(data, pairs, quick, s.epochs)  # bad data fail here
+    settings = dict(steps=s.steps, fraction=s.fraction)
+    settings.update(fractions_recorded=sorted({*FRACTIONS, float(s.fraction)}))
+    settings.update(methods=list(s.methods), attackers=list(s.attackers))
     settings["datasets"] = list(datasets)
     settings.update({k: {d: v[k] for d, v in datasets.items()} for k in ("epochs", "lr")})
     settings.update(mnist_pairs=[list(p) for p in pairs])
+    n_positive = mp.Settings.resolve(quick, {}).n_positive
     settings.update(mnist_inputs={"preset": "pooled", "n_positive": n_positive})
     settings.update(data_dir=str(data_dir), quick=quick, w0="zeros")
     settings["attacker_settings"] = "condreg.attacks.probe defaults (none tuned)"
@@ -119,23 +133,17 @@ def run(
     progress: bool = True,
     data: str | pathlib.Path | None = None,
     pairs: list[tuple[int, int]] | None = None,
-    steps: int | None = None,
-    epochs: int | None = None,
-    methods: list[str] | None = None,
-    attackers: list[str] | None = None,
-    fraction: float = FRACTION,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Attack θ = I and each method's θ with every attacker; write results.json, table.md,
     ``attack_curves.png`` (D_H), ``attack_curves_pretrain.png`` (D_P) and units/ (one per
-    (seed, dataset, θ), kept by ``resume``) into ``out_dir``. Raises
-    :class:`condreg_experiments.UsageError` for a bad option, before any work."""
+    (seed, dataset, θ), kept by ``resume``) into ``out_dir``; ``options``: the fields of
+    :class:`Settings`. Raises :class:`condreg_experiments.UsageError` for a bad option, before
+    any work."""
     out_dir = rp.check_out_dir(out_dir)
     start, seed_values = time.perf_counter(), rp.seed_list(seeds)
-    settings, datasets = _settings(
-        quick, data, pairs, steps, epochs, methods, attackers, fraction, options
-    )
+    settings, datasets = _settings(quick, data, pairs, Settings.take(options), options)
     out_dir = rp.prepare_out_dir(out_dir)
     unit_settings = {k: v for k, v in settings.items() if k not in ("methods", "datasets")}
     store = UnitStore(out_dir, settings=unit_settings, resume=resume)  # a unit per θ

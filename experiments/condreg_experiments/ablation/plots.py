@@ -12,8 +12,6 @@ import numpy as np
 from condreg_experiments import _report as rp
 from condreg_experiments.ablation import LABELS, METHODS
 
-__all__ = ["draw", "factored", "step_rules", "ranking", "schedule"]
-
 _SHORT = {"house": "house prices", "mnist": "MNIST pairs"}
 _MARKERS = {"condreg": "o", "opt_kappa": "s"}
 

@@ -12,10 +12,6 @@ import numpy as np
 
 from condreg_experiments.data import DataError, read_csv_table
 
-__all__ = ["RELEASED_SWITCHES", "SWITCHES_BY_DATASET", "RELEASED_CONFIG", "LOGGED", "RIDGE_FLOOR"]
-__all__ += ["PANDAS_NA_VALUES", "ReleasedHousePrices", "ridge_floor_kappa", "ridge_floor_spectrum"]
-__all__ += ["released_house_prices", "encode_column", "released_mnist_tasks"]
-
 #: The released code's choices the ablation emulates: name -> what it does when on (off: condreg's).
 RELEASED_SWITCHES: dict[str, str] = {
     "ridge_kappa": "κ from eigvalsh(S + 1e-6·I), σ_min = the smallest eigenvalue above 1e-6, in "

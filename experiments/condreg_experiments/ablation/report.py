@@ -16,8 +16,6 @@ from condreg_experiments.ablation import DP_TOLERANCE, METHODS, switches_of
 from condreg_experiments.ablation import factors as fc
 from condreg_experiments.ablation.released import LOGGED, RELEASED_SWITCHES
 
-__all__ = ["assemble", "write", "WAYS", "summary", "versus", "notes"]
-
 #: The two scorings: condreg's κ (nonzero singular values) and the released ridge-floor κ.
 WAYS = ("nonzero", "ridge")
 

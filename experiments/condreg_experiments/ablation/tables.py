@@ -10,8 +10,6 @@ from condreg_experiments import _report as rp
 from condreg_experiments.ablation import LABELS, METHODS
 from condreg_experiments.ablation import factors as fc
 
-__all__ = ["table", "TITLES"]
-
 TITLES = {"house": "House prices (Table 1)", "mnist": "MNIST digit pairs (Table 2)"}
 
 _LEGEND = (

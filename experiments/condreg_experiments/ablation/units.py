@@ -19,9 +19,6 @@ from condreg_experiments.ablation import factors as fc
 from condreg_experiments.ablation import released as rel
 from condreg_experiments.data import house_price_dir, load_house_prices, load_mnist
 
-__all__ = ["input_kappas", "score_two_ways", "run_unit", "load_data", "unit_specs", "run_units"]
-__all__ += ["rule_specs", "choose_rule_values"]
-
 _EPS = np.finfo(np.float64).eps
 
 

@@ -10,8 +10,6 @@ import numpy as np
 
 from condreg_experiments.data import DataError
 
-__all__ = ["Images", "Split", "load_image_folder", "load_images", "split_indices"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Split:

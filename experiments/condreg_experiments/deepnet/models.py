@@ -13,9 +13,6 @@ from torch import nn
 
 from condreg_experiments import UsageError
 
-__all__ = ["Parts", "Target", "build_large", "build_small", "precond_targets", "split_resnet"]
-__all__ += ["split_vit", "with_theta"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Target:

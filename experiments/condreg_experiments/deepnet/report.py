@@ -11,9 +11,6 @@ import numpy as np
 from condreg_experiments import _report
 from condreg_experiments.convergence import digits_closed
 
-__all__ = ["PAPER_NOTE", "QUICK_NOTE", "failures", "plots", "ranking", "setup", "summaries"]
-__all__ += ["table", "title"]
-
 PAPER_NOTE = (
     "The paper immunizes ImageNet-pre-trained ResNet18 (last two conv blocks) and ViT (last "
     "block) against Stanford Cars / Country211 on GPUs. This run is a CPU-sized analogue on the "

@@ -1,17 +1,17 @@
-"""Typed settings of the deep-net study, validated by :func:`resolve` before any work."""
+"""Typed settings of the deep-net study (:class:`~condreg_experiments.options.StudySettings`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import pathlib
-from collections.abc import Mapping
 from typing import Any
 
 from condreg.algorithm import METHODS as ALGORITHM_METHODS
 from condreg_experiments import UsageError
+from condreg_experiments.options import StudySettings, as_tuple
 
-__all__ = ["ARCHS", "METHODS", "QUICK", "SMALL_ARCHS", "TARGETS", "Settings", "resolve"]
+__all__ = ["ARCHS", "METHODS", "QUICK", "SMALL_ARCHS", "TARGETS", "Settings", "as_tuple", "resolve"]
 
 #: Methods compared: "identity" (the un-immunized pre-trained extractor, RIR_θ0 = 1), then
 #: condreg.algorithm.METHODS.
@@ -32,9 +32,19 @@ TORCH_HINT = (
 )
 
 
+#: ``--quick``: a small, fast version (about a minute on 2 cores).
+QUICK: dict[str, Any] = dict(n_per_digit=250, pretrain_epochs=6, immunize_steps=40, probe_steps=100)
+QUICK.update(probe_converge_iters=40, attack_steps=60, reg_steps=(0.003, 0.01), rir_groups=10)
+QUICK.update(rir_group_sizes=(50, 100))
+
+
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(StudySettings):
     """Every knob of ``condreg reproduce deepnet`` (``run(**options)`` overrides any field)."""
+
+    STUDY = "deepnet"
+    QUICK = QUICK
+    NONE_OK = ("ridge", "imma_inner_lr")
 
     arch: tuple[str, ...] = SMALL_ARCHS  # run one after the other; or one large model
     target: str = "block"  # the block's own weights (per-layer K⁺) or "theta" (appended D×D)
@@ -81,40 +91,14 @@ class Settings:
         """True for a torchvision/timm model on image folders."""
         return any(a not in SMALL_ARCHS for a in self.arch)
 
-    def to_json(self) -> dict[str, Any]:
-        """The settings as plain JSON values (paths as strings, tuples as lists)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
-
-
-#: ``--quick``: a small, fast version (about a minute on 2 cores).
-QUICK: dict[str, Any] = dict(n_per_digit=250, pretrain_epochs=6, immunize_steps=40, probe_steps=100)
-QUICK.update(probe_converge_iters=40, attack_steps=60, reg_steps=(0.003, 0.01), rir_groups=10)
-QUICK.update(rir_group_sizes=(50, 100))
-
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-_TUPLES = {"arch": str, "methods": str, "reg_steps": float, "rir_group_sizes": int}
-_TUPLES |= {"pretrain_digits": int, "harmful_digits": int}
-_PATHS = ("mnist_dir", "weights", "pretrain_dir", "harmful_dir")
-_NONE_OK = ("ridge", "imma_inner_lr")
-
-
-def _coerce(key: str, value: Any) -> Any:
-    if key in _PATHS and value is not None:
-        return pathlib.Path(value)
-    return as_tuple(key, value, _TUPLES[key], "deepnet") if key in _TUPLES else value
-
-
-def as_tuple(key: str, value: Any, kind: type, experiment: str) -> tuple:
-    """A list option (``"a,b"`` or a sequence) as a tuple of ``kind``; a :class:`UsageError`
-    naming ``experiment``'s option otherwise."""
-    if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    try:
-        return tuple(kind(v) for v in value)
-    except (TypeError, ValueError):
-        msg = f"{experiment} option {key}={value!r}: expected a list of {kind.__name__}"
-        raise UsageError(msg) from None
+    def checked(self) -> Settings:
+        """The settings with "identity" among the methods, checked (UsageError)."""
+        s = self
+        if "identity" not in s.methods:
+            s = dataclasses.replace(s, methods=("identity", *s.methods))
+        _check(s)
+        _check_torch(s.device)
+        return s
 
 
 def _check_torch(device: str) -> None:
@@ -169,19 +153,5 @@ def _check(s: Settings) -> None:
         raise UsageError("RIR group sizes must be >= 2")
 
 
-def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
-    """The checked :class:`Settings` of a run: defaults, :data:`QUICK` (if ``quick``), then
-    ``options`` (``None`` ignored, except for ``ridge`` and ``imma_inner_lr``)."""
-    unknown = sorted(set(options) - set(_FIELDS))
-    if unknown:
-        known = ", ".join(sorted(_FIELDS))
-        raise UsageError(f"unknown deepnet option(s): {', '.join(unknown)}; known: {known}")
-    values: dict[str, Any] = dict(QUICK) if quick else {}
-    values.update({k: v for k, v in options.items() if v is not None or k in _NONE_OK})
-    values = {k: _coerce(k, v) for k, v in values.items()}
-    s = Settings(**values)
-    methods = s.methods if "identity" in s.methods else ("identity", *s.methods)
-    s = dataclasses.replace(s, methods=methods)
-    _check(s)
-    _check_torch(s.device)
-    return s
+#: The checked :class:`Settings` of a run: ``resolve(quick, options)``.
+resolve = Settings.resolve

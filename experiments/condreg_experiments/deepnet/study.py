@@ -17,10 +17,6 @@ from condreg_experiments.deepnet import models, training
 from condreg_experiments.deepnet.data import Images
 from condreg_experiments.deepnet.settings import SMALL_ARCHS, Settings
 
-__all__ = ["ATTACKERS", "Prepared", "attacker_steps", "converged_probe_accuracy"]
-__all__ += ["linear_probe_curve", "norm_ratio_curve", "prepare", "rir_by_group_size", "run_seed"]
-__all__ += ["steps_to_accuracy", "sweep"]
-
 #: The errors that make one method fail (recorded; the other methods go on).
 METHOD_FAILURES = (condreg.RankError, condreg.PoleError, FloatingPointError)
 

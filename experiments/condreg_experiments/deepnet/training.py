@@ -18,8 +18,6 @@ from condreg.torch.nn import layer_gram, left_precondition
 from condreg_experiments import _report
 from condreg_experiments.deepnet.models import Parts, Target, precond_targets
 
-__all__ = ["METHOD_REGISTRY", "Immunized", "Method", "batched_apply", "immunize", "pretrain"]
-
 
 def batched_apply(module, X, *, device, batch: int = 512, dtype=None) -> torch.Tensor:
     """``module(X)`` in batches under ``no_grad`` on ``device``; a CPU tensor (``dtype``)."""
