@@ -52,7 +52,8 @@ class Spectrum(NamedTuple):
     """A decomposition (:func:`condreg._spectrum.decompose`): ``s`` (descending), ``mu`` =
     ``s`` or ``s**2`` (``gram``), ``mask``/``k`` the numerical rank, ``p`` the R_well
     normaliser; ``U``/``Vh`` singular vectors or ``None``; ``mu_err`` the Gram path's error bound
-    relative to ``mu_1``; ``F`` the argument; ``tie`` the default tie tolerance."""
+    relative to ``mu_1``; ``F`` the argument; ``tie`` the default tie tolerance; ``G`` the Gram
+    matrix or ``R`` the exact route's triangular factor, where kept."""
 
     U: Array | None
     s: Array
@@ -65,6 +66,8 @@ class Spectrum(NamedTuple):
     mu_err: Any = 0.0
     F: Array | None = None
     tie: Any = None
+    G: Array | None = None
+    R: Array | None = None
 
 
 class Parts(NamedTuple):

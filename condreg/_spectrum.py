@@ -409,53 +409,6 @@ def choose(
     return if_false()
 
 
-class Small(NamedTuple):
-    """:func:`small_side`: singular values, the small side's vectors (or ``None``), the error
-    bound on ``mu`` relative to ``mu_1``, the default tie tolerance, and with ``keep`` the Gram
-    matrix (``G``, Gram path) or the exact path's ``R``."""
-
-    s: Array
-    Q: Array | None
-    mu_err: Any
-    tie: Any
-    G: Array | None = None
-    R: Array | None = None
-
-
-def small_side(
-    F: Array,
-    xp: Any,
-    *,
-    how: str,
-    vectors: bool,
-    rtol: float,
-    read: Concrete,
-    keep: bool = False,
-) -> Small:
-    """The spectrum of a feature batch from the small side (``how``: ``"exact"``, ``"gram"`` —
-    not checked — or ``"auto"``: the Gram where :func:`resolves` accepts it and ``read`` can
-    tell, else exact). Computed on :func:`scaled` ``F`` and scaled back exactly. ``keep``:
-    return ``G`` and ``R`` too."""
-    A, E = scaled(F, xp)
-    Ec = xp.clip(E, *exponent_limits(F.dtype, xp))
-    tie = xp.full_like(A[..., :1, 0], default_tie_rtol(F.shape, F.dtype, xp))
-
-    def from_exact() -> Small:
-        s, Q, R = exact(A, xp, vectors)
-        R = _core.pow2(R, Ec, xp) if keep else None
-        return Small(_core.pow2(s, Ec[..., 0], xp), Q, 0.0 * tie, tie, None, R)
-
-    if how == "exact":
-        return from_exact()
-    G = gram_matrix(A, xp)
-    mu, W = gram_eigh(G, xp, vectors)
-    s, err, ok = resolves(mu, F.shape, rtol, F.dtype, xp)
-    Q = None if W is None else xp.astype(xp.flip(W, axis=-1), F.dtype)
-    G = _core.pow2(G, 2.0 * Ec, xp) if keep else None
-    gram = Small(_core.pow2(s, Ec[..., 0], xp), Q, err, tie, G)
-    return gram if how == "gram" else choose(ok, lambda: gram, from_exact, read)
-
-
 def accept_gram(
     M: Array,
     shape: tuple[int, int],
@@ -490,30 +443,55 @@ def decompose(
     rtol: float | None,
     concrete: Concrete,
     method: str = "auto",
+    read: Concrete | None = None,
+    keep: bool = False,
 ) -> _core.Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
-    feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with
-    ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical rank
-    ``s_i > rtol·s_1``. :class:`RankError` when a matrix has rank 0 and ``concrete`` can tell;
-    NumPy arrays are always read for the accept decision."""
+    feature batch ``F = S`` (``gram=True``: the route of :func:`plan` — ``"auto"`` takes the Gram
+    where :func:`resolves` accepts it and ``read`` can tell, else exact; both sides' vectors
+    with ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical
+    rank ``s_i > rtol·s_1``. :class:`RankError` when a matrix has rank 0 and ``concrete`` can
+    tell. ``read`` (the accept decision): default ``concrete``, always for NumPy arrays.
+    ``keep``: the Gram matrix (``G``) or the exact route's ``R`` kept on the spectrum."""
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
     how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=False)
-    U = Vh = None
+    if read is None:
+        read = _backend.eager if _backend.library(S) == "numpy" else concrete
+    A, E = scaled(S, xp)
+    Ec = xp.clip(E, *exponent_limits(S.dtype, xp))
+    tie = default_tie_rtol(S.shape, S.dtype, xp)
+    U = Vh = G = R = None
     mu_err: Any = 0.0
     if how == "svd":
-        A, E = scaled(S, xp)
         s, U, Vh = _decompose(A, xp, "svd", vectors)
-        s = _core.pow2(s, xp.clip(E, *exponent_limits(S.dtype, xp))[..., 0], xp)
+        s = _core.pow2(s, Ec[..., 0], xp)
     else:
-        read = _backend.eager if _backend.library(S) == "numpy" else concrete
-        sm = small_side(S, xp, how=how, vectors=vectors, rtol=rtol, read=read)
-        s, mu_err = sm.s, sm.mu_err
+        zero = xp.zeros_like(A[..., :1, 0])  # mu_err of the exact route (a lax.cond branch)
+
+        def from_exact() -> tuple:
+            s, Q, R = exact(A, xp, vectors)
+            return _core.pow2(s, Ec[..., 0], xp), Q, zero, None, R if keep else None
+
+        if how == "exact":
+            s, Q, mu_err, G, R = from_exact()
+        else:
+            G = gram_matrix(A, xp)
+            mu, W = gram_eigh(G, xp, vectors)
+            s, err, ok = resolves(mu, S.shape, rtol, S.dtype, xp)
+            Q = None if W is None else xp.astype(xp.flip(W, axis=-1), S.dtype)
+            by_gram = (_core.pow2(s, Ec[..., 0], xp), Q, err, G if keep else None, None)
+            s, Q, mu_err, G, R = (
+                by_gram if how == "gram" else choose(ok, lambda: by_gram, from_exact, read)
+            )
         if vectors:
-            U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
+            U, Vh = (Q, None) if left_side(S.shape) else (None, Q.mT)
+        if keep:
+            G = None if G is None else _core.pow2(G, 2.0 * Ec, xp)
+            R = None if R is None else _core.pow2(R, Ec, xp)
     mask, k = _core.rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
         raise rank_error()
-    mu = s * s if gram else s
-    tie = default_tie_rtol(S.shape, S.dtype, xp)
+    with _backend.quiet(s):
+        mu = s * s if gram else s
     p = S.shape[-1] if gram else min(S.shape[-2:])
-    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)
+    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie, G, R)
