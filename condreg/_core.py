@@ -31,7 +31,6 @@ Subgradient = Literal["min_norm", "any", "raise"]
 
 SUBGRADIENTS = ("min_norm", "any", "raise")
 QUANTITIES = ("condition_number", "r_well", "r_ill")
-POLES = ("raise", "zero")
 #: Degree of homogeneity of each value in mu, and of d value / d mu (one less).
 VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 DEGREE = {q: d - 1 for q, d in VALUE_DEGREE.items()}
@@ -145,10 +144,7 @@ def parts(
     ``mu = s²``, ``|mu_i − mu_e| <= tie·s_1·(s_i + s_e) + 2·mu_err·mu_1`` (``mu_err``: the Gram
     path's error bound relative to ``mu_1``). ``w`` are the tie weights of ``policy``.
     """
-    check_name(quantity, QUANTITIES, "quantity")
-    check_name(policy, SUBGRADIENTS, "subgradient")
-    check_name(pole, POLES, "pole")
-    with quiet(s):
+    with quiet(s):  # quantity, policy and pole: checked by the callers (internal)
         mu = s * s if gram else s
         s1, m1, inside = s[..., :1], mu[..., :1], xp.astype(mask, s.dtype)
         tol = tie * s1

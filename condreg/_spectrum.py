@@ -50,30 +50,22 @@ def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
     return float(fi.eps), float(fi.smallest_normal), float(fi.max)
 
 
-def eps(xp: Any, dtype: Any) -> float:
-    return float(xp.finfo(dtype).eps)
-
-
-def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``max(m, n) * eps(dtype)`` (numpy.linalg.matrix_rank's convention, on ``s``)."""
-    return max(shape[-2], shape[-1]) * eps(xp, dtype)
-
-
 def gram_rtol(d: int, dtype: Any, xp: Any) -> float:
     """``√(d·eps(dtype))``: the default rank tolerance on ``√λ_i`` of a Gram matrix formed by the
     caller (``d×d``), whose eigenvalues are resolved only to ``d·eps·λ_1``."""
-    return math.sqrt(d * eps(xp, dtype))
+    return math.sqrt(d * float(xp.finfo(dtype).eps))
 
 
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: a backward-stable SVD's rounding."""
-    return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
+    return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * float(xp.finfo(dtype).eps)
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``rtol`` checked (:func:`condreg._core.check_rtol`), or :func:`default_rtol` for ``None``."""
+    """``rtol`` checked (:func:`condreg._core.check_rtol`), or for ``None`` the default rank
+    tolerance ``max(m, n) * eps(dtype)`` (numpy.linalg.matrix_rank's convention, on ``s``)."""
     rtol = _core.check_rtol(rtol)
-    return default_rtol(shape, dtype, xp) if rtol is None else rtol
+    return max(shape[-2], shape[-1]) * float(xp.finfo(dtype).eps) if rtol is None else rtol
 
 
 def left_side(shape: tuple[int, ...]) -> bool:
@@ -147,22 +139,6 @@ def exact(A: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None, Array]
     return s, Vhr.mT, R  # left: A = Rᵀ Qᵀ, U_A = V_R; right: A = Q R, V_A = V_R
 
 
-def gram_matrix(A: Array, xp: Any) -> Array:
-    """The smaller Gram matrix of ``A`` (``AAᵀ`` when :func:`left_side`, else ``AᵀA``) in
-    :func:`gram_dtype`."""
-    gdtype = gram_dtype(A, xp)
-    A = A if A.dtype == gdtype else xp.astype(A, gdtype)
-    with _backend.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
-        return A @ A.mT if left_side(A.shape) else A.mT @ A
-
-
-def gram_eigh(G: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None]:
-    """Ascending eigenvalues (and vectors) of the Gram matrix ``G``."""
-    if vectors:
-        return xp.linalg.eigh(finite(G, xp))
-    return xp.linalg.eigvalsh(finite(G, xp)), None
-
-
 def resolves(
     mu: Array, shape: tuple[int, ...], rtol: float, dtype: Any, xp: Any
 ) -> tuple[Array, Array, Array]:
@@ -172,12 +148,12 @@ def resolves(
     every eigenvalue is resolved to ``GRAM_ACCURACY·√eps(dtype)`` or certainly outside the rank
     ``mu > rtol²·mu_1`` (false for a zero or NaN ``mu_1``)."""
     n, m = min(shape[-2:]), max(shape[-2:])
-    e = eps(xp, mu.dtype)
+    e = float(xp.finfo(mu.dtype).eps)
     with _backend.quiet(mu):
         mu = xp.maximum(xp.flip(mu, axis=-1), 0.0)  # NaN stays NaN
         top = mu[..., :1]
         err = ((e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)) / top
-        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
+        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(float(xp.finfo(dtype).eps))
         ok = xp.all((rel * acc >= err) | (rel + err < rtol * rtol))
     return xp.astype(xp.sqrt(mu), dtype), xp.astype(err, dtype), ok
 
@@ -300,7 +276,14 @@ def evaluate(
     read = _backend.eager if host and check else _core.never
     kw = {"gram": gram, "p": S.shape[-1] if gram else min(S.shape[-2:]), "mask": mask, "k": k}
     p = _core.parts(quantity, s, at, tie=tie, mu_err=mu_err, policy=policy, read=read, **kw)
-    value, n = _finish(quantity, gram, p, E, at)
+    # the value rescaled by E's power of two, and the power n the gradient takes ((..., 1));
+    # NaN for invalid input (E not finite: a zero or non-finite matrix)
+    Ec = at.clip(E, *exponent_limits(p.value.dtype, at))
+    degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
+    with _backend.quiet(E):
+        poison = 0.0 * E  # 0, or NaN for an invalid matrix
+        value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], at)
+        value, n = value + poison[..., 0], (degree - 1) * Ec + poison
 
     def put(x: Array) -> Array:  # a host array to S's device, in S's dtype
         return _backend.to_device(x, A, xp, dtype) if host else x
@@ -332,7 +315,8 @@ def evaluate(
 
 def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, Any]:
     """``(values, X, Y)``: ``"svd"`` ``(s, U, Vh)``; ``"exact"`` ``(s, Q, R)``; the Gram routes
-    ``(ascending mu, W, G)`` (``W`` only with vectors, not on ``"extreme"``)."""
+    ``(ascending mu, W, G)`` of the smaller Gram matrix ``G`` (``AAᵀ`` when :func:`left_side`,
+    else ``AᵀA``) in :func:`gram_dtype` (``W`` only with vectors, not on ``"extreme"``)."""
     if how == "svd":
         if vectors:
             U, s, Vh = xp.linalg.svd(finite(A, xp), full_matrices=False)
@@ -340,21 +324,14 @@ def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, 
         return xp.linalg.svdvals(finite(A, xp)), None, None
     if how == "exact":
         return exact(A, xp, vectors)
-    G = gram_matrix(A, xp)
-    mu, W = gram_eigh(G, xp, vectors and how != "extreme")
-    return mu, W, G
-
-
-def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tuple[Array, Array]:
-    """``(value, n)``: the value rescaled by ``E``'s power of two and the power ``n`` the
-    gradient takes (``(..., 1)``); NaN for invalid input (``E`` not finite: a zero or non-finite
-    matrix)."""
-    Ec = xp.clip(E, *exponent_limits(p.value.dtype, xp))
-    degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
-    with _backend.quiet(E):
-        poison = 0.0 * E  # 0, or NaN for an invalid matrix
-        value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], xp)
-        return value + poison[..., 0], (degree - 1) * Ec + poison
+    gdtype = gram_dtype(A, xp)
+    B = A if A.dtype == gdtype else xp.astype(A, gdtype)
+    with _backend.quiet(B):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
+        G = B @ B.mT if left_side(B.shape) else B.mT @ B
+    if vectors and how != "extreme":
+        mu, W = xp.linalg.eigh(finite(G, xp))
+        return mu, W, G
+    return xp.linalg.eigvalsh(finite(G, xp)), None, G
 
 
 def _foldable(x: Any, x2: Any) -> bool:
@@ -376,7 +353,7 @@ def _extreme_factor(
     mu = np.maximum(mu[::-1], 0.0)
     K = _extreme.gram_product(G, mu, float(np.reshape(a, -1)[0]), np.reshape(h, -1), xp)
     if K is None:
-        W = gram_eigh(G, xp, True)[1]
+        W = xp.linalg.eigh(finite(G, xp))[1]
         K = (W * _backend.to_device(g[::-1], G, xp)) @ W.mT
     return K
 
@@ -421,7 +398,8 @@ def accept_gram(
     """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
     parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
     ``ok`` false for a non-finite ``M``."""
-    mu, W = gram_eigh(M, xp, vectors)
+    Mf = finite(M, xp)
+    mu, W = xp.linalg.eigh(Mf) if vectors else (xp.linalg.eigvalsh(Mf), None)
     s, err, ok = resolves(mu, shape, rtol, dtype, xp)
     e, tiny, big = finfo(xp, M.dtype)
     top = xp.max(mu, axis=-1)  # well inside the range (M is not scaled), and finite
@@ -475,8 +453,7 @@ def decompose(
         if how == "exact":
             s, Q, mu_err, G, R = from_exact()
         else:
-            G = gram_matrix(A, xp)
-            mu, W = gram_eigh(G, xp, vectors)
+            mu, W, G = _decompose(A, xp, "auto", vectors)
             s, err, ok = resolves(mu, S.shape, rtol, S.dtype, xp)
             Q = None if W is None else xp.astype(xp.flip(W, axis=-1), S.dtype)
             by_gram = (_core.pow2(s, Ec[..., 0], xp), Q, err, G if keep else None, None)

@@ -86,7 +86,7 @@ def test_equals_the_numpy_closed_form(name, dtype, shape):
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     kw = {"tie_rtol": condreg._spectrum.default_tie_rtol((N, D), np.dtype(np_dtype), np)}
     if name != "r_well":
-        kw["rtol"] = condreg._spectrum.default_rtol((N, D), np.dtype(np_dtype), np)
+        kw["rtol"] = condreg._spectrum.resolve_rtol(None, (N, D), np.dtype(np_dtype), np)
     vkw = {k: v for k, v in kw.items() if name == "r_ill" or k == "rtol"}
     for seed, s in enumerate(spectra):
         F = torch.tensor(matrix_with_spectrum(s, N, D, seed=seed), dtype=dtype)

@@ -114,7 +114,7 @@ class Extremes:
         xp, V = self.xp, None
         if self.R is None or lo == 0:
             mu = xp.astype(self.sp.s, self.gdtype) ** 2
-            value_eps = _spectrum.eps(xp, self.sp.s.dtype)
+            value_eps = float(xp.finfo(self.sp.s.dtype).eps)
             V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
         elif hi == self.sp.s.shape[-1]:
             V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)
