@@ -284,17 +284,14 @@ def evaluate(
         poison = 0.0 * E  # 0, or NaN for an invalid matrix
         value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], at)
         value, n = value + poison[..., 0], (degree - 1) * Ec + poison
-
-    def put(x: Array) -> Array:  # a host array to S's device, in S's dtype
-        return _backend.to_device(x, A, xp, dtype) if host else x
-
     pole = bool(np.any(p.pole)) if read is _backend.eager and p.pole is not None else None
+    value = _backend.to_device(value, A, xp, dtype) if host else value  # to S's device
     if not vectors:
-        return Evaluation(put(value), pole=pole)
+        return Evaluation(value, pole=pole)
     twice = 1.0 if not gram else 2.0 * s if how == "svd" else 2.0  # 2 F G_H (Theorem 4.2)
     a, h = np.asarray(p.a, dtype=dtype) if host else p.a, p.h  # NaN: not foldable (a <= big)
     with _backend.quiet(s):
-        g = p.dmu(s * s if gram else s) * twice
+        g = (p.a * (s * s if gram else s) + p.h) * twice
         if host:  # the power of two into g (and a, h) where that stays exact
             g2, a2, h2 = _core.pow2(g, n, np), a, h
             ok = _foldable(g, g2)
@@ -307,10 +304,12 @@ def evaluate(
         K = _extreme_factor(Y, values, a, h, g, xp)
     else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors
         with _backend.quiet(X):
-            K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else X.mT)
+            g = _backend.to_device(g[..., None, ::order], A, xp, dtype) if host else g[..., None, :]
+            K = (X * g) @ (Y if how == "svd" else X.mT)
     K = K if K.dtype == S.dtype else xp.astype(K, S.dtype)
-    n = None if n is None else put(n[..., None])
-    return Evaluation(put(value), K, A if gram and how != "svd" else None, pole, n)
+    if n is not None:
+        n = _backend.to_device(n[..., None], A, xp, dtype) if host else n[..., None]
+    return Evaluation(value, K, A if gram and how != "svd" else None, pole, n)
 
 
 def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, Any]:
