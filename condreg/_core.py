@@ -273,17 +273,21 @@ def spectrum_parts(
     return parts(quantity, sp.s, xp, mu_err=sp.mu_err, policy=policy, read=read, pole=pole, **kw)
 
 
-def unit_exponent(s: Array, xp: Any) -> Array:
-    """``E`` with ``s_1·2**-E`` in [1, 2) (``(..., 1)``): an exact rescaling of a spectrum."""
-    return xp.floor(xp.log2(s[..., :1]))
+def _on_unit(
+    quantity: str, sp: Any, xp: Any, tie_rtol: float | None, policy: str, read: Concrete
+) -> tuple[Parts, Array, Array]:
+    """``(parts, s, E)``: :func:`spectrum_parts` on ``s = sp.s·2**-E`` with ``s_1`` in [1, 2)
+    (``E`` ``(..., 1)``), the one exact rescaling of a spectrum."""
+    E = xp.floor(xp.log2(sp.s[..., :1]))
+    s = pow2(sp.s, -E, xp)
+    return spectrum_parts(quantity, sp._replace(s=s), xp, tie_rtol, policy, read), s, E
 
 
 def value_from_spectrum(quantity: str, sp: Any, xp: Any, *, tie_rtol: float | None) -> Array:
     """Value of ``quantity`` from a spectrum, evaluated on ``s·2**-E`` (``s_1`` in [1, 2)) and
     rescaled exactly (:func:`pow2`): it over- or underflows only where the result does."""
-    E = unit_exponent(sp.s, xp)
-    unit = sp._replace(s=pow2(sp.s, -E, xp))
-    value = spectrum_parts(quantity, unit, xp, tie_rtol).value
+    p, _, E = _on_unit(quantity, sp, xp, tie_rtol, "min_norm", never)
+    value = p.value
     degree = VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
     return value if degree == 0 else pow2(value, degree * E[..., 0], xp)
 
@@ -301,9 +305,8 @@ def gradient_from_spectrum(
     """``weight · 2 F (V diag(d value / d mu) Vᵀ)`` of a ``gram`` spectrum with ``sp.F`` and the
     ``V`` of ``sp.Vh`` (data parallel: a rank's rows ``F_r`` against the global Gram's ``V``),
     evaluated on the exactly rescaled spectrum."""
-    E = unit_exponent(sp.s, xp)
-    unit = sp._replace(s=pow2(sp.s, -E, xp))
-    g = spectrum_parts(quantity, unit, xp, tie_rtol, subgradient, concrete).dmu(unit.s * unit.s)
+    p, s, E = _on_unit(quantity, sp, xp, tie_rtol, subgradient, concrete)
+    g = p.dmu(s * s)
     if weight is not None:
         g = g * weight[..., None]
     G = sp.F @ ((sp.Vh.mT * (2.0 * g)[..., None, :]) @ sp.Vh)

@@ -44,12 +44,6 @@ GRAM_ACCURACY = 0.1
 EXTREME_MIN = 128
 
 
-def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
-    """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats."""
-    fi = xp.finfo(dtype)
-    return float(fi.eps), float(fi.smallest_normal), float(fi.max)
-
-
 def gram_rtol(d: int, dtype: Any, xp: Any) -> float:
     """``√(d·eps(dtype))``: the default rank tolerance on ``√λ_i`` of a Gram matrix formed by the
     caller (``d×d``), whose eigenvalues are resolved only to ``d·eps·λ_1``."""
@@ -392,7 +386,6 @@ def accept_gram(
     vectors: bool,
     dtype: Any,
     rtol: float,
-    read: Concrete = _core.never,
 ) -> tuple[Array, Any, Array, Array]:
     """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
     parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
@@ -400,7 +393,8 @@ def accept_gram(
     Mf = finite(M, xp)
     mu, W = xp.linalg.eigh(Mf) if vectors else (xp.linalg.eigvalsh(Mf), None)
     s, err, ok = resolves(mu, shape, rtol, dtype, xp)
-    e, tiny, big = finfo(xp, M.dtype)
+    fi = xp.finfo(M.dtype)
+    e, tiny, big = float(fi.eps), float(fi.smallest_normal), float(fi.max)
     top = xp.max(mu, axis=-1)  # well inside the range (M is not scaled), and finite
     ok = (
         ok
