@@ -31,7 +31,6 @@ Subgradient = Literal["min_norm", "any", "raise"]
 
 SUBGRADIENTS = ("min_norm", "any", "raise")
 QUANTITIES = ("condition_number", "r_well", "r_ill")
-POLES = ("raise", "zero")
 #: Degree of homogeneity of each value in mu, and of d value / d mu (one less).
 VALUE_DEGREE = {"condition_number": 0, "r_well": 2, "r_ill": -2}
 DEGREE = {q: d - 1 for q, d in VALUE_DEGREE.items()}
@@ -52,7 +51,8 @@ class Spectrum(NamedTuple):
     """A decomposition (:func:`condreg._spectrum.decompose`): ``s`` (descending), ``mu`` =
     ``s`` or ``s**2`` (``gram``), ``mask``/``k`` the numerical rank, ``p`` the R_well
     normaliser; ``U``/``Vh`` singular vectors or ``None``; ``mu_err`` the Gram path's error bound
-    relative to ``mu_1``; ``F`` the argument; ``tie`` the default tie tolerance."""
+    relative to ``mu_1``; ``F`` the argument; ``tie`` the default tie tolerance; ``G`` the Gram
+    matrix or ``R`` the exact route's triangular factor, where kept."""
 
     U: Array | None
     s: Array
@@ -65,6 +65,8 @@ class Spectrum(NamedTuple):
     mu_err: Any = 0.0
     F: Array | None = None
     tie: Any = None
+    G: Array | None = None
+    R: Array | None = None
 
 
 class Parts(NamedTuple):
@@ -142,10 +144,7 @@ def parts(
     ``mu = s²``, ``|mu_i − mu_e| <= tie·s_1·(s_i + s_e) + 2·mu_err·mu_1`` (``mu_err``: the Gram
     path's error bound relative to ``mu_1``). ``w`` are the tie weights of ``policy``.
     """
-    check_name(quantity, QUANTITIES, "quantity")
-    check_name(policy, SUBGRADIENTS, "subgradient")
-    check_name(pole, POLES, "pole")
-    with quiet(s):
+    with quiet(s):  # quantity, policy and pole: checked by the callers (internal)
         mu = s * s if gram else s
         s1, m1, inside = s[..., :1], mu[..., :1], xp.astype(mask, s.dtype)
         tol = tie * s1
@@ -274,17 +273,21 @@ def spectrum_parts(
     return parts(quantity, sp.s, xp, mu_err=sp.mu_err, policy=policy, read=read, pole=pole, **kw)
 
 
-def unit_exponent(s: Array, xp: Any) -> Array:
-    """``E`` with ``s_1·2**-E`` in [1, 2) (``(..., 1)``): an exact rescaling of a spectrum."""
-    return xp.floor(xp.log2(s[..., :1]))
+def _on_unit(
+    quantity: str, sp: Any, xp: Any, tie_rtol: float | None, policy: str, read: Concrete
+) -> tuple[Parts, Array, Array]:
+    """``(parts, s, E)``: :func:`spectrum_parts` on ``s = sp.s·2**-E`` with ``s_1`` in [1, 2)
+    (``E`` ``(..., 1)``), the one exact rescaling of a spectrum."""
+    E = xp.floor(xp.log2(sp.s[..., :1]))
+    s = pow2(sp.s, -E, xp)
+    return spectrum_parts(quantity, sp._replace(s=s), xp, tie_rtol, policy, read), s, E
 
 
 def value_from_spectrum(quantity: str, sp: Any, xp: Any, *, tie_rtol: float | None) -> Array:
     """Value of ``quantity`` from a spectrum, evaluated on ``s·2**-E`` (``s_1`` in [1, 2)) and
     rescaled exactly (:func:`pow2`): it over- or underflows only where the result does."""
-    E = unit_exponent(sp.s, xp)
-    unit = sp._replace(s=pow2(sp.s, -E, xp))
-    value = spectrum_parts(quantity, unit, xp, tie_rtol).value
+    p, _, E = _on_unit(quantity, sp, xp, tie_rtol, "min_norm", never)
+    value = p.value
     degree = VALUE_DEGREE[quantity] * (2 if sp.gram else 1)
     return value if degree == 0 else pow2(value, degree * E[..., 0], xp)
 
@@ -302,9 +305,8 @@ def gradient_from_spectrum(
     """``weight · 2 F (V diag(d value / d mu) Vᵀ)`` of a ``gram`` spectrum with ``sp.F`` and the
     ``V`` of ``sp.Vh`` (data parallel: a rank's rows ``F_r`` against the global Gram's ``V``),
     evaluated on the exactly rescaled spectrum."""
-    E = unit_exponent(sp.s, xp)
-    unit = sp._replace(s=pow2(sp.s, -E, xp))
-    g = spectrum_parts(quantity, unit, xp, tie_rtol, subgradient, concrete).dmu(unit.s * unit.s)
+    p, s, E = _on_unit(quantity, sp, xp, tie_rtol, subgradient, concrete)
+    g = p.dmu(s * s)
     if weight is not None:
         g = g * weight[..., None]
     G = sp.F @ ((sp.Vh.mT * (2.0 * g)[..., None, :]) @ sp.Vh)

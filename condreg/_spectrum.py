@@ -44,36 +44,22 @@ GRAM_ACCURACY = 0.1
 EXTREME_MIN = 128
 
 
-def finfo(xp: Any, dtype: Any) -> tuple[float, float, float]:
-    """``(eps, smallest_normal, max)`` of ``dtype`` as Python floats."""
-    fi = xp.finfo(dtype)
-    return float(fi.eps), float(fi.smallest_normal), float(fi.max)
-
-
-def eps(xp: Any, dtype: Any) -> float:
-    return float(xp.finfo(dtype).eps)
-
-
-def default_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``max(m, n) * eps(dtype)`` (numpy.linalg.matrix_rank's convention, on ``s``)."""
-    return max(shape[-2], shape[-1]) * eps(xp, dtype)
-
-
 def gram_rtol(d: int, dtype: Any, xp: Any) -> float:
     """``√(d·eps(dtype))``: the default rank tolerance on ``√λ_i`` of a Gram matrix formed by the
     caller (``d×d``), whose eigenvalues are resolved only to ``d·eps·λ_1``."""
-    return math.sqrt(d * eps(xp, dtype))
+    return math.sqrt(d * float(xp.finfo(dtype).eps))
 
 
 def default_tie_rtol(shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
     """``32 * √max(m, n) * eps(dtype)`` relative to ``s_1``: a backward-stable SVD's rounding."""
-    return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * eps(xp, dtype)
+    return TIE_FACTOR * math.sqrt(max(shape[-2], shape[-1])) * float(xp.finfo(dtype).eps)
 
 
 def resolve_rtol(rtol: float | None, shape: tuple[int, ...], dtype: Any, xp: Any) -> float:
-    """``rtol`` checked (:func:`condreg._core.check_rtol`), or :func:`default_rtol` for ``None``."""
+    """``rtol`` checked (:func:`condreg._core.check_rtol`), or for ``None`` the default rank
+    tolerance ``max(m, n) * eps(dtype)`` (numpy.linalg.matrix_rank's convention, on ``s``)."""
     rtol = _core.check_rtol(rtol)
-    return default_rtol(shape, dtype, xp) if rtol is None else rtol
+    return max(shape[-2], shape[-1]) * float(xp.finfo(dtype).eps) if rtol is None else rtol
 
 
 def left_side(shape: tuple[int, ...]) -> bool:
@@ -147,22 +133,6 @@ def exact(A: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None, Array]
     return s, Vhr.mT, R  # left: A = Rᵀ Qᵀ, U_A = V_R; right: A = Q R, V_A = V_R
 
 
-def gram_matrix(A: Array, xp: Any) -> Array:
-    """The smaller Gram matrix of ``A`` (``AAᵀ`` when :func:`left_side`, else ``AᵀA``) in
-    :func:`gram_dtype`."""
-    gdtype = gram_dtype(A, xp)
-    A = A if A.dtype == gdtype else xp.astype(A, gdtype)
-    with _backend.quiet(A):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
-        return A @ A.mT if left_side(A.shape) else A.mT @ A
-
-
-def gram_eigh(G: Array, xp: Any, vectors: bool) -> tuple[Array, Array | None]:
-    """Ascending eigenvalues (and vectors) of the Gram matrix ``G``."""
-    if vectors:
-        return xp.linalg.eigh(finite(G, xp))
-    return xp.linalg.eigvalsh(finite(G, xp)), None
-
-
 def resolves(
     mu: Array, shape: tuple[int, ...], rtol: float, dtype: Any, xp: Any
 ) -> tuple[Array, Array, Array]:
@@ -172,12 +142,12 @@ def resolves(
     every eigenvalue is resolved to ``GRAM_ACCURACY·√eps(dtype)`` or certainly outside the rank
     ``mu > rtol²·mu_1`` (false for a zero or NaN ``mu_1``)."""
     n, m = min(shape[-2:]), max(shape[-2:])
-    e = eps(xp, mu.dtype)
+    e = float(xp.finfo(mu.dtype).eps)
     with _backend.quiet(mu):
         mu = xp.maximum(xp.flip(mu, axis=-1), 0.0)  # NaN stays NaN
         top = mu[..., :1]
         err = ((e * n) * top + (e * math.sqrt(m)) * xp.sum(mu, axis=-1, keepdims=True)) / top
-        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(eps(xp, dtype))
+        rel, acc = mu / top, GRAM_ACCURACY * math.sqrt(float(xp.finfo(dtype).eps))
         ok = xp.all((rel * acc >= err) | (rel + err < rtol * rtol))
     return xp.astype(xp.sqrt(mu), dtype), xp.astype(err, dtype), ok
 
@@ -300,18 +270,22 @@ def evaluate(
     read = _backend.eager if host and check else _core.never
     kw = {"gram": gram, "p": S.shape[-1] if gram else min(S.shape[-2:]), "mask": mask, "k": k}
     p = _core.parts(quantity, s, at, tie=tie, mu_err=mu_err, policy=policy, read=read, **kw)
-    value, n = _finish(quantity, gram, p, E, at)
-
-    def put(x: Array) -> Array:  # a host array to S's device, in S's dtype
-        return _backend.to_device(x, A, xp, dtype) if host else x
-
+    # the value rescaled by E's power of two, and the power n the gradient takes ((..., 1));
+    # NaN for invalid input (E not finite: a zero or non-finite matrix)
+    Ec = at.clip(E, *exponent_limits(p.value.dtype, at))
+    degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
+    with _backend.quiet(E):
+        poison = 0.0 * E  # 0, or NaN for an invalid matrix
+        value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], at)
+        value, n = value + poison[..., 0], (degree - 1) * Ec + poison
     pole = bool(np.any(p.pole)) if read is _backend.eager and p.pole is not None else None
+    value = _backend.to_device(value, A, xp, dtype) if host else value  # to S's device
     if not vectors:
-        return Evaluation(put(value), pole=pole)
+        return Evaluation(value, pole=pole)
     twice = 1.0 if not gram else 2.0 * s if how == "svd" else 2.0  # 2 F G_H (Theorem 4.2)
     a, h = np.asarray(p.a, dtype=dtype) if host else p.a, p.h  # NaN: not foldable (a <= big)
     with _backend.quiet(s):
-        g = p.dmu(s * s if gram else s) * twice
+        g = (p.a * (s * s if gram else s) + p.h) * twice
         if host:  # the power of two into g (and a, h) where that stays exact
             g2, a2, h2 = _core.pow2(g, n, np), a, h
             ok = _foldable(g, g2)
@@ -324,15 +298,18 @@ def evaluate(
         K = _extreme_factor(Y, values, a, h, g, xp)
     else:  # U diag(g) Vᵀ on the SVD route, else Q diag(g) Qᵀ of the small side's vectors
         with _backend.quiet(X):
-            K = (X * put(g[..., None, ::order])) @ (Y if how == "svd" else X.mT)
+            g = _backend.to_device(g[..., None, ::order], A, xp, dtype) if host else g[..., None, :]
+            K = (X * g) @ (Y if how == "svd" else X.mT)
     K = K if K.dtype == S.dtype else xp.astype(K, S.dtype)
-    n = None if n is None else put(n[..., None])
-    return Evaluation(put(value), K, A if gram and how != "svd" else None, pole, n)
+    if n is not None:
+        n = _backend.to_device(n[..., None], A, xp, dtype) if host else n[..., None]
+    return Evaluation(value, K, A if gram and how != "svd" else None, pole, n)
 
 
 def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, Any]:
     """``(values, X, Y)``: ``"svd"`` ``(s, U, Vh)``; ``"exact"`` ``(s, Q, R)``; the Gram routes
-    ``(ascending mu, W, G)`` (``W`` only with vectors, not on ``"extreme"``)."""
+    ``(ascending mu, W, G)`` of the smaller Gram matrix ``G`` (``AAᵀ`` when :func:`left_side`,
+    else ``AᵀA``) in :func:`gram_dtype` (``W`` only with vectors, not on ``"extreme"``)."""
     if how == "svd":
         if vectors:
             U, s, Vh = xp.linalg.svd(finite(A, xp), full_matrices=False)
@@ -340,21 +317,14 @@ def _decompose(A: Array, xp: Any, how: str, vectors: bool) -> tuple[Array, Any, 
         return xp.linalg.svdvals(finite(A, xp)), None, None
     if how == "exact":
         return exact(A, xp, vectors)
-    G = gram_matrix(A, xp)
-    mu, W = gram_eigh(G, xp, vectors and how != "extreme")
-    return mu, W, G
-
-
-def _finish(quantity: str, gram: bool, p: _core.Parts, E: Array, xp: Any) -> tuple[Array, Array]:
-    """``(value, n)``: the value rescaled by ``E``'s power of two and the power ``n`` the
-    gradient takes (``(..., 1)``); NaN for invalid input (``E`` not finite: a zero or non-finite
-    matrix)."""
-    Ec = xp.clip(E, *exponent_limits(p.value.dtype, xp))
-    degree = _core.VALUE_DEGREE[quantity] * (2 if gram else 1)
-    with _backend.quiet(E):
-        poison = 0.0 * E  # 0, or NaN for an invalid matrix
-        value = p.value if degree == 0 else _core.pow2(p.value, degree * Ec[..., 0], xp)
-        return value + poison[..., 0], (degree - 1) * Ec + poison
+    gdtype = gram_dtype(A, xp)
+    B = A if A.dtype == gdtype else xp.astype(A, gdtype)
+    with _backend.quiet(B):  # NumPy: unchecked NaN/Inf input gives NaN (documented)
+        G = B @ B.mT if left_side(B.shape) else B.mT @ B
+    if vectors and how != "extreme":
+        mu, W = xp.linalg.eigh(finite(G, xp))
+        return mu, W, G
+    return xp.linalg.eigvalsh(finite(G, xp)), None, G
 
 
 def _foldable(x: Any, x2: Any) -> bool:
@@ -376,7 +346,7 @@ def _extreme_factor(
     mu = np.maximum(mu[::-1], 0.0)
     K = _extreme.gram_product(G, mu, float(np.reshape(a, -1)[0]), np.reshape(h, -1), xp)
     if K is None:
-        W = gram_eigh(G, xp, True)[1]
+        W = xp.linalg.eigh(finite(G, xp))[1]
         K = (W * _backend.to_device(g[::-1], G, xp)) @ W.mT
     return K
 
@@ -409,53 +379,6 @@ def choose(
     return if_false()
 
 
-class Small(NamedTuple):
-    """:func:`small_side`: singular values, the small side's vectors (or ``None``), the error
-    bound on ``mu`` relative to ``mu_1``, the default tie tolerance, and with ``keep`` the Gram
-    matrix (``G``, Gram path) or the exact path's ``R``."""
-
-    s: Array
-    Q: Array | None
-    mu_err: Any
-    tie: Any
-    G: Array | None = None
-    R: Array | None = None
-
-
-def small_side(
-    F: Array,
-    xp: Any,
-    *,
-    how: str,
-    vectors: bool,
-    rtol: float,
-    read: Concrete,
-    keep: bool = False,
-) -> Small:
-    """The spectrum of a feature batch from the small side (``how``: ``"exact"``, ``"gram"`` —
-    not checked — or ``"auto"``: the Gram where :func:`resolves` accepts it and ``read`` can
-    tell, else exact). Computed on :func:`scaled` ``F`` and scaled back exactly. ``keep``:
-    return ``G`` and ``R`` too."""
-    A, E = scaled(F, xp)
-    Ec = xp.clip(E, *exponent_limits(F.dtype, xp))
-    tie = xp.full_like(A[..., :1, 0], default_tie_rtol(F.shape, F.dtype, xp))
-
-    def from_exact() -> Small:
-        s, Q, R = exact(A, xp, vectors)
-        R = _core.pow2(R, Ec, xp) if keep else None
-        return Small(_core.pow2(s, Ec[..., 0], xp), Q, 0.0 * tie, tie, None, R)
-
-    if how == "exact":
-        return from_exact()
-    G = gram_matrix(A, xp)
-    mu, W = gram_eigh(G, xp, vectors)
-    s, err, ok = resolves(mu, F.shape, rtol, F.dtype, xp)
-    Q = None if W is None else xp.astype(xp.flip(W, axis=-1), F.dtype)
-    G = _core.pow2(G, 2.0 * Ec, xp) if keep else None
-    gram = Small(_core.pow2(s, Ec[..., 0], xp), Q, err, tie, G)
-    return gram if how == "gram" else choose(ok, lambda: gram, from_exact, read)
-
-
 def accept_gram(
     M: Array,
     shape: tuple[int, int],
@@ -463,14 +386,15 @@ def accept_gram(
     vectors: bool,
     dtype: Any,
     rtol: float,
-    read: Concrete = _core.never,
 ) -> tuple[Array, Any, Array, Array]:
     """``(s, W, err_rel, ok)`` of a formed Gram matrix ``M`` of an ``(N, D)`` batch (data
     parallel: the all-reduced ``Σ_r F_rᵀF_r``): :func:`resolves` on its eigh, ``W`` descending;
     ``ok`` false for a non-finite ``M``."""
-    mu, W = gram_eigh(M, xp, vectors)
+    Mf = finite(M, xp)
+    mu, W = xp.linalg.eigh(Mf) if vectors else (xp.linalg.eigvalsh(Mf), None)
     s, err, ok = resolves(mu, shape, rtol, dtype, xp)
-    e, tiny, big = finfo(xp, M.dtype)
+    fi = xp.finfo(M.dtype)
+    e, tiny, big = float(fi.eps), float(fi.smallest_normal), float(fi.max)
     top = xp.max(mu, axis=-1)  # well inside the range (M is not scaled), and finite
     ok = (
         ok
@@ -490,30 +414,54 @@ def decompose(
     rtol: float | None,
     concrete: Concrete,
     method: str = "auto",
+    read: Concrete | None = None,
+    keep: bool = False,
 ) -> _core.Spectrum:
     """The spectrum of ``S`` (``gram=False``: its thin SVD, or singular values only) or of the
-    feature batch ``F = S`` (``gram=True``: the route of :func:`plan`; both sides' vectors with
-    ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical rank
-    ``s_i > rtol·s_1``. :class:`RankError` when a matrix has rank 0 and ``concrete`` can tell;
-    NumPy arrays are always read for the accept decision."""
+    feature batch ``F = S`` (``gram=True``: the route of :func:`plan` — ``"auto"`` takes the Gram
+    where :func:`resolves` accepts it and ``read`` can tell, else exact; both sides' vectors
+    with ``method="svd"``), on :func:`scaled` ``S`` and scaled back exactly, with the numerical
+    rank ``s_i > rtol·s_1``. :class:`RankError` when a matrix has rank 0 and ``concrete`` can
+    tell. ``read`` (the accept decision): default ``concrete``, always for NumPy arrays.
+    ``keep``: the Gram matrix (``G``) or the exact route's ``R`` kept on the spectrum."""
     rtol = resolve_rtol(rtol, S.shape, S.dtype, xp)
     how = plan(S.shape, gram=gram, vectors=vectors, method=method, extreme=False)
-    U = Vh = None
+    if read is None:
+        read = _backend.eager if _backend.library(S) == "numpy" else concrete
+    A, E = scaled(S, xp)
+    Ec = xp.clip(E, *exponent_limits(S.dtype, xp))
+    tie = default_tie_rtol(S.shape, S.dtype, xp)
+    U = Vh = G = R = None
     mu_err: Any = 0.0
     if how == "svd":
-        A, E = scaled(S, xp)
         s, U, Vh = _decompose(A, xp, "svd", vectors)
-        s = _core.pow2(s, xp.clip(E, *exponent_limits(S.dtype, xp))[..., 0], xp)
+        s = _core.pow2(s, Ec[..., 0], xp)
     else:
-        read = _backend.eager if _backend.library(S) == "numpy" else concrete
-        sm = small_side(S, xp, how=how, vectors=vectors, rtol=rtol, read=read)
-        s, mu_err = sm.s, sm.mu_err
+        zero = xp.zeros_like(A[..., :1, 0])  # mu_err of the exact route (a lax.cond branch)
+
+        def from_exact() -> tuple:
+            s, Q, R = exact(A, xp, vectors)
+            return _core.pow2(s, Ec[..., 0], xp), Q, zero, None, R if keep else None
+
+        if how == "exact":
+            s, Q, mu_err, G, R = from_exact()
+        else:
+            mu, W, G = _decompose(A, xp, "auto", vectors)
+            s, err, ok = resolves(mu, S.shape, rtol, S.dtype, xp)
+            Q = None if W is None else xp.astype(xp.flip(W, axis=-1), S.dtype)
+            by_gram = (_core.pow2(s, Ec[..., 0], xp), Q, err, G if keep else None, None)
+            s, Q, mu_err, G, R = (
+                by_gram if how == "gram" else choose(ok, lambda: by_gram, from_exact, read)
+            )
         if vectors:
-            U, Vh = (sm.Q, None) if left_side(S.shape) else (None, sm.Q.mT)
+            U, Vh = (Q, None) if left_side(S.shape) else (None, Q.mT)
+        if keep:
+            G = None if G is None else _core.pow2(G, 2.0 * Ec, xp)
+            R = None if R is None else _core.pow2(R, Ec, xp)
     mask, k = _core.rank(s, rtol, xp)
     if concrete(xp.any(k == 0)):
         raise rank_error()
-    mu = s * s if gram else s
-    tie = default_tie_rtol(S.shape, S.dtype, xp)
+    with _backend.quiet(s):
+        mu = s * s if gram else s
     p = S.shape[-1] if gram else min(S.shape[-2:])
-    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie)
+    return _core.Spectrum(U, s, Vh, mu, mask, k, p, gram, mu_err, S, tie, G, R)

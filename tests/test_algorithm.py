@@ -332,7 +332,7 @@ def no_work(monkeypatch):
         raise AssertionError("a decomposition ran before the input was validated")
 
     monkeypatch.setattr(algorithm._step._linalg, "hessian_spectrum", boom)  # traced steps
-    monkeypatch.setattr(algorithm._step._spectrum, "small_side", boom)  # eager steps
+    monkeypatch.setattr(algorithm._step._spectrum, "decompose", boom)  # eager steps
     monkeypatch.setattr(algorithm._setup, "build_task", boom)  # the SVD of each task's data
 
 

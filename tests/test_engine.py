@@ -80,9 +80,9 @@ def test_guard_takes_the_gram_path_only_when_resolved():
     well = _batch(16, 40, 10.0, seed=5)
     ill = _batch(16, 40, 1e6, seed=5)
     rt = 40 * np.finfo(float).eps
-    kw = {"how": "auto", "vectors": False, "rtol": rt, "read": _backend.eager}
-    err_w = _spectrum.small_side(well, np, **kw).mu_err
-    err_i = _spectrum.small_side(ill, np, **kw).mu_err
+    kw = {"gram": True, "vectors": False, "rtol": rt, "concrete": _backend.eager}
+    err_w = _spectrum.decompose(well, np, **kw).mu_err
+    err_i = _spectrum.decompose(ill, np, **kw).mu_err
     assert float(np.max(err_w)) > 0  # the Gram path (its error bound is carried)
     assert float(np.max(err_i)) == 0  # the exact path
 
@@ -91,7 +91,8 @@ def test_gram_path_error_bound_holds():
     rng = np.random.default_rng(6)
     for N, D in [(8, 30), (30, 8)]:
         F = rng.standard_normal((N, D))
-        sm = _spectrum.small_side(F, np, how="gram", vectors=False, rtol=0.0, read=_backend.eager)
+        kw = {"gram": True, "vectors": False, "rtol": 0.0, "concrete": _backend.eager}
+        sm = _spectrum.decompose(F, np, method="gram", **kw)
         s, err = sm.s, sm.mu_err
         s_ref = np.linalg.svd(F, compute_uv=False)
         assert np.all(np.abs(s**2 - s_ref**2) <= float(err[0]) * s_ref[0] ** 2)

@@ -86,7 +86,7 @@ def test_equals_the_numpy_closed_form(name, dtype, shape):
     np_dtype = np.float64 if dtype == torch.float64 else np.float32
     kw = {"tie_rtol": condreg._spectrum.default_tie_rtol((N, D), np.dtype(np_dtype), np)}
     if name != "r_well":
-        kw["rtol"] = condreg._spectrum.default_rtol((N, D), np.dtype(np_dtype), np)
+        kw["rtol"] = condreg._spectrum.resolve_rtol(None, (N, D), np.dtype(np_dtype), np)
     vkw = {k: v for k, v in kw.items() if name == "r_ill" or k == "rtol"}
     for seed, s in enumerate(spectra):
         F = torch.tensor(matrix_with_spectrum(s, N, D, seed=seed), dtype=dtype)
@@ -322,7 +322,8 @@ def test_forced_gram_method_of_a_huge_matrix_is_scaled_first():
     X = matrix_with_spectrum(np.geomspace(4.0, 1.0, 6), 6, 20, seed=7)
     for F in (X * 1e200, torch.tensor(X * 1e200), torch.tensor(np.stack([X * 1e200, X]))):
         xp = array_namespace(F)
-        sm = _spectrum.small_side(F, xp, how="gram", vectors=False, rtol=0.0, read=_backend.eager)
+        kw = {"gram": True, "vectors": False, "rtol": 0.0, "concrete": _backend.eager}
+        sm = _spectrum.decompose(F, xp, method="gram", **kw)
         s = np.asarray(sm.s).reshape(-1, 6)
         np.testing.assert_allclose(s[0], np.geomspace(4.0, 1.0, 6) * 1e200, rtol=1e-12)
         if len(s) == 2:

@@ -78,14 +78,10 @@ def preconditioned_gradient(
     sp = _spectrum.decompose(
         F, xp, gram=True, vectors=True, rtol=rtol, concrete=_core.never, method="svd"
     )
-    tie = _spectrum.default_tie_rtol(F.shape, F.dtype, xp)
-    # on the exactly rescaled spectrum, as every gradient of the engine: an over- or underflowing
-    # result is ±inf or 0, not NaN
-    E = _core.unit_exponent(sp.s, xp)
-    s = _core.pow2(sp.s, -E, xp)
-    d = _core.spectrum_parts(quantity, sp._replace(s=s), xp, tie).dmu(s * s)
-    step = 2.0 * (theta @ ((sp.Vh.T * d[None, :]) @ sp.Vh))
-    step = _core.pow2(step, 2 * _core.DEGREE[quantity] * E, xp)
+    # θ against H's V: the engine's one gradient of a spectrum (2 θ V diag(d/dmu) Vᵀ, on the
+    # exactly rescaled spectrum: an over- or underflowing result is ±inf or 0, not NaN)
+    kw = {"tie_rtol": None, "subgradient": "min_norm", "concrete": _core.never}
+    step = _core.gradient_from_spectrum(quantity, sp._replace(F=theta), xp, **kw)
     return _precondition.left_preconditioner(X, ridge=ridge, rtol=rtol, xp=xp).apply(step)
 
 

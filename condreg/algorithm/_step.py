@@ -48,15 +48,20 @@ def _eager(F: Array) -> bool:
 
 def _eager_spectrum(F: Array, rtol: float, xp: Any, *, vectors: bool, path: str):
     """:func:`spectrum` for eager arrays: values only, vectors on demand (``Extremes``)."""
-    sm = _spectrum.small_side(
-        F, xp, how=path, vectors=False, rtol=rtol, read=_backend.eager, keep=True
+    sp = _spectrum.decompose(
+        F,
+        xp,
+        gram=True,
+        vectors=False,
+        rtol=rtol,
+        concrete=_core.never,
+        method=path,
+        read=_backend.eager,
+        keep=True,
     )
-    mask, k = _core.rank(sm.s, rtol, xp)
-    mu = sm.s * sm.s
-    sp = _core.Spectrum(None, sm.s, None, mu, mask, k, F.shape[1], True, sm.mu_err, F, sm.tie)
     gdtype = _spectrum.gram_dtype(F, xp)
-    ext = Extremes(F, sm.G, sm.R, sp, gdtype, xp) if vectors else None
-    return _linalg.HessianSpectrum(mu, None, sp, None, None, rtol, ext)
+    ext = Extremes(F, sp.G, sp.R, sp, gdtype, xp) if vectors else None
+    return _linalg.HessianSpectrum(sp.mu, None, sp, None, None, rtol, ext)
 
 
 class Extremes:
@@ -109,7 +114,7 @@ class Extremes:
         xp, V = self.xp, None
         if self.R is None or lo == 0:
             mu = xp.astype(self.sp.s, self.gdtype) ** 2
-            value_eps = _spectrum.eps(xp, self.sp.s.dtype)
+            value_eps = float(xp.finfo(self.sp.s.dtype).eps)
             V = _extreme.gram_cluster(self.G, mu, lo, hi, xp, value_eps=value_eps)
         elif hi == self.sp.s.shape[-1]:
             V = _extreme.triangular_bottom(self.R, self.sp.s, lo, xp)

@@ -345,8 +345,8 @@ def probe(
 
     xp, A, y, w0 = _inputs(theta, X, y, w0)
     eps = float(xp.finfo(A.dtype).eps)
-    rtol = _core.check_rtol(rtol, where="probe: ")
-    rtol = _spectrum.default_rtol(A.shape, A.dtype, xp) if rtol is None else rtol
+    _core.check_rtol(rtol, where="probe: ")
+    rtol = _spectrum.resolve_rtol(rtol, A.shape, A.dtype, xp)
     s, rank, w_star = _least_squares(xp, A, y, rtol)
     s1, s_min = float(s[0]), (float(s[rank - 1]) if rank else 0.0)
     kappa = (s1 / s_min) ** 2 if rank else math.nan
