@@ -41,6 +41,7 @@ TINY = dict(
     keep=1,
     max_extend=1,
     tangent_batch=6,
+    attackers=",".join(settings.ATTACKERS),  # LoRA r32 too, which a full run leaves out
 )
 
 
@@ -293,7 +294,9 @@ def test_the_search_spans_three_decades_and_quick_is_small():
     assert full.schedules == SCHEDULES and full.rung1_steps == full.attack_steps // 5
     assert full.keep >= 1 and full.max_extend == 6
     s = settings.resolve(True, {})
-    assert s.attackers == settings.ATTACKERS and s.optimizers == settings.OPTIMIZERS
+    assert s.attackers == settings.DEFAULT_ATTACKERS == full.attackers
+    assert set(settings.ATTACKERS) - set(full.attackers) == {"lora_r32"}
+    assert s.optimizers == settings.OPTIMIZERS
     assert len(s.grids()["sgd"]) == 3 and s.max_extend == 1 and s.keep == 1
     import condreg.attacks
 

@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated harmful tasks among {','.join(DOMAINS)} (default: "
         "both; --quick: same): MNIST digits 5-9, or scikit-learn's 8x8 digits 5-9 resized",
     )
-    add("--attackers", help=f"comma-separated subset of {','.join(ATTACKERS)} (default: all)")
+    add(
+        "--attackers",
+        help=f"comma-separated subset of {','.join(ATTACKERS)} (default: all but lora_r32)",
+    )
     add("--optimizers", help="comma-separated subset of sgd,adamw to search (default: both)")
     add(
         "--schedules",

@@ -23,7 +23,7 @@ __all__ += ["title", "verdict"]
 FAMILIES: dict[str, tuple[str, ...]] = {
     "Linear probe": ("linear_probe",),
     "Adaptive probe (whitened, least-squares start)": ("whitened_probe", "lstsq_probe"),
-    "LoRA (r 8, 32)": ("lora_r8", "lora_r32"),
+    "LoRA": ("lora_r8", "lora_r32"),
     "Block fine-tuning": ("finetune_block",),
     "Full fine-tuning": ("finetune_all",),
 }
@@ -34,7 +34,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 OWN_KAPPA: dict[str, str] = {
     "Linear probe": "probe",
     "Adaptive probe (whitened, least-squares start)": "probe",
-    "LoRA (r 8, 32)": "block",
+    "LoRA": "block",
     "Block fine-tuning": "block",
     "Full fine-tuning": "all",
 }
