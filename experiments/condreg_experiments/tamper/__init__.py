@@ -1,9 +1,9 @@
 """Does immunization survive fine-tuning? ``condreg reproduce tamper`` (docs/tamper.md): every
 method of the deep-net study attacked by a linear probe, two adaptive probes (whitened features,
-a least-squares start), LoRA (r 8, 32), block and full fine-tuning, each at the optimizer ×
-schedule × rate :func:`condreg.attacks.finetune_search` finds on held-out data, on a same-domain
-and a cross-domain harmful task; with κ of each attacker's own problem (its tangent kernel).
-Importing this package imports no torch."""
+a least-squares start), LoRA (r 8; r 32 on request), block and full fine-tuning, each at the
+optimizer × schedule × rate :func:`condreg.attacks.finetune_search` finds on held-out data, on a
+same-domain and a cross-domain harmful task; with κ of each attacker's own problem (its tangent
+kernel). Importing this package imports no torch."""
 
 from __future__ import annotations
 
