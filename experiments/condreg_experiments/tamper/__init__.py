@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="a smoke test: 1 seed, the same-domain task, "
-        f"{QUICK['attack_steps']}-step budgets, a small search (about 1 minute with --jobs 2; "
+        f"{QUICK['attack_steps']}-step budgets, a small search (about 1.5 minutes with --jobs 2; "
         "the full run: see docs/tamper.md)",
     )
 
