@@ -654,6 +654,8 @@ def _best_so_far(out_dir: pathlib.Path, units: dict, summary: dict, s: Settings,
 
 
 def _scatter(out_dir: pathlib.Path, summary: dict, s: Settings) -> pathlib.Path:
+    from matplotlib.ticker import NullFormatter
+
     fams = [f for f in FAMILIES if any(a in s.attackers for a in FAMILIES[f])]
     fig, axes = _report.new_figure(1, len(fams), figsize=(3.6 * len(fams), 3.4), squeeze=False)
     for ax, family in zip(axes[0], fams, strict=True):
@@ -668,6 +670,7 @@ def _scatter(out_dir: pathlib.Path, summary: dict, s: Settings) -> pathlib.Path:
                     alpha=0.7,
                 )
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a short range
         ax.axhline(0, color="k", lw=0.8)
         ax.set(title=family.split(" (")[0], xlabel=f"κ_{kind} on D_H (log)", ylabel="deficit")
         ax.grid(alpha=0.3)
