@@ -1,6 +1,8 @@
-"""condreg reproduce tamper: a tiny end-to-end run holds every method × attacker × optimizer cell
-with the identity's deficit exactly 0; the saved extractors load and an attack of our own on them
-gives the recorded numbers; resume; option errors; the large-model path on a fake ResNet."""
+"""condreg reproduce tamper: a tiny end-to-end run holds every method × attacker cell and family
+worst case with the identity's deficit exactly 0; every attacker's configuration comes from the
+search and the edge count is recounted from the units; the tangent κ agrees with an independent
+computation; the saved extractors load and a search of our own on them gives the recorded numbers;
+resume; option errors; the large-model path on a fake ResNet."""
 
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ pytest.importorskip("peft")
 pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
-from condreg.attacks import finetune  # noqa: E402
+from condreg.attacks import LR_GRIDS, SCHEDULES, finetune_search  # noqa: E402
 from condreg_experiments import UsageError, tamper  # noqa: E402
-from condreg_experiments.tamper import settings, study  # noqa: E402
+from condreg_experiments.tamper import report, settings, study  # noqa: E402
 
 # pre-training and immunization as small as the deep-net study's tiny run; 4-step attacks
 TINY = dict(
@@ -35,6 +37,11 @@ TINY = dict(
     attack_batch=16,
     lr_grid_sgd=(0.01, 0.1),
     lr_grid_adamw=(1e-3, 1e-2),
+    short_steps=2,
+    keep=1,
+    max_extend=1,
+    tangent_batch=6,
+    attackers=",".join(settings.ATTACKERS),  # LoRA r32 too, which a full run leaves out
 )
 
 
@@ -53,49 +60,110 @@ def test_every_cell_is_there_and_the_identity_deficit_is_zero(tiny_run):
     out, payload = tiny_run
     for name in ("results.json", "table.md", "deficit_heatmap.png", "kappa_vs_deficit.png"):
         assert (out / name).is_file()
-    assert (out / "attack_curves_sgd.png").is_file() and (out / "attack_curves_adamw.png").is_file()
+    assert (out / "attack_curves.png").is_file() and (out / "best_so_far.png").is_file()
     summary = payload["results"]["summary"]
-    cells = {f"{a}/{o}" for a in settings.ATTACKERS for o in settings.OPTIMIZERS}
     for arch in ("rescnn", "vit"):
         for domain in ("same", "cross"):
             methods = summary[arch][domain]["methods"]
             assert set(methods) == {"identity", "r_ill_only", "imma", "opt_kappa", "condreg"}
             for m, meas in methods.items():
-                assert set(meas["cells"]) == cells
-                for cell in meas["cells"].values():
-                    assert len(cell["deficit"]["values"]) == 1 and len(cell["lr"]) == 1
+                assert set(meas["cells"]) == set(settings.ATTACKERS)
+                assert set(meas["families"]) == set(report.FAMILIES)
+                for cell in [*meas["cells"].values(), *meas["families"].values()]:
+                    assert len(cell["deficit"]["values"]) == 1 and len(cell["config"]) == 1
+                    assert cell["deficit"]["ci95"] is None  # one seed: no interval
                     if m == "identity":
                         assert cell["deficit"]["values"] == [0.0]
-                        assert cell["steps_to_target"][0] is not None
+                for fam, fc in meas["families"].items():
+                    assert fc["attacker"][0] in report.FAMILIES[fam]
             assert methods["identity"]["rir_theta0"] == 1.0
     table = (out / "table.md").read_text()
     lead = table.split("## ")[0]
-    for family in ("Linear probe", "LoRA (r 8, 32)", "Block fine-tuning", "Full fine-tuning"):
+    for family in report.FAMILIES:
         assert f"**{family}**" in lead
+    assert "95 % interval" in table and "κ of the empirical tangent kernel" in table
 
 
-def test_the_chosen_rates_and_grids_are_recorded(tiny_run):
+def test_every_configuration_is_searched_and_the_edge_count_is_recounted(tiny_run):
     _, payload = tiny_run
-    unit = payload["results"]["units"]["vit-cross-seed0"]
-    for rec in unit["methods"].values():
-        for cell, res in rec["attacks"].items():
-            opt = cell.split("/")[1]
-            grid = list(TINY["lr_grid_sgd"] if opt == "sgd" else TINY["lr_grid_adamw"])
-            assert res["settings"]["lr_grid"] == list(
-                settings.resolve(False, TINY).grid(cell.split("/")[0], opt)
-            )
-            assert res["settings"]["lr_grid"] == grid and res["lr"] in grid
-            assert [r["lr"] for r in res["sweep"]] == grid
-            assert all(r["val_area"] is not None for r in res["sweep"])
-        assert rec["attacks"]["lora_r32/sgd"]["settings"]["rank"] == 32
-        assert rec["attacks"]["lora_r8/adamw"]["changed"] == []
-        assert rec["attacks"]["linear_probe/sgd"]["changed"] == []
-        changed = rec["attacks"]["finetune_block/adamw"]["changed"]
-        assert changed and all(n.startswith("block.") for n in changed)
-        assert any(n.startswith("stem.") for n in rec["attacks"]["finetune_all/adamw"]["changed"])
+    results = payload["results"]
+    capped, at_edge, n = [], 0, 0
+    for key, unit in results["units"].items():
+        for m, rec in unit["methods"].items():
+            assert set(rec["attacks"]) == set(settings.ATTACKERS)
+            for attacker, res in rec["attacks"].items():
+                st = res["settings"]
+                assert st["lr_grids"] == {"sgd": [0.01, 0.1], "adamw": [1e-3, 1e-2]}
+                assert st["schedules"] == list(SCHEDULES) and st["keep"] == 1
+                assert {(r["optimizer"], r["schedule"]) for r in res["sweep"]} == {
+                    (o, s) for o in ("sgd", "adamw") for s in SCHEDULES
+                }
+                full = [r for r in res["sweep"] if r["steps"] == TINY["attack_steps"]]
+                chosen = (res["optimizer"], res["schedule"], res["lr"])
+                assert chosen in {(r["optimizer"], r["schedule"], r["lr"]) for r in full}
+                assert report.held_out_score(res) == max(r["val_area"] for r in full)
+                n += 1
+                at_edge += st["chosen_at_grid_edge"]
+                if st["capped"]:
+                    capped.append(f"{key}/{m}/{attacker}")
+            assert rec["attacks"]["lora_r32"]["settings"]["rank"] == 32
+            assert rec["attacks"]["linear_probe"]["changed"] == []
+            assert rec["attacks"]["whitened_probe"]["settings"]["ridge"] > 0
+            changed = rec["attacks"]["finetune_block"]["changed"]
+            assert changed and all(c.startswith("block.") for c in changed)
+            assert any(c.startswith("stem.") for c in rec["attacks"]["finetune_all"]["changed"])
+    search = results["search"]
+    assert search["searches"] == n and search["chosen_at_edge"] == at_edge
+    assert search["chosen_capped"] == len(capped) == len(search["capped"])
+    assert sorted(c.split(" (")[0] for c in search["capped"]) == sorted(capped)
 
 
-def test_saved_extractors_load_and_our_own_attack_agrees(tiny_run):
+def test_best_so_far_is_the_running_maximum_of_the_sweep():
+    sweep = [{"val_final": v} for v in (0.2, 0.5, None, 0.4, 0.7)]
+    assert report.best_so_far({"sweep": sweep}) == [0.2, 0.5, 0.5, 0.5, 0.7]
+
+
+def test_the_interval_is_students_t():
+    ms = report.mean_ci([1.0, 2.0, 3.0])
+    assert ms["mean"] == 2.0 and ms["std"] == 1.0
+    np.testing.assert_allclose(ms["ci95"], 4.3026527297 / np.sqrt(3), rtol=1e-9)
+    assert report.mean_ci([0.5])["ci95"] is None
+    assert report.fmt_ci(ms) == "2.00 ± 2.48"
+
+
+def test_the_family_picks_its_member_on_held_out_data_on_both_sides():
+    def res(val, acc):
+        cfg = {"optimizer": "sgd", "schedule": "constant", "lr": 0.1}
+        st = {"steps": 4, "stopped": "interior", "capped": False, "chosen_at_grid_edge": False}
+        sweep = [cfg | {"steps": 4, "val_area": val}]
+        return cfg | {"sweep": sweep, "steps": [0, 2, 4], "test_acc": acc, "settings": st}
+
+    imm = {"lora_r8": res(0.3, [0.2, 0.4, 0.6]), "lora_r32": res(0.5, [0.2, 0.2, 0.3])}
+    ref = {"lora_r8": res(0.6, [0.2, 0.8, 1.0]), "lora_r32": res(0.4, [0.2, 0.6, 0.9])}
+    s = settings.resolve(False, {})
+    fam = report._family([imm], [ref], ("lora_r8", "lora_r32"), 0.2, s)
+    # the pick is by held-out score, not by the (test) deficit: r32 here, r8 for the reference
+    assert fam["attacker"] == ["lora_r32"] and fam["reference_attacker"] == ["lora_r8"]
+    expected = 1 - np.trapezoid([0, 0, 0.1], [0, 2, 4]) / np.trapezoid([0, 0.6, 0.8], [0, 2, 4])
+    np.testing.assert_allclose(fam["deficit"]["values"], [expected])
+
+
+def test_the_tangent_kappa_agrees_with_an_independent_computation(tiny_run):
+    """A probe's tangent kernel is ``[F 1][F 1]ᵀ ⊗ I``: κ of ``[F 1]`` squared, by NumPy."""
+    out, payload = tiny_run
+    rec = payload["results"]["units"]["rescnn-same-seed0"]["methods"]["condreg"]
+    net, info = tamper.load_extractor(out / rec["extractor"])
+    (X, _), _ = tamper.harmful_task(info)
+    with torch.no_grad():
+        F = net(torch.as_tensor(X[: TINY["tangent_batch"]])).double().numpy()
+    sv = np.linalg.svd(np.hstack([F, np.ones((F.shape[0], 1))]), compute_uv=False)
+    sv = sv[sv > sv[0] * 1e-6]
+    np.testing.assert_allclose(rec["tangent"]["h"]["probe"], (sv[0] / sv[-1]) ** 2, rtol=1e-3)
+    for d in ("h", "p"):
+        assert all(rec["tangent"][d][k] >= 1 for k in ("probe", "block", "all"))
+
+
+def test_saved_extractors_load_and_our_own_search_agrees(tiny_run):
     out, payload = tiny_run
     rec = payload["results"]["units"]["rescnn-same-seed0"]["methods"]["condreg"]
     net, info = tamper.load_extractor(out / rec["extractor"])
@@ -104,23 +172,29 @@ def test_saved_extractors_load_and_our_own_attack_agrees(tiny_run):
     with torch.no_grad():
         F = net(torch.as_tensor(Xt))
     assert F.shape == (len(yt), info["feature_dim"]) and bool(torch.isfinite(F).all())
-    # the same attack through the loaded extractor (no cached stem): the recorded curve
-    recorded = rec["attacks"]["finetune_block/sgd"]
-    again = finetune(
+    # the same search through the loaded extractor (no cached stem): the recorded choice
+    recorded = rec["attacks"]["finetune_block"]
+    again = finetune_search(
         net,
         (X, y),
         (Xt, yt),
         attacker="finetune_block",
         block="block",
-        optimizer="sgd",
+        lr_grids={"sgd": TINY["lr_grid_sgd"], "adamw": TINY["lr_grid_adamw"]},
         steps=TINY["attack_steps"],
-        lr_grid=TINY["lr_grid_sgd"],
+        short_steps=TINY["short_steps"],
+        keep=TINY["keep"],
+        max_extend=TINY["max_extend"],
         eval_every=TINY["eval_every"],
         batch_size=TINY["attack_batch"],
         n_classes=5,
         seed=0,
     )
-    assert again.lr == recorded["lr"]
+    assert (again.optimizer, again.schedule, again.lr) == (
+        recorded["optimizer"],
+        recorded["schedule"],
+        recorded["lr"],
+    )
     np.testing.assert_allclose(again.test_acc, recorded["test_acc"], atol=1.5 / len(yt))
     with pytest.raises(ValueError, match="not an extractor"):
         (out / "bogus.pt").write_bytes(b"")
@@ -165,6 +239,10 @@ def test_resume_reuses_every_unit(tiny_run, monkeypatch):
         ({"domains": "same,moon"}, "--domains"),
         ({"attackers": "lora_r8,prune"}, "--attackers"),
         ({"optimizers": "adam"}, "--optimizers"),
+        ({"schedules": "cosine"}, "--schedules"),
+        ({"short_steps": 200}, "short_steps"),
+        ({"keep": 0}, "keep"),
+        ({"max_extend": -1}, "max_extend"),
         ({"attack_steps": 0}, "attack_steps"),
         ({"lr_grid_sgd": "0.1,-1"}, "lr_grid_sgd"),
         ({"no_such_option": 1}, "unknown tamper option"),
@@ -208,23 +286,24 @@ def test_a_missing_library_is_one_line_before_any_work(tmp_path, module, argv, m
     assert not out.exists()
 
 
-def test_quick_settings_hold_every_cell_and_the_grids_depend_on_the_attacker():
-    s = settings.resolve(True, {})
-    assert (
-        s.grid("lora_r32", "sgd")
-        == s.grid("lora_r8", "sgd")
-        == settings.ATTACK_LR_GRIDS["lora/sgd"][1:3]
-    )
+def test_the_search_spans_three_decades_and_quick_is_small():
     full = settings.resolve(False, {})
-    assert full.grid("finetune_all", "adamw") == (3e-4, 1e-3, 3e-3)
-    assert full.grid("linear_probe", "adamw") == (3e-3, 1e-2, 3e-2)
-    assert settings.resolve(False, {"lr_grid_adamw": "0.1"}).grid("finetune_all", "adamw") == (0.1,)
-    assert s.attackers == settings.ATTACKERS and s.optimizers == settings.OPTIMIZERS
+    for o in ("sgd", "adamw"):
+        grid = full.grids()[o]
+        assert grid == LR_GRIDS[o] and max(grid) / min(grid) >= 10**3 * (1 - 1e-9)
+    assert full.schedules == SCHEDULES and full.rung1_steps == full.attack_steps // 5
+    assert full.keep >= 1 and full.max_extend == 6
+    s = settings.resolve(True, {})
+    assert s.attackers == settings.DEFAULT_ATTACKERS == full.attackers
+    assert set(settings.ATTACKERS) - set(full.attackers) == {"lora_r32"}
+    assert s.optimizers == settings.OPTIMIZERS
+    assert len(s.grids()["sgd"]) == 3 and s.max_extend == 1 and s.keep == 1
     import condreg.attacks
 
     assert settings.OPTIMIZERS is condreg.attacks.OPTIMIZERS  # defined once, in the library
     assert s.base.methods == ("identity", "r_ill_only", "imma", "opt_kappa", "condreg")
     assert s.domains == ("same",) and tamper.SEEDS[True] == 1
+    assert settings.resolve(False, {"lr_grid_adamw": "0.1"}).grids()["adamw"] == (0.1,)
 
 
 def test_large_model_path_on_a_fake_resnet(tmp_path, monkeypatch):
@@ -261,7 +340,7 @@ def test_large_model_path_on_a_fake_resnet(tmp_path, monkeypatch):
     )
     methods = payload["results"]["summary"]["resnet18"]["same"]["methods"]
     assert set(methods) == {"identity", "condreg"}
-    assert len(methods["condreg"]["cells"]) == len(settings.ATTACKERS) * 2
+    assert len(methods["condreg"]["cells"]) == len(settings.ATTACKERS)
     rec = payload["results"]["units"]["resnet18-same-seed0"]["methods"]["condreg"]
     net, info = tamper.load_extractor(tmp_path / "out" / rec["extractor"])
     assert info["arch"] == "resnet18"

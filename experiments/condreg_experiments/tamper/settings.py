@@ -7,70 +7,76 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from condreg.attacks import OPTIMIZERS
+from condreg.attacks import LR_GRIDS, OPTIMIZERS, SCHEDULES
 from condreg_experiments import UsageError
 from condreg_experiments.deepnet import settings as deep
 
-__all__ = ["ATTACKERS", "ATTACK_LR_GRIDS", "DOMAINS", "OPTIMIZERS", "QUICK", "Settings", "resolve"]
+__all__ = [
+    "ATTACKERS",
+    "DEFAULT_ATTACKERS",
+    "DOMAINS",
+    "OPTIMIZERS",
+    "QUICK",
+    "SCHEDULES",
+    "Settings",
+    "resolve",
+]
 
-#: The study's attackers: :data:`condreg.attacks.FINETUNE_ATTACKERS`, LoRA at ranks 8 and 32.
+#: The study's attackers: :data:`condreg.attacks.FINETUNE_ATTACKERS`, LoRA at ranks 8 and 32;
+#: ``whitened_probe`` and ``lstsq_probe`` are the adaptive ones (they read the paper).
 ATTACKERS: tuple[str, ...] = (
     "linear_probe",
+    "whitened_probe",
+    "lstsq_probe",
     "lora_r8",
     "lora_r32",
     "finetune_block",
     "finetune_all",
 )
 
+#: The attackers of a run by default: all but ``lora_r32`` (LoRA at rank 32 costs as much as
+#: rank 8 and moved no verdict in the previous matrix; ``--attackers`` adds it back).
+DEFAULT_ATTACKERS: tuple[str, ...] = tuple(a for a in ATTACKERS if a != "lora_r32")
+
 #: Harmful tasks: MNIST digits 5–9 ("same" domain as D_P = digits 0–4) or scikit-learn's 8×8
 #: handwritten digits 5–9 brought to MNIST's format ("cross").
 DOMAINS: tuple[str, ...] = ("same", "cross")
-
-#: The study's learning-rate grid per attacker and optimizer (keys ``attacker/optimizer``, LoRA
-#: at every rank; the optimizers are :data:`condreg.attacks.OPTIMIZERS`): half-decade steps
-#: around the rates that attacker is used with — larger for a head or adapters alone, smaller
-#: for the whole network — the same for every method. (:data:`condreg.attacks.LR_GRIDS`, one
-#: grid per optimizer for every attacker, is ``finetune``'s default; the study passes these.)
-ATTACK_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "linear_probe/sgd": (0.01, 0.03, 0.1, 0.3),
-    "linear_probe/adamw": (3e-3, 1e-2, 3e-2),
-    "lora/sgd": (0.01, 0.03, 0.1, 0.3),
-    "lora/adamw": (3e-3, 1e-2, 3e-2),
-    "finetune_block/sgd": (3e-3, 0.01, 0.03, 0.1),
-    "finetune_block/adamw": (1e-3, 3e-3, 1e-2),
-    "finetune_all/sgd": (1e-3, 3e-3, 0.01, 0.03),
-    "finetune_all/adamw": (3e-4, 1e-3, 3e-3),
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The attack matrix's own knobs; ``base`` holds pre-training and immunization (the deep-net
-    study's :class:`condreg_experiments.deepnet.Settings`)."""
+    study's :class:`condreg_experiments.deepnet.Settings`). Every attacker's configuration
+    (optimizer × schedule × rate) is found by :func:`condreg.attacks.finetune_search`, the
+    same search for every method."""
 
     base: deep.Settings = deep.Settings()
     domains: tuple[str, ...] = DOMAINS
-    attackers: tuple[str, ...] = ATTACKERS
-    optimizers: tuple[str, ...] = OPTIMIZERS
+    attackers: tuple[str, ...] = DEFAULT_ATTACKERS
+    optimizers: tuple[str, ...] = OPTIMIZERS  # SGD with momentum 0.9, AdamW with decay 0.01
+    schedules: tuple[str, ...] = SCHEDULES
     attack_steps: int = 100  # the budget: optimizer steps of every attacker
     attack_batch: int = 32
     eval_every: int = 20
-    lr_grids: Mapping[str, tuple[float, ...]] = dataclasses.field(
-        default_factory=lambda: dict(ATTACK_LR_GRIDS)
-    )  # SGD with momentum 0.9, AdamW with weight decay 0.01
-    lr_grid_sgd: tuple[float, ...] | None = None  # if given: every attacker's SGD grid
-    lr_grid_adamw: tuple[float, ...] | None = None  # if given: every attacker's AdamW grid
-    attack_val_fraction: float = 0.2  # of D_H's training split: the rate sweep's held-out data
+    lr_grid_sgd: tuple[float, ...] = LR_GRIDS["sgd"]  # the starting grids (3 decades) …
+    lr_grid_adamw: tuple[float, ...] = LR_GRIDS["adamw"]
+    max_extend: int = 6  # … extended by their step beyond an edge, at most this per side
+    short_steps: int | None = None  # successive halving's first rung (default attack_steps // 5)
+    keep: int = 2  # configurations promoted to the full budget
+    attack_val_fraction: float = 0.2  # of D_H's training split: the search's held-out data
     target_fraction: float = 0.9  # steps to target: this share of the identity's final accuracy
     holds_at: float = 0.1  # "held": the deficit is at least this on every seed …
     utility_drop: float = 0.05  # … and D_P test accuracy fell by at most this (mean over seeds)
+    tangent_batch: int = 32  # examples of D_H and of D_P the tangent kernels are measured on
 
-    def grid(self, attacker: str, optimizer: str) -> tuple[float, ...]:
-        """The learning-rate grid swept for ``attacker`` (``lora_r8`` … count as ``lora``) with
-        ``optimizer``."""
-        fixed = self.lr_grid_sgd if optimizer == "sgd" else self.lr_grid_adamw
-        family = "lora" if attacker.startswith("lora") else attacker
-        return fixed if fixed is not None else tuple(self.lr_grids[f"{family}/{optimizer}"])
+    def grids(self) -> dict[str, tuple[float, ...]]:
+        """The starting learning-rate grid of each searched optimizer."""
+        return {o: getattr(self, f"lr_grid_{o}") for o in self.optimizers}
+
+    @property
+    def rung1_steps(self) -> int:
+        """The first rung's budget: ``short_steps``, default ``max(1, attack_steps // 5)``."""
+        return self.short_steps or max(1, self.attack_steps // 5)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values; ``base`` as its own dict."""
@@ -78,15 +84,17 @@ class Settings:
         return {"base": self.base.to_json(), **out}
 
 
-#: ``--quick``: one seed, one domain, a short budget (about two minutes on 2 cores).
-QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=10)
-QUICK["lr_grids"] = {k: v[1:3] for k, v in ATTACK_LR_GRIDS.items()}  # the middle rates
+#: ``--quick``: one seed, one domain, a short budget and a small search (every grid 3 rates a
+#: decade apart, one extension per side, one full run per attacker).
+QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=5, short_steps=5)
+QUICK.update(keep=1, max_extend=1, tangent_batch=8)
+QUICK.update(lr_grid_sgd=LR_GRIDS["sgd"][1::2], lr_grid_adamw=LR_GRIDS["adamw"][1::2])
 #: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
 QUICK_BASE: dict[str, Any] = dict(n_per_digit=150, pretrain_epochs=4, immunize_steps=30)
 QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
 
 _OWN = {f.name for f in dataclasses.fields(Settings)} - {"base"}
-_TUPLES = {"domains": str, "attackers": str, "optimizers": str}
+_TUPLES = {"domains": str, "attackers": str, "optimizers": str, "schedules": str}
 _TUPLES |= {"lr_grid_sgd": float, "lr_grid_adamw": float}
 
 
@@ -114,15 +122,20 @@ def _check(s: Settings) -> None:
         )
     if s.base.target != "block":
         raise UsageError("the attack study immunizes the block itself (target=block)")
-    for key in ("attack_steps", "attack_batch", "eval_every"):
+    _subset("schedules", s.schedules, SCHEDULES)
+    for key in ("attack_steps", "attack_batch", "eval_every", "keep", "tangent_batch"):
         v = getattr(s, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"{key} must be a positive integer, got {v!r}")
-    grids = {k: getattr(s, k) for k in ("lr_grid_sgd", "lr_grid_adamw")} | dict(s.lr_grids)
-    if set(s.lr_grids) != set(ATTACK_LR_GRIDS):
-        raise UsageError(f"lr_grids needs exactly the keys {', '.join(ATTACK_LR_GRIDS)}")
-    for key, grid in grids.items():
-        if grid is not None and (not grid or min(grid) <= 0):
+    if isinstance(s.max_extend, bool) or not isinstance(s.max_extend, int) or s.max_extend < 0:
+        raise UsageError(f"max_extend must be an integer >= 0, got {s.max_extend!r}")
+    if s.short_steps is not None and not (
+        isinstance(s.short_steps, int) and 1 <= s.short_steps <= s.attack_steps
+    ):
+        raise UsageError(f"short_steps must be in 1 … attack_steps, got {s.short_steps!r}")
+    for key in ("lr_grid_sgd", "lr_grid_adamw"):
+        grid = getattr(s, key)
+        if not grid or min(grid) <= 0:
             raise UsageError(f"{key} must be positive learning rates, got {grid}")
     if not 0 < s.attack_val_fraction < 1:
         raise UsageError(f"attack_val_fraction must be in (0, 1), got {s.attack_val_fraction!r}")

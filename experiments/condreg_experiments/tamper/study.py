@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from condreg.attacks import finetune
+from condreg.attacks import finetune_search, tangent_condition
 from condreg_experiments.data import DataError
 from condreg_experiments.deepnet import data as deep_data
 from condreg_experiments.deepnet import models, training
@@ -142,8 +142,9 @@ def harmful_task(info: dict[str, Any]) -> tuple[tuple[np.ndarray, np.ndarray], .
 
 
 def _attacks(prep, H, stem, block, s: Settings, seed: int) -> dict[str, Any]:
-    """Every attacker × optimizer on ``stem → block``. The attackers that keep the stem frozen
-    (all but ``finetune_all``) run on its cached outputs: the same numbers, fewer operations."""
+    """Every attacker on ``stem → block``, its optimizer × schedule × rate found by
+    :func:`condreg.attacks.finetune_search`. The attackers that keep the stem frozen (all but
+    ``finetune_all``) run on its cached outputs: the same numbers, fewer operations."""
     cached = (prep.S["h_tr"], prep.Y["h_tr"]), (prep.S["h_te"], prep.Y["h_te"])
     images = (H.X_tr, H.y_tr), (H.X_te, H.y_te)
     out = {}
@@ -152,25 +153,50 @@ def _attacks(prep, H, stem, block, s: Settings, seed: int) -> dict[str, Any]:
         full = name == "finetune_all"
         net = _extractor(stem if full else None, block)
         train, test = images if full else cached
-        for opt in s.optimizers:
-            res = finetune(
-                net,
-                train,
-                test,
-                attacker=name,
-                block="block",
-                optimizer=opt,
-                steps=s.attack_steps,
-                lr_grid=s.grid(attacker, opt),
-                val_fraction=s.attack_val_fraction,
-                batch_size=s.attack_batch,
-                eval_every=s.eval_every,
-                rank=rank,
-                n_classes=prep.n_h,
-                seed=seed,
-                device=prep.device,
-            )
-            out[f"{attacker}/{opt}"] = res.to_json()
+        res = finetune_search(
+            net,
+            train,
+            test,
+            attacker=name,
+            block="block",
+            optimizers=s.optimizers,
+            schedules=s.schedules,
+            lr_grids=s.grids(),
+            steps=s.attack_steps,
+            short_steps=s.rung1_steps,
+            keep=s.keep,
+            max_extend=s.max_extend,
+            val_fraction=s.attack_val_fraction,
+            batch_size=s.attack_batch,
+            eval_every=s.eval_every,
+            rank=rank,
+            n_classes=prep.n_h,
+            seed=seed,
+            device=prep.device,
+        )
+        out[attacker] = res.to_json()
+    return out
+
+
+def _tangent(prep, tasks, stem, block, s: Settings, seed: int) -> dict[str, Any]:
+    """κ of the empirical tangent kernel of each attacker family's own problem, on the first
+    ``tangent_batch`` training examples of D_H (``h``) and of D_P (``p``), the trained
+    parameters with a fresh linear head of the harmful task's size (seeded, the same for every
+    method): ``probe`` the head alone on the features, ``block`` the block and the head on the
+    stem's outputs, ``all`` every parameter and the head on the images."""
+    n = s.tangent_batch
+    torch.manual_seed(seed)
+    head = nn.Linear(prep.parts.feature_dim, prep.n_h).to(prep.device)
+    out: dict[str, Any] = {}
+    P, H = tasks
+    for key, S, X in (("h", prep.S["h_tr"], H.X_tr), ("p", prep.S["p_tr"], P.X_tr)):
+        S, X = S[:n].to(prep.device), torch.as_tensor(X[:n]).to(prep.device)
+        F = training.batched_apply(block, S, device=prep.device).to(prep.device)
+        out[key] = {
+            "probe": tangent_condition(nn.Identity(), F, head=head),
+            "block": tangent_condition(block, S, head=head),
+            "all": tangent_condition(_extractor(stem, block), X, head=head),
+        }
     return out
 
 
@@ -226,7 +252,8 @@ def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progr
     for every method save the extractor, measure it and attack it."""
     t_seed, cpu_seed = time.perf_counter(), time.process_time()
     prep = deep_study.prepare(arch, s.base, images, seed, False)
-    _, H = images.tasks(seed)
+    tasks = images.tasks(seed)
+    H = tasks[1]
     models_, steps, sweep, failed = _immunized(prep, s, steps, False)
     tag, methods = unit_key(arch, domain, seed), {}
     for method, (block, head) in models_.items():
@@ -239,6 +266,7 @@ def run_seed(arch, domain, s: Settings, images, seed: int, steps, out_dir, progr
         _save(pathlib.Path(out_dir) / name, prep.parts.stem, block, info)
         rec = _measures(prep, block, head, s, same=method == "identity")
         rec.update(reg_step=step, extractor=name)
+        rec["tangent"] = _tangent(prep, tasks, prep.parts.stem, block, s, seed)
         rec["attacks"] = _attacks(prep, H, prep.parts.stem, block, s, seed)
         methods[method] = rec | {"seconds": time.perf_counter() - t0}
         if progress:
