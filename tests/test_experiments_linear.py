@@ -671,3 +671,24 @@ def test_settings_are_resolved_in_one_place():
             cls.resolve(False, options)
     options = {"epochs": 3, "lam_p": 0.1}
     assert house_prices.Settings.take(options) == {"epochs": 3} and options == {"lam_p": 0.1}
+
+
+def test_every_study_resolves_its_settings_through_study_settings():
+    """All seven studies' settings are StudySettings: the one mechanism (tamper's and
+    deepnet's included, whose ``resolve`` splits the options between them)."""
+    from condreg_experiments import ablation, attacks, convergence, house_prices
+    from condreg_experiments.deepnet import settings as deep
+    from condreg_experiments.options import StudySettings
+    from condreg_experiments.tamper import settings as tamper
+
+    for module in (ablation, attacks, convergence, house_prices, mp, deep, tamper):
+        assert issubclass(module.Settings, StudySettings), module.__name__
+    s = tamper.resolve(True, {"attack_steps": 7, "attackers": "linear_probe", "seed": None})
+    assert s.attack_steps == 7 and s.attackers == ("linear_probe",) and s.keep == 1
+    assert (
+        s.base.target == "block" and s.base.pretrain_epochs == tamper.QUICK_BASE["pretrain_epochs"]
+    )
+    with pytest.raises(UsageError, match="unknown tamper option"):
+        tamper.resolve(False, {"nope": 1})
+    with pytest.raises(UsageError, match="attackers"):
+        tamper.resolve(False, {"attackers": "linear_probe,linear_probe"})

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from condreg.attacks import LR_GRIDS, OPTIMIZERS, SCHEDULES
 from condreg_experiments import UsageError
 from condreg_experiments.deepnet import settings as deep
+from condreg_experiments.options import StudySettings
 
 __all__ = [
     "ATTACKERS",
@@ -43,12 +44,25 @@ DEFAULT_ATTACKERS: tuple[str, ...] = tuple(a for a in ATTACKERS if a != "lora_r3
 DOMAINS: tuple[str, ...] = ("same", "cross")
 
 
+#: ``--quick``: one seed, one domain, a short budget and a small search (every grid 3 rates a
+#: decade apart, one extension per side, one full run per attacker).
+QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=5, short_steps=5)
+QUICK.update(keep=1, max_extend=1, tangent_batch=8)
+QUICK.update(lr_grid_sgd=LR_GRIDS["sgd"][1::2], lr_grid_adamw=LR_GRIDS["adamw"][1::2])
+#: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
+QUICK_BASE: dict[str, Any] = dict(n_per_digit=150, pretrain_epochs=4, immunize_steps=30)
+QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
+
+
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(StudySettings):
     """The attack matrix's own knobs; ``base`` holds pre-training and immunization (the deep-net
     study's :class:`condreg_experiments.deepnet.Settings`). Every attacker's configuration
     (optimizer × schedule × rate) is found by :func:`condreg.attacks.finetune_search`, the
     same search for every method."""
+
+    STUDY: ClassVar[str] = "tamper"
+    QUICK: ClassVar[Mapping[str, Any]] = QUICK
 
     base: deep.Settings = deep.Settings()
     domains: tuple[str, ...] = DOMAINS
@@ -78,28 +92,17 @@ class Settings:
         """The first rung's budget: ``short_steps``, default ``max(1, attack_steps // 5)``."""
         return self.short_steps or max(1, self.attack_steps // 5)
 
+    def checked(self) -> Settings:
+        """These settings, checked: the study's choices, the base's target, the search's
+        numbers, and the libraries the chosen attackers and tasks need."""
+        _check(self)
+        _check_libraries(self)
+        return self
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values; ``base`` as its own dict."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "base"}
         return {"base": self.base.to_json(), **out}
-
-
-#: ``--quick``: one seed, one domain, a short budget and a small search (every grid 3 rates a
-#: decade apart, one extension per side, one full run per attacker).
-QUICK: dict[str, Any] = dict(domains=("same",), attack_steps=20, eval_every=5, short_steps=5)
-QUICK.update(keep=1, max_extend=1, tangent_batch=8)
-QUICK.update(lr_grid_sgd=LR_GRIDS["sgd"][1::2], lr_grid_adamw=LR_GRIDS["adamw"][1::2])
-#: ``--quick``'s pre-training and immunization (beside the deep-net study's own quick values).
-QUICK_BASE: dict[str, Any] = dict(n_per_digit=150, pretrain_epochs=4, immunize_steps=30)
-QUICK_BASE.update(reg_steps=(0.003, 0.01), rir_groups=5)
-
-_OWN = {f.name for f in dataclasses.fields(Settings)} - {"base"}
-_TUPLES = {"domains": str, "attackers": str, "optimizers": str, "schedules": str}
-_TUPLES |= {"lr_grid_sgd": float, "lr_grid_adamw": float}
-
-
-def _coerce(key: str, value: Any) -> Any:
-    return deep.as_tuple(key, value, _TUPLES[key], "tamper") if key in _TUPLES else value
 
 
 def _subset(name: str, values: tuple[str, ...], known: tuple[str, ...]) -> None:
@@ -144,25 +147,19 @@ def _check(s: Settings) -> None:
 
 
 def resolve(quick: bool, options: Mapping[str, Any]) -> Settings:
-    """The checked :class:`Settings`: defaults, :data:`QUICK` (if ``quick``), then ``options``
-    (``None`` ignored); options that are not the study's own go to ``base`` (the deep-net
-    study's :func:`~condreg_experiments.deepnet.settings.resolve`, which raises for unknown
-    names)."""
-    own = {k: v for k, v in options.items() if k in _OWN and v is not None}
-    rest = {k: v for k, v in options.items() if k not in _OWN}
-    values: dict[str, Any] = dict(QUICK) if quick else {}
-    values.update({k: _coerce(k, v) for k, v in own.items()})
+    """The checked :class:`Settings` (:meth:`StudySettings.resolve`: defaults, :data:`QUICK` if
+    ``quick``, then ``options``, ``None`` ignored); options that are not the study's own go to
+    ``base``, the deep-net study's settings (with :data:`QUICK_BASE` if ``quick``; it raises for
+    unknown names)."""
+    rest = dict(options)
+    own = Settings.take(rest)
     base = {**(QUICK_BASE if quick else {}), **{k: v for k, v in rest.items() if v is not None}}
-    if "target" not in base:
-        base["target"] = "block"
+    base.setdefault("target", "block")
     try:
-        values["base"] = deep.resolve(False, base)
+        own["base"] = deep.resolve(False, base)
     except UsageError as exc:
         raise UsageError(str(exc).replace("deepnet option", "tamper option")) from None
-    s = Settings(**values)
-    _check(s)
-    _check_libraries(s)
-    return s
+    return Settings.resolve(quick, own)
 
 
 def _check_libraries(s: Settings) -> None:
